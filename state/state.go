@@ -1,0 +1,242 @@
+package state
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Protocol is the transport protocol of a service port.
+type Protocol string
+
+// The protocols a Service port may use.
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// ParseProtocol accepts TCP, UDP or SCTP in any case.
+func ParseProtocol(s string) (Protocol, error) {
+	switch p := Protocol(strings.ToUpper(s)); p {
+	case TCP, UDP, SCTP:
+		return p, nil
+	}
+	return "", fmt.Errorf("unknown protocol %q (want TCP, UDP or SCTP)", s)
+}
+
+// ServicePortName names one port of one Service, the unit the proxy serves.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	// Port is the port's name; empty for the single unnamed port of a Service.
+	Port     string
+	Protocol Protocol
+}
+
+// String returns "namespace/name:port/PROTOCOL", or "namespace/name/PROTOCOL"
+// for an unnamed port.
+func (n ServicePortName) String() string {
+	var b strings.Builder
+	b.WriteString(n.Namespace)
+	b.WriteByte('/')
+	b.WriteString(n.Name)
+	if n.Port != "" {
+		b.WriteByte(':')
+		b.WriteString(n.Port)
+	}
+	b.WriteByte('/')
+	b.WriteString(string(n.Protocol))
+	return b.String()
+}
+
+// Comment returns the form used in iptables comments and logs that follow
+// kube-proxy: "namespace/name:port" (or "namespace/name").
+func (n ServicePortName) Comment() string {
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name
+	}
+	return n.Namespace + "/" + n.Name + ":" + n.Port
+}
+
+// Compare orders names by namespace, name, port name and protocol.
+func (n ServicePortName) Compare(o ServicePortName) int {
+	if c := strings.Compare(n.Namespace, o.Namespace); c != 0 {
+		return c
+	}
+	if c := strings.Compare(n.Name, o.Name); c != 0 {
+		return c
+	}
+	if c := strings.Compare(n.Port, o.Port); c != 0 {
+		return c
+	}
+	return strings.Compare(string(n.Protocol), string(o.Protocol))
+}
+
+// AffinityType is a Service's sessionAffinity.
+type AffinityType string
+
+// The session affinity types Kubernetes defines.
+const (
+	AffinityNone     AffinityType = "None"
+	AffinityClientIP AffinityType = "ClientIP"
+)
+
+// DefaultAffinityTimeout is Kubernetes' default
+// sessionAffinityConfig.clientIP.timeoutSeconds (10800 s).
+const DefaultAffinityTimeout = 10800 * time.Second
+
+// Affinity is a service port's session affinity.
+type Affinity struct {
+	// Type is None or ClientIP. The zero value means None.
+	Type AffinityType
+	// Timeout is how long a client stays with its endpoint after its last
+	// new connection or session. It is only read for ClientIP; if zero,
+	// DefaultAffinityTimeout.
+	Timeout time.Duration
+}
+
+// Sticky reports whether the affinity pins clients to endpoints.
+func (a Affinity) Sticky() bool { return a.Type == AffinityClientIP }
+
+// TTL returns the effective timeout of a sticky affinity.
+func (a Affinity) TTL() time.Duration {
+	if a.Timeout <= 0 {
+		return DefaultAffinityTimeout
+	}
+	return a.Timeout
+}
+
+// Endpoint is one backend address of a service port.
+type Endpoint struct {
+	Addr netip.AddrPort
+	// Ready, Serving and Terminating are the EndpointSlice conditions, with
+	// Kubernetes' nil defaults already applied.
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	// NodeName is the node the endpoint runs on, if known.
+	NodeName string
+	// Local reports whether the endpoint runs on this node.
+	Local bool
+}
+
+func (e Endpoint) String() string { return e.Addr.String() }
+
+// ServicePort is everything the proxy needs to serve one service port.
+type ServicePort struct {
+	Name ServicePortName
+	// Port is the service port number clients connect to on ClusterIPs,
+	// ExternalIPs and load-balancer IPs.
+	Port uint16
+	// ClusterIPs are the service's cluster IPs; none in manifest mode when
+	// the author gave none.
+	ClusterIPs []netip.Addr
+	// NodePort is the node port, or 0.
+	NodePort uint16
+	// ExternalIPs are spec.externalIPs.
+	ExternalIPs []netip.Addr
+	// LoadBalancerIPs are the status.loadBalancer ingress IPs whose ipMode
+	// is VIP (or unset).
+	LoadBalancerIPs []netip.Addr
+	Affinity        Affinity
+	// InternalLocal is internalTrafficPolicy: Local; ExternalLocal is
+	// externalTrafficPolicy: Local on an externally reachable service.
+	InternalLocal bool
+	ExternalLocal bool
+	// HealthCheckNodePort is spec.healthCheckNodePort, or 0.
+	HealthCheckNodePort uint16
+
+	// ClusterEndpoints are the endpoints for traffic that may go anywhere in
+	// the cluster: the ready ones allowed by topology, else the serving and
+	// terminating ones. LocalEndpoints are the same choice made among this
+	// node's endpoints only. Both are sorted by address.
+	ClusterEndpoints []Endpoint
+	LocalEndpoints   []Endpoint
+}
+
+// InternalEndpoints are the endpoints for traffic to ClusterIPs.
+func (sp *ServicePort) InternalEndpoints() []Endpoint {
+	if sp.InternalLocal {
+		return sp.LocalEndpoints
+	}
+	return sp.ClusterEndpoints
+}
+
+// ExternalEndpoints are the endpoints for traffic to the NodePort,
+// ExternalIPs and load-balancer IPs.
+func (sp *ServicePort) ExternalEndpoints() []Endpoint {
+	if sp.ExternalLocal {
+		return sp.LocalEndpoints
+	}
+	return sp.ClusterEndpoints
+}
+
+// Frontends lists every address clients may use for this port other than
+// the node port: ClusterIPs, ExternalIPs and load-balancer IPs, each with
+// the service port.
+func (sp *ServicePort) Frontends() []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(sp.ClusterIPs)+len(sp.ExternalIPs)+len(sp.LoadBalancerIPs))
+	for _, list := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
+		for _, ip := range list {
+			out = append(out, netip.AddrPortFrom(ip, sp.Port))
+		}
+	}
+	return out
+}
+
+// Equal reports whether two service ports are identical.
+func (sp *ServicePort) Equal(o *ServicePort) bool {
+	return sp.Name == o.Name && sp.Port == o.Port && sp.NodePort == o.NodePort &&
+		slices.Equal(sp.ClusterIPs, o.ClusterIPs) &&
+		slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
+		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		sp.Affinity == o.Affinity &&
+		sp.InternalLocal == o.InternalLocal && sp.ExternalLocal == o.ExternalLocal &&
+		sp.HealthCheckNodePort == o.HealthCheckNodePort &&
+		slices.Equal(sp.ClusterEndpoints, o.ClusterEndpoints) &&
+		slices.Equal(sp.LocalEndpoints, o.LocalEndpoints)
+}
+
+// Snapshot is the full desired state at one moment. It must not be
+// modified once built.
+type Snapshot struct {
+	ports map[ServicePortName]*ServicePort
+	names []ServicePortName // sorted
+}
+
+// NewSnapshot builds a Snapshot from service ports. A later port with the
+// same name replaces an earlier one.
+func NewSnapshot(ports []ServicePort) Snapshot {
+	s := Snapshot{ports: make(map[ServicePortName]*ServicePort, len(ports))}
+	for i := range ports {
+		sp := ports[i]
+		if _, dup := s.ports[sp.Name]; !dup {
+			s.names = append(s.names, sp.Name)
+		}
+		s.ports[sp.Name] = &sp
+	}
+	slices.SortFunc(s.names, ServicePortName.Compare)
+	return s
+}
+
+// Len is the number of service ports.
+func (s Snapshot) Len() int { return len(s.names) }
+
+// Get returns the named service port, or nil.
+func (s Snapshot) Get(n ServicePortName) *ServicePort { return s.ports[n] }
+
+// Names returns the service port names in sorted order. The caller must not
+// modify the slice.
+func (s Snapshot) Names() []ServicePortName { return s.names }
+
+// All calls yield for every service port in name order.
+func (s Snapshot) All(yield func(*ServicePort) bool) {
+	for _, n := range s.names {
+		if !yield(s.ports[n]) {
+			return
+		}
+	}
+}
