@@ -1,0 +1,222 @@
+package userspace
+
+import (
+	"errors"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// ErrNoEndpoints is returned when a service port has no endpoint to send a
+// connection or session to.
+var ErrNoEndpoints = errors.New("no endpoints")
+
+// endpointSet is an immutable list of endpoint addresses, with a mutable
+// penalty per endpoint: after a failed dial an endpoint is passed over
+// until its penalty ends, while other endpoints remain.
+type endpointSet struct {
+	addrs []netip.AddrPort
+	index map[netip.AddrPort]int
+	// until[i] is the unix-nanosecond time the penalty of addrs[i] ends.
+	until []atomic.Int64
+	// penalized counts penalties ever set on this set, so picks skip the
+	// check while there are none.
+	penalized atomic.Int64
+}
+
+func newEndpointSet(eps []state.Endpoint) *endpointSet {
+	s := &endpointSet{
+		addrs: make([]netip.AddrPort, 0, len(eps)),
+		index: make(map[netip.AddrPort]int, len(eps)),
+	}
+	for _, ep := range eps {
+		if _, dup := s.index[ep.Addr]; dup {
+			continue
+		}
+		s.index[ep.Addr] = len(s.addrs)
+		s.addrs = append(s.addrs, ep.Addr)
+	}
+	s.until = make([]atomic.Int64, len(s.addrs))
+	return s
+}
+
+func (s *endpointSet) has(a netip.AddrPort) bool {
+	_, ok := s.index[a]
+	return ok
+}
+
+// inPenalty reports whether a is passed over at now because a dial to it
+// failed recently.
+func (s *endpointSet) inPenalty(a netip.AddrPort, now time.Time) bool {
+	if s.penalized.Load() == 0 || len(s.addrs) < 2 {
+		return false
+	}
+	return s.until[s.index[a]].Load() > now.UnixNano()
+}
+
+// usable reports whether addrs[i] may be picked at now.
+func (s *endpointSet) usable(i int, now int64, avoid []netip.AddrPort) bool {
+	if len(avoid) > 0 && slices.Contains(avoid, s.addrs[i]) {
+		return false
+	}
+	return s.penalized.Load() == 0 || s.until[i].Load() <= now
+}
+
+// affinityEntry remembers which endpoint a client IP was sent to.
+type affinityEntry struct {
+	endpoint netip.AddrPort
+	lastUsed time.Time
+}
+
+// balancer picks endpoints for one service port: round robin over the
+// current endpoint set, with optional ClientIP affinity. Endpoint and
+// affinity updates take effect for the next pick; picks never block on
+// updates.
+type balancer struct {
+	clock Clock
+	set   atomic.Pointer[endpointSet]
+	aff   atomic.Pointer[state.Affinity]
+	next  atomic.Uint64
+
+	mu      sync.Mutex // guards the fields below
+	clients map[netip.Addr]affinityEntry
+}
+
+func newBalancer(clock Clock, eps []state.Endpoint, aff state.Affinity) *balancer {
+	b := &balancer{clock: clock, clients: make(map[netip.Addr]affinityEntry)}
+	// Start each balancer at a random position so that proxies on many
+	// nodes, which all see the same sorted endpoint list, do not all send
+	// their first connection to the same endpoint.
+	b.next.Store(rand.Uint64())
+	b.set.Store(newEndpointSet(eps))
+	b.aff.Store(&aff)
+	return b
+}
+
+// update installs a new endpoint set and affinity. Round robin continues
+// from where it was; affinity entries that point at removed endpoints are
+// dropped, and a change of affinity type forgets every client.
+func (b *balancer) update(eps []state.Endpoint, aff state.Affinity) {
+	old := b.set.Load()
+	if !sameAddrs(old, eps) {
+		b.set.Store(newEndpointSet(eps))
+	}
+	prev := b.aff.Swap(&aff)
+	if prev.Type != aff.Type || !aff.Sticky() {
+		b.mu.Lock()
+		clear(b.clients)
+		b.mu.Unlock()
+	}
+	b.sweep()
+}
+
+func sameAddrs(s *endpointSet, eps []state.Endpoint) bool {
+	if len(s.addrs) != len(eps) {
+		return false
+	}
+	for i, ep := range eps {
+		if s.addrs[i] != ep.Addr {
+			return false
+		}
+	}
+	return true
+}
+
+// endpoints returns the current endpoint addresses; the caller must not
+// modify the slice.
+func (b *balancer) endpoints() []netip.AddrPort { return b.set.Load().addrs }
+
+// pick returns the endpoint for a new connection or session from client.
+// Endpoints in avoid (already tried and failed for this connection) are
+// skipped while others remain; a non-empty avoid also replaces the client's
+// affinity with the new choice, so a sticky client leaves a dead endpoint.
+func (b *balancer) pick(client netip.Addr, avoid []netip.AddrPort) (netip.AddrPort, error) {
+	set := b.set.Load()
+	n := len(set.addrs)
+	if n == 0 {
+		return netip.AddrPort{}, ErrNoEndpoints
+	}
+	aff := b.aff.Load()
+	sticky := aff.Sticky() && client.IsValid()
+	var now time.Time
+	if sticky {
+		now = b.clock.Now()
+		if len(avoid) == 0 {
+			b.mu.Lock()
+			e, ok := b.clients[client]
+			if ok && now.Sub(e.lastUsed) < aff.TTL() && set.has(e.endpoint) && !set.inPenalty(e.endpoint, now) {
+				e.lastUsed = now
+				b.clients[client] = e
+				b.mu.Unlock()
+				return e.endpoint, nil
+			}
+			b.mu.Unlock()
+		}
+	}
+	start := int((b.next.Add(1) - 1) % uint64(n))
+	ep := set.addrs[start]
+	if n > 1 && (len(avoid) > 0 || set.penalized.Load() > 0) {
+		// Pass over endpoints that just failed, in round-robin order; if
+		// every one has, keep the plain choice rather than refuse.
+		nowNano := b.clock.Now().UnixNano()
+		for k := range n {
+			if i := (start + k) % n; set.usable(i, nowNano, avoid) {
+				ep = set.addrs[i]
+				break
+			}
+		}
+	}
+	if sticky {
+		b.mu.Lock()
+		b.clients[client] = affinityEntry{endpoint: ep, lastUsed: now}
+		b.mu.Unlock()
+	}
+	return ep, nil
+}
+
+// penalize makes picks pass over ep for d, while other endpoints remain.
+func (b *balancer) penalize(ep netip.AddrPort, d time.Duration) {
+	set := b.set.Load()
+	if i, ok := set.index[ep]; ok {
+		set.until[i].Store(b.clock.Now().Add(d).UnixNano())
+		set.penalized.Add(1)
+	}
+}
+
+// forget drops client's affinity if it still points at ep, e.g. after ep
+// refused a session.
+func (b *balancer) forget(client netip.Addr, ep netip.AddrPort) {
+	b.mu.Lock()
+	if e, ok := b.clients[client]; ok && e.endpoint == ep {
+		delete(b.clients, client)
+	}
+	b.mu.Unlock()
+}
+
+// sweep removes expired affinity entries and entries for endpoints that are
+// gone. It runs on every update, so at least once per resync period.
+func (b *balancer) sweep() {
+	aff := b.aff.Load()
+	set := b.set.Load()
+	now := b.clock.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for c, e := range b.clients {
+		if now.Sub(e.lastUsed) >= aff.TTL() || !set.has(e.endpoint) {
+			delete(b.clients, c)
+		}
+	}
+}
+
+// affinityClients is the number of remembered clients (for tests and debug
+// views).
+func (b *balancer) affinityClients() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.clients)
+}

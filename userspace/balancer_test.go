@@ -1,0 +1,234 @@
+package userspace
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+var (
+	ep1 = netip.MustParseAddrPort("198.18.1.1:80")
+	ep2 = netip.MustParseAddrPort("198.18.1.2:80")
+	ep3 = netip.MustParseAddrPort("198.18.1.3:80")
+	c1  = netip.MustParseAddr("198.19.0.1")
+	c2  = netip.MustParseAddr("198.19.0.2")
+	c3  = netip.MustParseAddr("198.19.0.3")
+)
+
+var sticky = state.Affinity{Type: state.AffinityClientIP, Timeout: 30 * time.Second}
+
+func TestBalancerRoundRobin(t *testing.T) {
+	tests := []struct {
+		name string
+		eps  []netip.AddrPort
+		n    int
+		want map[netip.AddrPort]int
+	}{
+		{name: "single", eps: []netip.AddrPort{ep1}, n: 5, want: map[netip.AddrPort]int{ep1: 5}},
+		{name: "three even", eps: []netip.AddrPort{ep1, ep2, ep3}, n: 9, want: map[netip.AddrPort]int{ep1: 3, ep2: 3, ep3: 3}},
+		{name: "duplicates collapse", eps: []netip.AddrPort{ep1, ep1, ep2}, n: 4, want: map[netip.AddrPort]int{ep1: 2, ep2: 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBalancer(newFakeClock(), eps(tc.eps...), state.Affinity{})
+			got := map[netip.AddrPort]int{}
+			var prev netip.AddrPort
+			for range tc.n {
+				ep, err := b.pick(c1, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(tc.want) > 1 && ep == prev {
+					t.Fatalf("round robin returned %s twice in a row", ep)
+				}
+				prev = ep
+				got[ep]++
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Fatalf("got %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestBalancerNoEndpoints(t *testing.T) {
+	b := newBalancer(newFakeClock(), nil, sticky)
+	if _, err := b.pick(c1, nil); !errors.Is(err, ErrNoEndpoints) {
+		t.Fatalf("pick with no endpoints: %v, want ErrNoEndpoints", err)
+	}
+	b.update(eps(ep1), sticky)
+	if ep, err := b.pick(c1, nil); err != nil || ep != ep1 {
+		t.Fatalf("pick after update = %s, %v", ep, err)
+	}
+	b.update(nil, sticky)
+	if _, err := b.pick(c1, nil); !errors.Is(err, ErrNoEndpoints) {
+		t.Fatalf("pick after scale to zero: %v, want ErrNoEndpoints", err)
+	}
+}
+
+func TestBalancerAffinity(t *testing.T) {
+	clock := newFakeClock()
+	b := newBalancer(clock, eps(ep1, ep2, ep3), sticky)
+	first := map[netip.Addr]netip.AddrPort{}
+	for _, c := range []netip.Addr{c1, c2, c3} {
+		ep, _ := b.pick(c, nil)
+		first[c] = ep
+	}
+	if first[c1] == first[c2] || first[c2] == first[c3] || first[c1] == first[c3] {
+		t.Fatalf("new clients were not spread round robin: %v", first)
+	}
+	for range 10 {
+		for _, c := range []netip.Addr{c1, c2, c3} {
+			if ep, _ := b.pick(c, nil); ep != first[c] {
+				t.Fatalf("client %s moved from %s to %s", c, first[c], ep)
+			}
+		}
+	}
+
+	t.Run("removing an endpoint rehomes only its clients", func(t *testing.T) {
+		var keep []netip.AddrPort
+		for _, e := range []netip.AddrPort{ep1, ep2, ep3} {
+			if e != first[c1] {
+				keep = append(keep, e)
+			}
+		}
+		b.update(eps(keep...), sticky)
+		moved, _ := b.pick(c1, nil)
+		if moved == first[c1] {
+			t.Fatalf("c1 still sent to removed endpoint %s", moved)
+		}
+		for _, c := range []netip.Addr{c2, c3} {
+			if ep, _ := b.pick(c, nil); ep != first[c] {
+				t.Fatalf("client %s moved from %s to %s after an unrelated removal", c, first[c], ep)
+			}
+		}
+		b.update(eps(ep1, ep2, ep3), sticky)
+		for _, c := range []netip.Addr{c2, c3} {
+			if ep, _ := b.pick(c, nil); ep != first[c] {
+				t.Fatalf("client %s moved after an endpoint was added", c)
+			}
+		}
+		first[c1] = moved
+	})
+
+	t.Run("failed dial replaces affinity", func(t *testing.T) {
+		dead := first[c2]
+		ep, _ := b.pick(c2, []netip.AddrPort{dead})
+		if ep == dead {
+			t.Fatalf("failover picked the failed endpoint %s again", dead)
+		}
+		if again, _ := b.pick(c2, nil); again != ep {
+			t.Fatalf("after failover c2 went to %s, want the new choice %s", again, ep)
+		}
+	})
+
+	t.Run("expiry with an injected clock", func(t *testing.T) {
+		b := newBalancer(clock, eps(ep1, ep2), sticky)
+		ep, _ := b.pick(c1, nil)
+		clock.Step(29 * time.Second)
+		if again, _ := b.pick(c1, nil); again != ep {
+			t.Fatal("affinity expired early")
+		}
+		// The timeout slides with use: 29 s later it still holds.
+		clock.Step(29 * time.Second)
+		if again, _ := b.pick(c1, nil); again != ep {
+			t.Fatal("affinity did not slide with use")
+		}
+		clock.Step(30 * time.Second)
+		b.sweep()
+		if n := b.affinityClients(); n != 0 {
+			t.Fatalf("sweep kept %d expired clients", n)
+		}
+		// Expired: the next pick is plain round robin, which moves on.
+		next, _ := b.pick(c1, nil)
+		if next == ep {
+			t.Fatalf("client kept %s after its affinity expired", ep)
+		}
+	})
+
+	t.Run("timeout change on a live service takes effect", func(t *testing.T) {
+		b := newBalancer(clock, eps(ep1, ep2), state.Affinity{Type: state.AffinityClientIP, Timeout: 3 * time.Hour})
+		ep, _ := b.pick(c1, nil)
+		clock.Step(2 * time.Minute)
+		if again, _ := b.pick(c1, nil); again != ep {
+			t.Fatal("affinity lost under a 3h timeout")
+		}
+		b.update(eps(ep1, ep2), state.Affinity{Type: state.AffinityClientIP, Timeout: 10 * time.Second})
+		clock.Step(11 * time.Second)
+		if again, _ := b.pick(c1, nil); again == ep {
+			t.Fatal("the shorter timeout set on the live service was ignored (kubernetes/kubernetes#107398)")
+		}
+	})
+
+	t.Run("switching affinity off and on", func(t *testing.T) {
+		b := newBalancer(clock, eps(ep1, ep2), sticky)
+		ep, _ := b.pick(c1, nil)
+		b.update(eps(ep1, ep2), state.Affinity{Type: state.AffinityNone})
+		a, _ := b.pick(c1, nil)
+		bb, _ := b.pick(c1, nil)
+		if a == bb {
+			t.Fatalf("affinity None still pinned the client to %s", a)
+		}
+		b.update(eps(ep1, ep2), sticky)
+		pinned, _ := b.pick(c1, nil)
+		for range 5 {
+			if again, _ := b.pick(c1, nil); again != pinned {
+				t.Fatal("affinity switched back on does not pin")
+			}
+		}
+		_ = ep
+	})
+}
+
+func TestBalancerConcurrentPicks(t *testing.T) {
+	b := newBalancer(newFakeClock(), eps(ep1, ep2, ep3), sticky)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 1000 {
+				c := netip.AddrFrom4([4]byte{198, 19, byte(g), byte(i)})
+				if _, err := b.pick(c, nil); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%100 == 0 {
+					b.update(eps(ep1, ep2, ep3), sticky)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func BenchmarkNextEndpoint(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		aff  state.Affinity
+	}{{"roundrobin", state.Affinity{}}, {"affinity", sticky}} {
+		b.Run(tc.name, func(b *testing.B) {
+			bal := newBalancer(realClock{}, eps(ep1, ep2, ep3), tc.aff)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				i := 0
+				for pb.Next() {
+					i++
+					c := netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})
+					if _, err := bal.pick(c, nil); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}

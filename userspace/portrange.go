@@ -1,0 +1,157 @@
+package userspace
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// PortRange is an inclusive range of proxy ports. The zero value means "let
+// the kernel choose".
+type PortRange struct {
+	Base uint16 // first port
+	Size int    // number of ports; 0 means kernel-chosen
+}
+
+// ParsePortRange parses the --proxy-port-range syntax of kube-proxy's
+// userspace mode: "begin-end", "begin+offset" (begin to begin+offset
+// inclusive), or a single "port". "", "0" and "0-0" mean kernel-chosen.
+func ParsePortRange(s string) (PortRange, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "0" || s == "0-0" {
+		return PortRange{}, nil
+	}
+	bad := func(why string) (PortRange, error) {
+		return PortRange{}, fmt.Errorf("invalid port range %q: %s (want begin-end, begin+offset or port)", s, why)
+	}
+	num := func(t string) (int, bool) {
+		n, err := strconv.Atoi(strings.TrimSpace(t))
+		return n, err == nil && n >= 0 && n <= 65535
+	}
+	var begin, end int
+	var ok bool
+	switch {
+	case strings.Contains(s, "-"):
+		a, b, _ := strings.Cut(s, "-")
+		if begin, ok = num(a); !ok {
+			return bad("begin is not a port number")
+		}
+		if end, ok = num(b); !ok {
+			return bad("end is not a port number")
+		}
+	case strings.Contains(s, "+"):
+		a, b, _ := strings.Cut(s, "+")
+		if begin, ok = num(a); !ok {
+			return bad("begin is not a port number")
+		}
+		off, ok := num(b)
+		if !ok {
+			return bad("offset is not a number from 0 to 65535")
+		}
+		end = begin + off
+		if end > 65535 {
+			return bad("begin+offset is past 65535")
+		}
+	default:
+		if begin, ok = num(s); !ok {
+			return bad("not a port number")
+		}
+		end = begin
+	}
+	if begin == 0 {
+		return bad("port 0 cannot start a range")
+	}
+	if end < begin {
+		return bad("end is before begin")
+	}
+	return PortRange{Base: uint16(begin), Size: end - begin + 1}, nil
+}
+
+// String returns the range in "begin-end" form, or "" when kernel-chosen.
+func (r PortRange) String() string {
+	if r.Size == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d-%d", r.Base, int(r.Base)+r.Size-1)
+}
+
+// Contains reports whether port lies in the range.
+func (r PortRange) Contains(port uint16) bool {
+	return r.Size > 0 && port >= r.Base && int(port) < int(r.Base)+r.Size
+}
+
+// ErrPortRangeExhausted is returned when every port of the range is taken.
+var ErrPortRangeExhausted = errors.New("proxy port range exhausted")
+
+// portAllocator hands out proxy ports from a PortRange. With a zero range it
+// returns 0, which asks the kernel for an ephemeral port.
+type portAllocator struct {
+	r PortRange
+
+	mu   sync.Mutex // guards the fields below
+	used []bool     // indexed by port - r.Base
+	free int
+}
+
+func newPortAllocator(r PortRange) *portAllocator {
+	return &portAllocator{r: r, used: make([]bool, r.Size), free: r.Size}
+}
+
+// allocate returns a free port, chosen at a random offset and then scanning
+// with wrap-around, so restarts and peers do not all reuse the same ports.
+func (a *portAllocator) allocate() (uint16, error) {
+	if a.r.Size == 0 {
+		return 0, nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.free == 0 {
+		return 0, fmt.Errorf("%w: all %d ports of %s are in use", ErrPortRangeExhausted, a.r.Size, a.r)
+	}
+	start := rand.IntN(a.r.Size)
+	for i := range a.r.Size {
+		off := (start + i) % a.r.Size
+		if !a.used[off] {
+			a.used[off] = true
+			a.free--
+			return a.r.Base + uint16(off), nil
+		}
+	}
+	panic("userspace: port allocator free count out of sync") // unreachable: free > 0
+}
+
+// claim marks a specific port as used, e.g. one the kernel chose or one we
+// keep from before; it reports false if the port is outside the range or
+// already used.
+func (a *portAllocator) claim(port uint16) bool {
+	if !a.r.Contains(port) {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	off := int(port - a.r.Base)
+	if a.used[off] {
+		return false
+	}
+	a.used[off] = true
+	a.free--
+	return true
+}
+
+// release returns a port to the range. Ports outside the range (including
+// kernel-chosen ones) are ignored.
+func (a *portAllocator) release(port uint16) {
+	if !a.r.Contains(port) {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	off := int(port - a.r.Base)
+	if a.used[off] {
+		a.used[off] = false
+		a.free++
+	}
+}

@@ -1,0 +1,104 @@
+package userspace
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestParsePortRange(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    PortRange
+		wantErr bool
+	}{
+		{in: "", want: PortRange{}},
+		{in: "0", want: PortRange{}},
+		{in: "0-0", want: PortRange{}},
+		{in: "30000-30009", want: PortRange{Base: 30000, Size: 10}},
+		{in: "30000+9", want: PortRange{Base: 30000, Size: 10}},
+		{in: "30000+0", want: PortRange{Base: 30000, Size: 1}},
+		{in: "8080", want: PortRange{Base: 8080, Size: 1}},
+		{in: " 1-65535 ", want: PortRange{Base: 1, Size: 65535}},
+		{in: "30009-30000", wantErr: true},
+		{in: "65535+1", wantErr: true},
+		{in: "0-10", wantErr: true},
+		{in: "abc", wantErr: true},
+		{in: "1-", wantErr: true},
+		{in: "-5", wantErr: true},
+		{in: "70000", wantErr: true},
+		{in: "1+x", wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParsePortRange(tc.in)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("ParsePortRange(%q) error = %v, wantErr %v", tc.in, err, tc.wantErr)
+			}
+			if err == nil && got != tc.want {
+				t.Fatalf("ParsePortRange(%q) = %+v, want %+v", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzParsePortRange(f *testing.F) {
+	for _, s := range []string{"", "0", "1-2", "100+5", "65535", "x-y", "5-1", "1+65535"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := ParsePortRange(s)
+		if err != nil {
+			return
+		}
+		if r.Size < 0 || int(r.Base)+r.Size-1 > 65535 || (r.Size > 0 && r.Base == 0) {
+			t.Fatalf("ParsePortRange(%q) = %+v: out of bounds", s, r)
+		}
+		if r.Size > 0 {
+			back, err := ParsePortRange(r.String())
+			if err != nil || back != r {
+				t.Fatalf("round trip of %q via %q = %+v, %v", s, r.String(), back, err)
+			}
+		}
+	})
+}
+
+func TestPortAllocator(t *testing.T) {
+	t.Run("kernel chosen", func(t *testing.T) {
+		a := newPortAllocator(PortRange{})
+		if p, err := a.allocate(); p != 0 || err != nil {
+			t.Fatalf("allocate() = %d, %v; want 0, nil", p, err)
+		}
+	})
+	t.Run("exhaust and release", func(t *testing.T) {
+		a := newPortAllocator(PortRange{Base: 1000, Size: 3})
+		seen := map[uint16]bool{}
+		for range 3 {
+			p, err := a.allocate()
+			if err != nil || !a.r.Contains(p) || seen[p] {
+				t.Fatalf("allocate() = %d, %v (seen %v)", p, err, seen)
+			}
+			seen[p] = true
+		}
+		if _, err := a.allocate(); !errors.Is(err, ErrPortRangeExhausted) {
+			t.Fatalf("allocate on a full range: %v, want ErrPortRangeExhausted", err)
+		}
+		a.release(1001)
+		if p, err := a.allocate(); p != 1001 || err != nil {
+			t.Fatalf("allocate after release = %d, %v; want 1001", p, err)
+		}
+		a.release(5) // outside: ignored
+		if a.claim(1001) {
+			t.Fatal("claim of a used port succeeded")
+		}
+	})
+	t.Run("random start", func(t *testing.T) {
+		firsts := map[uint16]bool{}
+		for range 20 {
+			p, _ := newPortAllocator(PortRange{Base: 2000, Size: 100}).allocate()
+			firsts[p] = true
+		}
+		if len(firsts) < 2 {
+			t.Fatalf("20 fresh allocators all started at %v", firsts)
+		}
+	})
+}

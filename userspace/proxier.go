@@ -1,0 +1,380 @@
+package userspace
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultUDPIdleTimeout      = 250 * time.Millisecond
+	DefaultUDPReplyTimeout     = 5 * time.Second
+	DefaultUDPMaxSessions      = 4096
+	DefaultTCPHalfCloseTimeout = 5 * time.Minute
+	DefaultEndpointPenalty     = 2 * time.Second
+)
+
+// DefaultDialTimeouts are the per-attempt timeouts of connect-time failover,
+// as in the legacy proxier: at most four attempts, 3.75 s in all.
+var DefaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
+
+// Config configures a Proxier. Its zero value serves every service port on a
+// kernel-chosen proxy port on the wildcard address of each IP family.
+type Config struct {
+	// BindAddress is the address proxy ports listen on. If it is invalid or
+	// unspecified (0.0.0.0 or ::), each service port listens on the
+	// wildcard address of every IP family among its frontends (IPv4 when
+	// it has none). A specific address is used for every service port.
+	BindAddress netip.Addr
+	// PortRange is where proxy ports come from. If zero, the kernel
+	// chooses.
+	PortRange PortRange
+	// DisableProxyPorts stops the proxier from opening proxy ports, for
+	// portals that bind service addresses directly.
+	DisableProxyPorts bool
+	// ServeNodePorts makes the proxier listen on each NodePort itself, at
+	// NodePortAddresses, for portals that do not redirect node ports.
+	ServeNodePorts bool
+	// NodePortAddresses restricts the node addresses NodePorts are served
+	// on. If empty, the wildcard address of each IP family is used.
+	NodePortAddresses []netip.Prefix
+	// ServeFrontends makes the proxier listen on every ClusterIP,
+	// ExternalIP and load-balancer IP at the service port, for the bind
+	// portal.
+	ServeFrontends bool
+
+	// UDPIdleTimeout ends a UDP session after this long without traffic
+	// once its endpoint has answered. If zero, DefaultUDPIdleTimeout.
+	UDPIdleTimeout time.Duration
+	// UDPReplyTimeout is how long a session waits for an answer to a
+	// client's datagram, when longer than UDPIdleTimeout, so a slow first
+	// reply is never lost to the idle timeout. If zero,
+	// DefaultUDPReplyTimeout.
+	UDPReplyTimeout time.Duration
+	// UDPMaxSessions caps the UDP sessions of one service port; datagrams
+	// from new clients beyond it are dropped and counted. If zero,
+	// DefaultUDPMaxSessions. Negative means no cap.
+	UDPMaxSessions int
+
+	// DialTimeouts are the per-attempt timeouts of TCP connect-time
+	// failover; each failed attempt moves to another endpoint. If nil,
+	// DefaultDialTimeouts.
+	DialTimeouts []time.Duration
+	// EndpointPenalty is how long new connections pass over an endpoint
+	// after a dial to it failed, while other endpoints remain. If zero,
+	// DefaultEndpointPenalty.
+	EndpointPenalty time.Duration
+	// TCPHalfCloseTimeout bounds how long a connection stays open after one
+	// side has finished sending while the other is silent. If zero,
+	// DefaultTCPHalfCloseTimeout.
+	TCPHalfCloseTimeout time.Duration
+
+	// Clock is used for session-affinity expiry. If nil, the real clock.
+	Clock Clock
+	// LocalAddrs lists this host's addresses, to match NodePortAddresses.
+	// If nil, the addresses of every interface.
+	LocalAddrs func() ([]netip.Addr, error)
+}
+
+func (c *Config) setDefaults() {
+	if c.UDPIdleTimeout <= 0 {
+		c.UDPIdleTimeout = DefaultUDPIdleTimeout
+	}
+	if c.UDPReplyTimeout <= 0 {
+		c.UDPReplyTimeout = DefaultUDPReplyTimeout
+	}
+	if c.UDPMaxSessions == 0 {
+		c.UDPMaxSessions = DefaultUDPMaxSessions
+	}
+	if len(c.DialTimeouts) == 0 {
+		c.DialTimeouts = DefaultDialTimeouts
+	}
+	if c.EndpointPenalty <= 0 {
+		c.EndpointPenalty = DefaultEndpointPenalty
+	}
+	if c.TCPHalfCloseTimeout <= 0 {
+		c.TCPHalfCloseTimeout = DefaultTCPHalfCloseTimeout
+	}
+	if c.Clock == nil {
+		c.Clock = realClock{}
+	}
+	if c.LocalAddrs == nil {
+		c.LocalAddrs = interfaceAddrs
+	}
+}
+
+// Proxier serves a Snapshot: one listener per service port, load balancing
+// new connections and UDP sessions across the endpoints.
+type Proxier struct {
+	cfg    Config
+	ports  *portAllocator
+	shed   *shedder
+	stats  Stats
+	ctx    context.Context // cancelled by Close; bounds dials
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // every goroutine the proxier starts
+
+	mu       sync.Mutex // guards the fields below; held for a whole Apply
+	services map[state.ServicePortName]*servicePort
+	closed   bool
+
+	connMu sync.Mutex // guards conns
+	conns  map[*tcpConn]struct{}
+}
+
+// New returns a Proxier serving nothing. Call Apply to serve a Snapshot and
+// Close to stop.
+func New(cfg Config) *Proxier {
+	cfg.setDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Proxier{
+		cfg:      cfg,
+		ports:    newPortAllocator(cfg.PortRange),
+		shed:     newShedder(),
+		ctx:      ctx,
+		cancel:   cancel,
+		services: make(map[state.ServicePortName]*servicePort),
+		conns:    make(map[*tcpConn]struct{}),
+	}
+}
+
+// Stats returns the proxier's counters.
+func (p *Proxier) Stats() *Stats { return &p.stats }
+
+// Apply makes the proxier serve snap. Service ports that are gone are closed;
+// new ones get listeners; changed ones get their endpoints and affinity
+// swapped in place and only the sockets whose addresses changed are opened
+// or closed. Connections of unchanged service ports are not touched. Apply
+// carries on past a service port it cannot serve and returns every such
+// failure; calling it again retries them.
+func (p *Proxier) Apply(snap state.Snapshot) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("userspace: apply: proxier is closed")
+	}
+	var errs *multierror.Error
+	for name, sp := range p.services {
+		if snap.Get(name) == nil {
+			klog.V(2).InfoS("Stopping service port", "service", name)
+			sp.close()
+			delete(p.services, name)
+		}
+	}
+	var localAddrs []netip.Addr
+	if p.cfg.ServeNodePorts && len(p.cfg.NodePortAddresses) > 0 {
+		var err error
+		if localAddrs, err = p.cfg.LocalAddrs(); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("userspace: list local addresses for node ports: %w", err))
+		}
+	}
+	for spec := range snap.All {
+		sp, ok := p.services[spec.Name]
+		if !ok {
+			if spec.Name.Protocol != state.TCP && spec.Name.Protocol != state.UDP {
+				if err := p.unsupported(spec); err != nil {
+					errs = multierror.Append(errs, err)
+				}
+				continue
+			}
+			sp = newServicePort(p, spec)
+			p.services[spec.Name] = sp
+			klog.V(2).InfoS("Starting service port", "service", spec.Name)
+		} else {
+			sp.update(spec)
+		}
+		if err := sp.reconcile(p.desiredSockets(sp, spec, localAddrs)); err != nil {
+			errs = multierror.Append(errs, err)
+		}
+	}
+	return errs.ErrorOrNil()
+}
+
+func (p *Proxier) unsupported(spec *state.ServicePort) error {
+	return fmt.Errorf("userspace: service %s: protocol %s is not supported on this host", spec.Name, spec.Name.Protocol)
+}
+
+// Close stops every listener and connection and waits for all of the
+// proxier's goroutines to end. It is safe to call more than once.
+func (p *Proxier) Close() error {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		p.cancel()
+		for name, sp := range p.services {
+			sp.close()
+			delete(p.services, name)
+		}
+		p.connMu.Lock()
+		for c := range p.conns {
+			c.abort()
+		}
+		p.connMu.Unlock()
+		p.shed.close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return nil
+}
+
+// Listener describes one socket the proxier listens on.
+type Listener struct {
+	Service state.ServicePortName
+	Addr    netip.AddrPort
+	// Role is "proxy-port", "node-port" or "frontend".
+	Role string
+}
+
+// ProxyPort returns the proxy port serving name, or 0 if there is none.
+func (p *Proxier) ProxyPort(name state.ServicePortName) uint16 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if sp, ok := p.services[name]; ok {
+		return sp.proxyPort
+	}
+	return 0
+}
+
+// Listeners lists every socket the proxier listens on, sorted by service.
+func (p *Proxier) Listeners() []Listener {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Listener
+	for name, sp := range p.services {
+		for k := range sp.sockets {
+			out = append(out, Listener{Service: name, Addr: k.addr, Role: k.role.String()})
+		}
+	}
+	slices.SortFunc(out, func(a, b Listener) int {
+		if c := a.Service.Compare(b.Service); c != 0 {
+			return c
+		}
+		if c := a.Addr.Compare(b.Addr); c != 0 {
+			return c
+		}
+		return 0
+	})
+	return out
+}
+
+// desiredSockets lists the addresses a service port should listen on, other
+// than its proxy port, which the service port manages itself.
+func (p *Proxier) desiredSockets(sp *servicePort, spec *state.ServicePort, localAddrs []netip.Addr) []sockKey {
+	var want []sockKey
+	fams := families(spec)
+	if p.cfg.ServeNodePorts && spec.NodePort != 0 {
+		if len(p.cfg.NodePortAddresses) == 0 {
+			for _, f := range fams {
+				want = append(want, sockKey{netip.AddrPortFrom(wildcard(f), spec.NodePort), roleNodePort})
+			}
+		} else {
+			for _, a := range localAddrs {
+				if slices.ContainsFunc(p.cfg.NodePortAddresses, func(pfx netip.Prefix) bool { return pfx.Contains(a) }) {
+					want = append(want, sockKey{netip.AddrPortFrom(a, spec.NodePort), roleNodePort})
+				}
+			}
+		}
+	}
+	if p.cfg.ServeFrontends {
+		for _, ip := range spec.ClusterIPs {
+			want = append(want, sockKey{netip.AddrPortFrom(ip, spec.Port), roleFrontend})
+		}
+		for _, ip := range slices.Concat(spec.ExternalIPs, spec.LoadBalancerIPs) {
+			want = append(want, sockKey{netip.AddrPortFrom(ip, spec.Port), roleExternalFrontend})
+		}
+	}
+	return want
+}
+
+// proxyPortAddrs returns the addresses a service port's proxy port listens
+// on, one per IP family.
+func (p *Proxier) proxyPortAddrs(spec *state.ServicePort) []netip.Addr {
+	if b := p.cfg.BindAddress; b.IsValid() && !b.IsUnspecified() {
+		return []netip.Addr{b.Unmap()}
+	}
+	var out []netip.Addr
+	for _, f := range families(spec) {
+		out = append(out, wildcard(f))
+	}
+	return out
+}
+
+type family int
+
+const (
+	familyIPv4 family = 4
+	familyIPv6 family = 6
+)
+
+func familyOf(a netip.Addr) family {
+	if a.Unmap().Is4() {
+		return familyIPv4
+	}
+	return familyIPv6
+}
+
+func wildcard(f family) netip.Addr {
+	if f == familyIPv6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
+}
+
+// families returns the IP families of a service port's frontends, IPv4
+// first; a port with no frontends is served on IPv4.
+func families(spec *state.ServicePort) []family {
+	has := map[family]bool{}
+	for _, fe := range spec.Frontends() {
+		has[familyOf(fe.Addr())] = true
+	}
+	var out []family
+	if has[familyIPv4] || !has[familyIPv6] {
+		out = append(out, familyIPv4)
+	}
+	if has[familyIPv6] {
+		out = append(out, familyIPv6)
+	}
+	return out
+}
+
+func interfaceAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
+}
+
+func (p *Proxier) track(c *tcpConn) bool {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	if p.ctx.Err() != nil {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxier) untrack(c *tcpConn) {
+	p.connMu.Lock()
+	delete(p.conns, c)
+	p.connMu.Unlock()
+}

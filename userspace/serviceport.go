@@ -1,0 +1,232 @@
+package userspace
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/hashicorp/go-multierror"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// socketRole says why a socket exists and which endpoint set it uses.
+type socketRole int
+
+const (
+	roleProxyPort        socketRole = iota // redirected traffic; internal endpoints
+	roleNodePort                           // node port served directly; external endpoints
+	roleFrontend                           // ClusterIP bound directly; internal endpoints
+	roleExternalFrontend                   // ExternalIP or LB IP bound directly; external endpoints
+)
+
+func (r socketRole) String() string {
+	switch r {
+	case roleProxyPort:
+		return "proxy-port"
+	case roleNodePort:
+		return "node-port"
+	case roleFrontend:
+		return "frontend"
+	default:
+		return "external-frontend"
+	}
+}
+
+func (r socketRole) external() bool { return r == roleNodePort || r == roleExternalFrontend }
+
+type sockKey struct {
+	addr netip.AddrPort
+	role socketRole
+}
+
+// socket is a listening TCP or UDP socket with its serving goroutine.
+type socket interface {
+	// close stops the socket. TCP connections it accepted keep running;
+	// UDP sessions end.
+	close()
+}
+
+// servicePort is the live state of one service port: its balancers and the
+// sockets that feed them. Its fields are guarded by the Proxier's mu.
+type servicePort struct {
+	p     *Proxier
+	name  state.ServicePortName
+	proto state.Protocol
+
+	internal *balancer
+	// external is the balancer for node-port and external traffic; it is
+	// internal itself unless the traffic policies give the two different
+	// endpoint sets.
+	external atomic.Pointer[balancer]
+	// udpSessions counts live UDP sessions across the port's sockets.
+	udpSessions atomic.Int64
+
+	spec      *state.ServicePort
+	proxyPort uint16
+	sockets   map[sockKey]socket
+}
+
+func newServicePort(p *Proxier, spec *state.ServicePort) *servicePort {
+	sp := &servicePort{
+		p:       p,
+		name:    spec.Name,
+		proto:   spec.Name.Protocol,
+		sockets: make(map[sockKey]socket),
+	}
+	sp.internal = newBalancer(p.cfg.Clock, spec.InternalEndpoints(), spec.Affinity)
+	sp.setExternal(spec)
+	sp.spec = spec
+	return sp
+}
+
+func (sp *servicePort) setExternal(spec *state.ServicePort) {
+	if spec.InternalLocal == spec.ExternalLocal {
+		sp.external.Store(sp.internal)
+		return
+	}
+	if ext := sp.external.Load(); ext != nil && ext != sp.internal {
+		ext.update(spec.ExternalEndpoints(), spec.Affinity)
+		return
+	}
+	sp.external.Store(newBalancer(sp.p.cfg.Clock, spec.ExternalEndpoints(), spec.Affinity))
+}
+
+// update swaps in a new spec: endpoints and affinity take effect for the
+// next connection.
+func (sp *servicePort) update(spec *state.ServicePort) {
+	sp.internal.update(spec.InternalEndpoints(), spec.Affinity)
+	sp.setExternal(spec)
+	sp.spec = spec
+}
+
+func (sp *servicePort) balancer(r socketRole) *balancer {
+	if r.external() {
+		return sp.external.Load()
+	}
+	return sp.internal
+}
+
+// reconcile opens missing sockets and closes unwanted ones. The proxy-port
+// sockets are opened once and kept for the service port's lifetime.
+func (sp *servicePort) reconcile(extra []sockKey) error {
+	var errs *multierror.Error
+	want := make(map[sockKey]bool, len(extra)+2)
+	if !sp.p.cfg.DisableProxyPorts {
+		if err := sp.ensureProxyPort(); err != nil {
+			errs = multierror.Append(errs, err)
+		}
+		if sp.proxyPort != 0 {
+			// The families served can change with the frontends; every
+			// family uses the same proxy port.
+			for _, a := range sp.p.proxyPortAddrs(sp.spec) {
+				want[sockKey{netip.AddrPortFrom(a, sp.proxyPort), roleProxyPort}] = true
+			}
+		}
+	}
+	for _, k := range extra {
+		want[k] = true
+	}
+	for k, s := range sp.sockets {
+		if !want[k] {
+			klog.V(2).InfoS("Closing listener", "service", sp.name, "addr", k.addr, "role", k.role)
+			s.close()
+			delete(sp.sockets, k)
+		}
+	}
+	for k := range want {
+		if _, ok := sp.sockets[k]; ok {
+			continue
+		}
+		s, err := sp.listen(k)
+		if err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("userspace: service %s: listen on %s (%s): %w", sp.name, k.addr, k.role, err))
+			continue
+		}
+		klog.V(2).InfoS("Listening", "service", sp.name, "addr", k.addr, "role", k.role)
+		sp.sockets[k] = s
+	}
+	return errs.ErrorOrNil()
+}
+
+// ensureProxyPort opens the proxy-port sockets, one per IP family, all on
+// the same port, if they are not open yet.
+func (sp *servicePort) ensureProxyPort() error {
+	if sp.proxyPort != 0 {
+		return nil
+	}
+	addrs := sp.p.proxyPortAddrs(sp.spec)
+	const attempts = 16
+	var lastErr error
+	for range attempts {
+		port, err := sp.p.ports.allocate()
+		if err != nil {
+			return fmt.Errorf("userspace: service %s: %w", sp.name, err)
+		}
+		opened, actual, err := sp.listenAll(addrs, port)
+		if err == nil {
+			if port == 0 {
+				sp.p.ports.claim(actual) // a kernel-chosen port inside the range is ours
+			}
+			sp.proxyPort = actual
+			for k, s := range opened {
+				sp.sockets[k] = s
+			}
+			klog.V(1).InfoS("Serving service port", "service", sp.name, "proxyPort", actual)
+			return nil
+		}
+		sp.p.ports.release(port)
+		lastErr = err
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
+	return fmt.Errorf("userspace: service %s: open proxy port: %w", sp.name, lastErr)
+}
+
+// listenAll opens a proxy-port socket on each address, all with the same
+// port; port 0 lets the kernel choose it for the first address.
+func (sp *servicePort) listenAll(addrs []netip.Addr, port uint16) (map[sockKey]socket, uint16, error) {
+	opened := make(map[sockKey]socket, len(addrs))
+	for _, a := range addrs {
+		k := sockKey{netip.AddrPortFrom(a, port), roleProxyPort}
+		s, err := sp.listen(k)
+		if err != nil {
+			for _, o := range opened {
+				o.close()
+			}
+			return nil, 0, fmt.Errorf("listen on %s: %w", k.addr, err)
+		}
+		if port == 0 {
+			port = s.(interface{ port() uint16 }).port()
+			k.addr = netip.AddrPortFrom(a, port)
+		}
+		opened[k] = s
+	}
+	return opened, port, nil
+}
+
+func (sp *servicePort) listen(k sockKey) (socket, error) {
+	switch sp.proto {
+	case state.TCP:
+		return listenTCP(sp, k)
+	case state.UDP:
+		return listenUDP(sp, k)
+	}
+	return nil, fmt.Errorf("protocol %s is not supported", sp.proto)
+}
+
+// close stops every socket of the service port and returns its proxy port.
+func (sp *servicePort) close() {
+	for k, s := range sp.sockets {
+		s.close()
+		delete(sp.sockets, k)
+	}
+	if sp.proxyPort != 0 {
+		sp.p.ports.release(sp.proxyPort)
+		sp.proxyPort = 0
+	}
+}

@@ -1,0 +1,62 @@
+package userspace
+
+import "sync/atomic"
+
+// Stats counts what the data plane did since the Proxier started. All
+// fields are safe for concurrent use; read them with Stats.Snapshot.
+type Stats struct {
+	TCPAccepted       atomic.Uint64 // client connections accepted
+	TCPActive         atomic.Int64  // proxied connections open now
+	TCPNoEndpoints    atomic.Uint64 // connections reset because the port had no endpoints
+	TCPDialFailures   atomic.Uint64 // failed dials to endpoints (each attempt)
+	TCPDialGiveUps    atomic.Uint64 // connections reset after every dial attempt failed
+	Shed              atomic.Uint64 // connections or sessions refused for lack of file descriptors or buffers
+	AcceptErrors      atomic.Uint64 // other accept errors
+	HalfCloseTimeouts atomic.Uint64 // connections ended because a half-closed side stayed silent too long
+	BytesToBackend    atomic.Uint64
+	BytesToClient     atomic.Uint64
+
+	UDPSessionsOpened   atomic.Uint64 // UDP sessions created
+	UDPSessionsActive   atomic.Int64  // UDP sessions open now
+	UDPSessionsRejected atomic.Uint64 // datagrams dropped because the session cap was reached
+	UDPNoEndpoints      atomic.Uint64 // datagrams dropped because the port had no endpoints
+	UDPDatagramsIn      atomic.Uint64 // client datagrams forwarded to endpoints
+	UDPDatagramsOut     atomic.Uint64 // endpoint datagrams sent back to clients
+	UDPDropped          atomic.Uint64 // datagrams dropped on a full socket buffer or send error
+	UDPRefused          atomic.Uint64 // sessions ended because the endpoint refused (ICMP port unreachable)
+}
+
+// StatsSnapshot is a copy of Stats at one moment.
+type StatsSnapshot struct {
+	TCPAccepted, TCPNoEndpoints, TCPDialFailures, TCPDialGiveUps uint64
+	TCPActive                                                    int64
+	Shed, AcceptErrors, HalfCloseTimeouts                        uint64
+	BytesToBackend, BytesToClient                                uint64
+	UDPSessionsOpened, UDPSessionsRejected, UDPNoEndpoints       uint64
+	UDPSessionsActive                                            int64
+	UDPDatagramsIn, UDPDatagramsOut, UDPDropped, UDPRefused      uint64
+}
+
+// Snapshot copies the counters.
+func (s *Stats) Snapshot() StatsSnapshot {
+	return StatsSnapshot{
+		TCPAccepted:         s.TCPAccepted.Load(),
+		TCPActive:           s.TCPActive.Load(),
+		TCPNoEndpoints:      s.TCPNoEndpoints.Load(),
+		TCPDialFailures:     s.TCPDialFailures.Load(),
+		TCPDialGiveUps:      s.TCPDialGiveUps.Load(),
+		Shed:                s.Shed.Load(),
+		AcceptErrors:        s.AcceptErrors.Load(),
+		HalfCloseTimeouts:   s.HalfCloseTimeouts.Load(),
+		BytesToBackend:      s.BytesToBackend.Load(),
+		BytesToClient:       s.BytesToClient.Load(),
+		UDPSessionsOpened:   s.UDPSessionsOpened.Load(),
+		UDPSessionsActive:   s.UDPSessionsActive.Load(),
+		UDPSessionsRejected: s.UDPSessionsRejected.Load(),
+		UDPNoEndpoints:      s.UDPNoEndpoints.Load(),
+		UDPDatagramsIn:      s.UDPDatagramsIn.Load(),
+		UDPDatagramsOut:     s.UDPDatagramsOut.Load(),
+		UDPDropped:          s.UDPDropped.Load(),
+		UDPRefused:          s.UDPRefused.Load(),
+	}
+}

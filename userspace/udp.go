@@ -1,0 +1,432 @@
+//go:build unix
+
+package userspace
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// maxDatagram is the largest UDP payload over IPv4 (65,535 - 8 - 20); IPv6
+// jumbograms aside, nothing larger reaches a UDP socket. Buffers hold it
+// whole, so no datagram is ever truncated (the legacy proxier cut them at
+// 4 KiB).
+const maxDatagram = 65535
+
+// udpBatch is how many datagrams one recvmmsg call may return.
+const udpBatch = 8
+
+// batchConn is what ipv4.PacketConn and ipv6.PacketConn share.
+type batchConn interface {
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+type msgBatch struct{ msgs []ipv4.Message }
+
+var batchPool = sync.Pool{New: func() any {
+	b := &msgBatch{msgs: make([]ipv4.Message, udpBatch)}
+	for i := range b.msgs {
+		b.msgs[i].Buffers = [][]byte{make([]byte, maxDatagram)}
+		b.msgs[i].OOB = make([]byte, 128)
+	}
+	return b
+}}
+
+var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
+
+// udpListener serves one UDP socket of a service port. One goroutine reads
+// the socket in batches and forwards each datagram on its client's session;
+// each session has a connected socket to its endpoint and a goroutine that
+// sends the endpoint's replies back from the address the client sent to.
+type udpListener struct {
+	sp   *servicePort
+	role socketRole
+	fam  family
+	conn *net.UDPConn
+	rc   syscall.RawConn
+	pc   batchConn
+	done chan struct{} // closed when the reader has returned
+	once sync.Once
+
+	sessWG sync.WaitGroup // session goroutines
+
+	mu       sync.Mutex // guards the fields below
+	sessions map[netip.AddrPort]*udpSession
+	closing  bool
+}
+
+func listenUDP(sp *servicePort, k sockKey) (socket, error) {
+	fam := familyOf(k.addr.Addr())
+	network := "udp4"
+	if fam == familyIPv6 {
+		network = "udp6"
+	}
+	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(k.addr))
+	if err != nil {
+		return nil, err
+	}
+	l := &udpListener{sp: sp, role: k.role, fam: fam, conn: conn, done: make(chan struct{}),
+		sessions: make(map[netip.AddrPort]*udpSession)}
+	if l.rc, err = conn.SyscallConn(); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	// Ask for each datagram's destination address, so replies can leave
+	// from it: after a REDIRECT of locally generated traffic that is
+	// 127.0.0.1, and conntrack can only undo the NAT for a reply from there.
+	if fam == familyIPv6 {
+		pc := ipv6.NewPacketConn(conn)
+		err = pc.SetControlMessage(ipv6.FlagDst, true)
+		l.pc = pc
+	} else {
+		pc := ipv4.NewPacketConn(conn)
+		err = pc.SetControlMessage(ipv4.FlagDst, true)
+		l.pc = pc
+	}
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	sp.p.wg.Add(1)
+	go l.readLoop()
+	return l, nil
+}
+
+func (l *udpListener) port() uint16 {
+	return uint16(l.conn.LocalAddr().(*net.UDPAddr).Port)
+}
+
+// close stops the reader, ends every session and waits for them.
+func (l *udpListener) close() {
+	l.once.Do(func() { l.conn.Close() })
+	<-l.done
+	l.mu.Lock()
+	l.closing = true
+	for _, s := range l.sessions {
+		s.conn.Close()
+	}
+	l.mu.Unlock()
+	l.sessWG.Wait()
+}
+
+func (l *udpListener) readLoop() {
+	p := l.sp.p
+	defer p.wg.Done()
+	defer close(l.done)
+	for {
+		batch := batchPool.Get().(*msgBatch)
+		n, err := l.pc.ReadBatch(batch.msgs, unix.MSG_DONTWAIT)
+		if err != nil {
+			batchPool.Put(batch)
+			switch {
+			case errors.Is(err, syscall.EAGAIN):
+				// Wait for data without holding any buffer.
+				if err := waitReadable(l.rc); err != nil {
+					return
+				}
+			case errors.Is(err, net.ErrClosed):
+				return
+			default:
+				klog.V(2).InfoS("UDP read failed", "service", l.sp.name, "err", err)
+				select {
+				case <-time.After(10 * time.Millisecond):
+				case <-p.ctx.Done():
+					return
+				}
+			}
+			continue
+		}
+		for i := range batch.msgs[:n] {
+			l.forward(&batch.msgs[i])
+		}
+		batchPool.Put(batch)
+	}
+}
+
+// waitReadable blocks until rc is readable or closed.
+func waitReadable(rc syscall.RawConn) error {
+	waited := false
+	return rc.Read(func(uintptr) bool {
+		if !waited {
+			waited = true
+			return false
+		}
+		return true
+	})
+}
+
+func (l *udpListener) forward(m *ipv4.Message) {
+	ua, ok := m.Addr.(*net.UDPAddr)
+	if !ok {
+		return
+	}
+	ap := ua.AddrPort()
+	client := netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	dst := l.deliveredTo(m.OOB[:m.NN])
+	s := l.session(client, dst)
+	if s == nil {
+		return
+	}
+	s.send(m.Buffers[0][:m.N], dst)
+}
+
+// deliveredTo parses the destination address of a datagram from its
+// control messages.
+func (l *udpListener) deliveredTo(oob []byte) netip.Addr {
+	var ip net.IP
+	if l.fam == familyIPv6 {
+		var cm ipv6.ControlMessage
+		if cm.Parse(oob) == nil {
+			ip = cm.Dst
+		}
+	} else {
+		var cm ipv4.ControlMessage
+		if cm.Parse(oob) == nil {
+			ip = cm.Dst
+		}
+	}
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
+}
+
+// session returns client's session, creating it if needed; nil means the
+// datagram is to be dropped. Only the reader creates sessions.
+func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession {
+	p := l.sp.p
+	l.mu.Lock()
+	s := l.sessions[client]
+	l.mu.Unlock()
+	if s != nil {
+		return s
+	}
+	if max := p.cfg.UDPMaxSessions; max > 0 && l.sp.udpSessions.Load() >= int64(max) {
+		p.stats.UDPSessionsRejected.Add(1)
+		return nil
+	}
+	b := l.sp.balancer(l.role)
+	ep, err := b.pick(client.Addr(), nil)
+	if err != nil {
+		p.stats.UDPNoEndpoints.Add(1)
+		return nil
+	}
+	conn, err := net.DialUDP(udpNetwork(ep), nil, net.UDPAddrFromAddrPort(ep))
+	if err != nil {
+		if isResourceExhausted(err) {
+			p.stats.Shed.Add(1)
+			p.shed.log(err, l.sp.name.String())
+		} else {
+			klog.V(2).InfoS("UDP dial failed", "service", l.sp.name, "endpoint", ep, "err", err)
+		}
+		return nil
+	}
+	s = &udpSession{l: l, b: b, client: client, endpoint: ep, conn: conn, clientAddr: net.UDPAddrFromAddrPort(client)}
+	if s.rc, err = conn.SyscallConn(); err != nil {
+		conn.Close()
+		return nil
+	}
+	s.setDst(dst)
+	s.lastActive.Store(time.Now().UnixNano())
+	l.mu.Lock()
+	if l.closing {
+		l.mu.Unlock()
+		conn.Close()
+		return nil
+	}
+	l.sessions[client] = s
+	l.mu.Unlock()
+	l.sp.udpSessions.Add(1)
+	p.stats.UDPSessionsOpened.Add(1)
+	p.stats.UDPSessionsActive.Add(1)
+	if klog.V(4).Enabled() {
+		klog.InfoS("New UDP session", "service", l.sp.name, "client", client, "endpoint", ep)
+	}
+	l.sessWG.Add(1)
+	go s.replyLoop()
+	return s
+}
+
+func udpNetwork(ep netip.AddrPort) string {
+	if ep.Addr().Is4() {
+		return "udp4"
+	}
+	return "udp6"
+}
+
+// udpSession is one client's flow to one endpoint.
+type udpSession struct {
+	l          *udpListener
+	b          *balancer
+	client     netip.AddrPort
+	clientAddr *net.UDPAddr
+	endpoint   netip.AddrPort
+	conn       *net.UDPConn // connected to endpoint
+	rc         syscall.RawConn
+
+	lastActive atomic.Int64 // unix nanoseconds of the last datagram either way
+	awaiting   atomic.Bool  // a client datagram has had no reply yet
+	refused    atomic.Bool
+
+	dstMu sync.Mutex // guards the fields below
+	dst   netip.Addr // where the client's datagrams arrive
+	oob   []byte     // control message that sends replies from dst
+}
+
+func (s *udpSession) setDst(dst netip.Addr) {
+	s.dstMu.Lock()
+	defer s.dstMu.Unlock()
+	if dst == s.dst && s.oob != nil {
+		return
+	}
+	s.dst = dst
+	if !dst.IsValid() {
+		s.oob = []byte{}
+		return
+	}
+	if s.l.fam == familyIPv6 {
+		s.oob = (&ipv6.ControlMessage{Src: dst.AsSlice()}).Marshal()
+	} else {
+		s.oob = (&ipv4.ControlMessage{Src: dst.AsSlice()}).Marshal()
+	}
+}
+
+func (s *udpSession) replyOOB() []byte {
+	s.dstMu.Lock()
+	defer s.dstMu.Unlock()
+	return s.oob
+}
+
+// send forwards one client datagram to the endpoint without blocking: a
+// full socket buffer drops the datagram, as the network would.
+func (s *udpSession) send(b []byte, dst netip.Addr) {
+	p := s.l.sp.p
+	if dst != s.dst {
+		s.setDst(dst)
+	}
+	s.lastActive.Store(time.Now().UnixNano())
+	s.awaiting.Store(true)
+	var werr error
+	err := s.rc.Write(func(fd uintptr) bool {
+		_, werr = unix.Write(int(fd), b)
+		return true
+	})
+	switch {
+	case err != nil:
+		// The session is closing.
+	case werr == nil:
+		p.stats.UDPDatagramsIn.Add(1)
+	case werr == unix.ECONNREFUSED:
+		s.refuse()
+	default:
+		p.stats.UDPDropped.Add(1)
+	}
+}
+
+// refuse ends a session whose endpoint answered with ICMP port unreachable
+// and forgets the client's affinity to it, so the next datagram tries
+// another endpoint.
+func (s *udpSession) refuse() {
+	if !s.refused.Swap(true) {
+		s.l.sp.p.stats.UDPRefused.Add(1)
+		s.b.forget(s.client.Addr(), s.endpoint)
+		s.conn.Close()
+	}
+}
+
+// expiry is when the session ends if nothing more happens: the idle timeout
+// after the last datagram, or the longer reply timeout while a client
+// datagram is unanswered.
+func (s *udpSession) expiry() time.Time {
+	cfg := &s.l.sp.p.cfg
+	timeout := cfg.UDPIdleTimeout
+	if s.awaiting.Load() && cfg.UDPReplyTimeout > timeout {
+		timeout = cfg.UDPReplyTimeout
+	}
+	return time.Unix(0, s.lastActive.Load()).Add(timeout)
+}
+
+func (s *udpSession) replyLoop() {
+	l := s.l
+	p := l.sp.p
+	defer l.sessWG.Done()
+	defer s.finish()
+	msg := []ipv4.Message{{Buffers: [][]byte{nil}, Addr: s.clientAddr}}
+	for {
+		deadline := s.expiry()
+		if !time.Now().Before(deadline) {
+			return
+		}
+		_ = s.conn.SetReadDeadline(deadline)
+		var bp *[]byte
+		var n int
+		var rerr error
+		err := s.rc.Read(func(fd uintptr) bool {
+			if bp == nil {
+				bp = datagramPool.Get().(*[]byte)
+			}
+			n, rerr = unix.Read(int(fd), *bp)
+			if rerr == unix.EAGAIN || rerr == unix.EINTR {
+				datagramPool.Put(bp)
+				bp = nil
+				return false
+			}
+			return true
+		})
+		if err != nil {
+			if bp != nil {
+				datagramPool.Put(bp)
+			}
+			if errors.Is(err, unix.ETIMEDOUT) || errors.Is(err, syscall.ETIMEDOUT) || isTimeout(err) {
+				continue // re-check expiry: traffic may have moved it
+			}
+			return
+		}
+		if rerr != nil {
+			datagramPool.Put(bp)
+			if rerr == unix.ECONNREFUSED {
+				s.refuse()
+			}
+			return
+		}
+		s.lastActive.Store(time.Now().UnixNano())
+		s.awaiting.Store(false)
+		msg[0].Buffers[0] = (*bp)[:n]
+		msg[0].OOB = s.replyOOB()
+		if _, werr := l.pc.WriteBatch(msg, 0); werr != nil {
+			p.stats.UDPDropped.Add(1)
+		} else {
+			p.stats.UDPDatagramsOut.Add(1)
+		}
+		datagramPool.Put(bp)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func (s *udpSession) finish() {
+	l := s.l
+	s.conn.Close()
+	l.mu.Lock()
+	if l.sessions[s.client] == s {
+		delete(l.sessions, s.client)
+	}
+	l.mu.Unlock()
+	l.sp.udpSessions.Add(-1)
+	l.sp.p.stats.UDPSessionsActive.Add(-1)
+	if klog.V(4).Enabled() {
+		klog.InfoS("UDP session ended", "service", l.sp.name, "client", s.client, "endpoint", s.endpoint)
+	}
+}

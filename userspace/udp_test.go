@@ -1,0 +1,227 @@
+package userspace
+
+import (
+	"bytes"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+func TestUDPProxy(t *testing.T) {
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, Config{})
+	name := spn("dns", "dns", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	got, err := udpExchange(t, c, []byte("abc123"))
+	if err != nil || string(got) != "abc123" {
+		t.Fatalf("echo = %q, %v", got, err)
+	}
+	// The reply must come from the address the client sent to.
+	if c.RemoteAddr().String() != proxyAddr(t, p, name) {
+		t.Fatalf("connected socket accepted a reply from elsewhere")
+	}
+}
+
+func TestUDPRoundRobinAndAffinity(t *testing.T) {
+	a, b := startUDPBackend(t, "a"), startUDPBackend(t, "b")
+	p := newTestProxier(t, Config{})
+	name := spn("dns", "", state.UDP)
+	svc := state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(a.addr(), b.addr())}
+	mustApply(t, p, svc)
+	addr := proxyAddr(t, p, name)
+	who := func() string {
+		c := dialUDP(t, addr) // a new client port: a new session
+		got, err := udpExchange(t, c, []byte("who"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		return string(got)
+	}
+	if x, y := who(), who(); x == y {
+		t.Fatalf("two new sessions both went to %s", x)
+	}
+	svc.Affinity = state.Affinity{Type: state.AffinityClientIP}
+	mustApply(t, p, svc)
+	first := who()
+	for range 5 {
+		if got := who(); got != first {
+			t.Fatalf("ClientIP affinity: %s then %s", first, got)
+		}
+	}
+}
+
+func TestUDPIdleTimeout(t *testing.T) {
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, Config{UDPIdleTimeout: 100 * time.Millisecond, UDPReplyTimeout: 100 * time.Millisecond})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	if _, err := udpExchange(t, c, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Stats().UDPSessionsActive.Load(); n != 1 {
+		t.Fatalf("active sessions = %d, want 1", n)
+	}
+	settle(t, "session expired", func() error {
+		if n := p.Stats().UDPSessionsActive.Load(); n != 0 {
+			return fmt.Errorf("%d sessions still active", n)
+		}
+		return nil
+	})
+	// The same client gets a new session.
+	if got, err := udpExchange(t, c, []byte("y")); err != nil || string(got) != "y" {
+		t.Fatalf("after expiry: %q, %v", got, err)
+	}
+	if n := p.Stats().UDPSessionsOpened.Load(); n != 2 {
+		t.Fatalf("sessions opened = %d, want 2", n)
+	}
+}
+
+// TestUDPSlowFirstReply: an endpoint that answers after the idle timeout
+// still reaches the client, because an unanswered datagram gets the longer
+// reply timeout (the legacy 250 ms idle timeout lost slow DNS answers).
+func TestUDPSlowFirstReply(t *testing.T) {
+	slow, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	go func() {
+		buf := make([]byte, 100)
+		n, from, err := slow.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return
+		}
+		time.Sleep(600 * time.Millisecond) // the backend's own slowness, not test synchronisation
+		slow.WriteToUDPAddrPort(buf[:n], from)
+	}()
+	p := newTestProxier(t, Config{UDPIdleTimeout: 100 * time.Millisecond, UDPReplyTimeout: 3 * time.Second})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(slow.LocalAddr().(*net.UDPAddr).AddrPort())})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	if got, err := udpExchange(t, c, []byte("slow")); err != nil || string(got) != "slow" {
+		t.Fatalf("slow reply: %q, %v", got, err)
+	}
+}
+
+func TestUDP64KiBDatagram(t *testing.T) {
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, Config{})
+	name := spn("big", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	for _, size := range []int{1, 4097, 9000, 65507} {
+		payload := make([]byte, size)
+		rand.Read(payload)
+		got, err := udpExchange(t, c, payload)
+		if err != nil || !bytes.Equal(got, payload) {
+			t.Fatalf("%d-byte datagram: got %d bytes, %v", size, len(got), err)
+		}
+	}
+}
+
+func TestUDPSessionCap(t *testing.T) {
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, Config{UDPMaxSessions: 3, UDPIdleTimeout: time.Minute})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	addr := proxyAddr(t, p, name)
+	var clients []*net.UDPConn
+	for i := range 3 {
+		c := dialUDP(t, addr)
+		clients = append(clients, c)
+		if _, err := udpExchange(t, c, []byte("hi")); err != nil {
+			t.Fatalf("client %d within the cap: %v", i, err)
+		}
+	}
+	extra := dialUDP(t, addr)
+	extra.Write([]byte("over"))
+	extra.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := extra.Read(make([]byte, 10)); err == nil {
+		t.Fatal("a fourth client was served past a cap of 3")
+	}
+	if n := p.Stats().UDPSessionsRejected.Load(); n != 1 {
+		t.Fatalf("rejected = %d, want 1", n)
+	}
+	// Existing sessions keep working.
+	if got, err := udpExchange(t, clients[0], []byte("still")); err != nil || string(got) != "still" {
+		t.Fatalf("existing session after the cap: %q, %v", got, err)
+	}
+}
+
+// TestUDPRefusedEndpoint: an endpoint with nothing listening answers with
+// ICMP port unreachable; the session ends and the client's next datagram
+// goes to a live endpoint.
+func TestUDPRefusedEndpoint(t *testing.T) {
+	live := startUDPBackend(t, "live")
+	deadConn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := deadConn.LocalAddr().(*net.UDPAddr).AddrPort()
+	deadConn.Close()
+	p := newTestProxier(t, Config{})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, live.addr()),
+		Affinity: state.Affinity{Type: state.AffinityClientIP}})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	answered := false
+	for range 4 {
+		got, err := udpExchangeTimeout(c, []byte("who"), 300*time.Millisecond)
+		if err == nil && string(got) == "live" {
+			answered = true
+			break
+		}
+	}
+	if !answered {
+		t.Fatal("client never reached the live endpoint")
+	}
+}
+
+func udpExchangeTimeout(c *net.UDPConn, payload []byte, d time.Duration) ([]byte, error) {
+	if _, err := c.Write(payload); err != nil {
+		return nil, err
+	}
+	c.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 1500)
+	n, err := c.Read(buf)
+	return buf[:n], err
+}
+
+// TestUDPReplyFromDeliveredAddress: a proxy port on the wildcard address
+// answers from the address each datagram was sent to, here 127.0.0.2 and
+// 127.0.0.1 on the same socket.
+func TestUDPReplyFromDeliveredAddress(t *testing.T) {
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, Config{BindAddress: netip.IPv4Unspecified()})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	port := p.ProxyPort(name)
+	for _, ip := range []string{"127.0.0.2", "127.0.0.1"} {
+		// An unconnected socket: it would accept a reply from any address,
+		// so check the source explicitly.
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		to := netip.AddrPortFrom(netip.MustParseAddr(ip), port)
+		c.WriteToUDPAddrPort([]byte("hello"), to)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 100)
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		c.Close()
+		if err != nil || string(buf[:n]) != "hello" {
+			t.Fatalf("via %s: %q, %v", to, buf[:n], err)
+		}
+		if from != to {
+			t.Fatalf("reply to a datagram sent to %s came from %s", to, from)
+		}
+	}
+}

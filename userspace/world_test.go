@@ -1,0 +1,266 @@
+package userspace
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// fakeClock is a Clock that tests move by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Step(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// tcpBackend greets each connection with its name and a newline, then
+// echoes everything until the client half-closes, then closes.
+type tcpBackend struct {
+	name string
+	ln   net.Listener
+	wg   sync.WaitGroup
+}
+
+func startTCPBackend(t testing.TB, name string) *tcpBackend {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &tcpBackend{name: name, ln: ln}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				defer c.Close()
+				fmt.Fprintf(c, "%s\n", name)
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	t.Cleanup(b.stop)
+	return b
+}
+
+func (b *tcpBackend) stop() {
+	b.ln.Close()
+	b.wg.Wait()
+}
+
+func (b *tcpBackend) addr() netip.AddrPort {
+	return b.ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// udpBackend answers "who" with its name and echoes anything else.
+type udpBackend struct {
+	name string
+	conn *net.UDPConn
+	done chan struct{}
+}
+
+func startUDPBackend(t testing.TB, name string) *udpBackend {
+	t.Helper()
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &udpBackend{name: name, conn: conn, done: make(chan struct{})}
+	go func() {
+		defer close(b.done)
+		buf := make([]byte, 70000)
+		for {
+			n, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			reply := buf[:n]
+			if string(reply) == "who" {
+				reply = []byte(name)
+			}
+			conn.WriteToUDPAddrPort(reply, from)
+		}
+	}()
+	t.Cleanup(func() { conn.Close(); <-b.done })
+	return b
+}
+
+func (b *udpBackend) addr() netip.AddrPort { return b.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+func eps(addrs ...netip.AddrPort) []state.Endpoint {
+	out := make([]state.Endpoint, len(addrs))
+	for i, a := range addrs {
+		out[i] = state.Endpoint{Addr: a, Ready: true, Serving: true}
+	}
+	return out
+}
+
+func spn(name, port string, proto state.Protocol) state.ServicePortName {
+	return state.ServicePortName{Namespace: "test", Name: name, Port: port, Protocol: proto}
+}
+
+// newTestProxier returns a proxier on loopback, closed at the end of the
+// test.
+func newTestProxier(t testing.TB, cfg Config) *Proxier {
+	t.Helper()
+	if !cfg.BindAddress.IsValid() {
+		cfg.BindAddress = netip.MustParseAddr("127.0.0.1")
+	}
+	p := New(cfg)
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func mustApply(t testing.TB, p *Proxier, ports ...state.ServicePort) {
+	t.Helper()
+	if err := p.Apply(state.NewSnapshot(ports)); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+}
+
+func proxyAddr(t testing.TB, p *Proxier, name state.ServicePortName) string {
+	t.Helper()
+	port := p.ProxyPort(name)
+	if port == 0 {
+		t.Fatalf("no proxy port for %s", name)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+// tcpWho connects, reads the backend's name, checks an echo, and closes.
+func tcpWho(t testing.TB, addr string) string {
+	t.Helper()
+	name, err := tcpWhoErr(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+func tcpWhoErr(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	name, err := r.ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("read greeting via %s: %w", addr, err)
+	}
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		return "", err
+	}
+	echo, err := r.ReadString('\n')
+	if err != nil || echo != "ping\n" {
+		return "", fmt.Errorf("echo via %s: got %q, %v", addr, echo, err)
+	}
+	return strings.TrimSpace(name), nil
+}
+
+// udpExchange sends payload from a fresh socket and returns the reply.
+func udpExchange(t testing.TB, conn *net.UDPConn, payload []byte) ([]byte, error) {
+	t.Helper()
+	if _, err := conn.Write(payload); err != nil {
+		return nil, err
+	}
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 70000)
+	n, err := conn.Read(buf)
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+func dialUDP(t testing.TB, addr string) *net.UDPConn {
+	t.Helper()
+	ua, err := net.ResolveUDPAddr("udp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialUDP("udp4", nil, ua)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// expectClosedTCP checks that nothing accepts on addr any more.
+func expectClosedTCP(t testing.TB, addr string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+		t.Fatalf("%s still accepts connections", addr)
+	}
+}
+
+// openFDs counts this process's open file descriptors.
+func openFDs(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("cannot count fds: %v", err)
+	}
+	return len(ents)
+}
+
+// settle waits, bounded, until check passes; used for counts the runtime
+// offers no event for (goroutines, fds).
+func settle(t testing.TB, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			t.Fatalf("%s: %v\n%s", what, err, buf[:n])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func isReset(err error) bool {
+	return err != nil && (errors.Is(err, errReset) || strings.Contains(err.Error(), "connection reset"))
+}
+
+var errReset = errors.New("connection reset by peer")
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
