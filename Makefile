@@ -1,0 +1,70 @@
+# kube-userspace-proxy. `make run` and `make test` are the two commands a
+# newcomer needs; both set up what they use.
+
+SHELL    := /bin/bash
+GO       ?= go
+BIN      := bin
+PROXY    := $(BIN)/kube-userspace-proxy
+FUZZTIME ?= 5s
+export GOFLAGS ?= -buildvcs=false
+
+.PHONY: all build run demo test check fmt vet staticcheck unit integration fuzz bench deps clean
+
+all: build
+
+build:
+	$(GO) build -o $(PROXY) ./cmd/kube-userspace-proxy
+	$(GO) build -o $(BIN)/demo ./examples/demo
+
+## run: the proxy in the foreground on examples/demo.yaml with its demo backends (no cluster, no root).
+run: build
+	./hack/run.sh
+
+## demo: a scripted tour that sends TCP and UDP traffic through the proxy and exits.
+demo: build
+	./hack/demo.sh
+
+## test: everything CI runs: build, check, integration tests, a short fuzz pass.
+test: deps build check integration fuzz
+	@echo "make test: all passed"
+
+deps:
+	./hack/deps.sh
+
+## check: gofmt, go vet, staticcheck and the unit tests under the race detector.
+check: fmt vet staticcheck unit
+
+fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+	$(GO) vet -tags integration ./integration/...
+
+staticcheck:
+	$(GO) tool staticcheck ./...
+	$(GO) tool staticcheck -tags integration ./integration/...
+
+unit:
+	$(GO) test -race -count=1 ./...
+
+## integration: end-to-end tests of the real binary with real clients.
+integration: build
+	$(GO) test -tags integration -count=1 -v ./integration/...
+
+## fuzz: a short pass of every fuzz target.
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg > $(BIN)/fuzz.log 2>&1 || { cat $(BIN)/fuzz.log; exit 1; }; \
+	  done; \
+	done
+
+## bench: the proxy against no proxy, HAProxy, nginx, socat and a Go io.Copy proxy.
+bench: build
+	./bench/run.sh
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# make demo: a scripted tour. Starts the demo backends and the proxy on
+# examples/demo.yaml, sends TCP (curl) and UDP traffic through it, prints
+# how many requests each backend served, stops everything and exits 0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pids=()
+log=$(mktemp)
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -f "$log" "${blog:-}"
+}
+trap cleanup EXIT
+
+blog=$(mktemp)
+bin/demo backends >"$blog" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 50); do
+  grep -q 'demo backends:' "$blog" && break
+  sleep 0.1
+done
+if ! kill -0 "${pids[0]}" 2>/dev/null || grep -q 'address already in use' "$blog"; then
+  echo "demo: the demo backends could not start:" >&2
+  cat "$blog" >&2
+  exit 1
+fi
+bin/kube-userspace-proxy --manifests examples/demo.yaml --portal=none \
+  --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 2>"$log" &
+pids+=($!)
+
+# Wait (bounded) until all three node ports are served.
+for _ in $(seq 1 100); do
+  if [ "$(grep -c 'via="node-port"' "$log" || true)" -ge 3 ]; then break; fi
+  sleep 0.1
+done
+grep 'Serving' "$log" | sed 's/^.*\] /proxy: /'
+
+echo
+echo "== 12 HTTP requests to demo/web (NodePort 30080, round robin) with curl"
+for _ in $(seq 1 12); do curl -fsS --max-time 5 http://127.0.0.1:30080/; done \
+  | sed 's/ (.*//' | sort | uniq -c | sed 's/^/  served: /'
+
+echo
+echo "== 6 HTTP requests to demo/web-sticky (NodePort 30081, ClientIP affinity)"
+for _ in $(seq 1 6); do curl -fsS --max-time 5 http://127.0.0.1:30081/; done \
+  | sed 's/ (.*//' | sort | uniq -c | sed 's/^/  served: /'
+
+echo
+echo "== 10 UDP datagrams to demo/echo (NodePort 30053), each from a new client port"
+bin/demo udp 127.0.0.1:30053 10 | sed 's/:.*//' | sort | uniq -c | sed 's/^/  served: /'
+
+echo
+echo "demo: done"

@@ -1,0 +1,241 @@
+//go:build integration
+
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// proxyBin is the binary under test, built once by TestMain.
+var proxyBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kup-integration-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	proxyBin = filepath.Join(dir, "kube-userspace-proxy")
+	build := exec.Command("go", "build", "-o", proxyBin, "../cmd/kube-userspace-proxy")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build the proxy:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// requireTool skips when a client program is missing, except under CI,
+// where the test fails: `make test` installs it there.
+func requireTool(t *testing.T, name string) string {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not installed (hack/deps.sh installs it as root)", name)
+		}
+		t.Skipf("%s is not installed; run `make deps` as root", name)
+	}
+	return path
+}
+
+// proxyProc is a running proxy whose log lines can be waited for.
+type proxyProc struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+	err  error         // its exit status, once done
+
+	mu     sync.Mutex // guards the fields below
+	lines  []string
+	notify chan struct{} // closed and replaced on every new line
+}
+
+func startProxy(t *testing.T, args ...string) *proxyProc {
+	t.Helper()
+	cmd := exec.Command(proxyBin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proxyProc{t: t, cmd: cmd, done: make(chan struct{}), notify: make(chan struct{})}
+	go p.read(stderr)
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", p.log())
+		}
+	})
+	return p
+}
+
+func (p *proxyProc) read(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		p.mu.Lock()
+		p.lines = append(p.lines, sc.Text())
+		close(p.notify)
+		p.notify = make(chan struct{})
+		p.mu.Unlock()
+	}
+	p.err = p.cmd.Wait()
+	close(p.done)
+}
+
+func (p *proxyProc) log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.lines, "\n")
+}
+
+// waitLog waits until count log lines from line index `from` on match re,
+// and returns the index after the last match.
+func (p *proxyProc) waitLog(from int, re string, count int, timeout time.Duration) int {
+	p.t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.After(timeout)
+	for {
+		p.mu.Lock()
+		seen, after := 0, from
+		for i := from; i < len(p.lines); i++ {
+			if rx.MatchString(p.lines[i]) {
+				seen++
+				after = i + 1
+			}
+		}
+		ch := p.notify
+		p.mu.Unlock()
+		if seen >= count {
+			return after
+		}
+		select {
+		case <-ch:
+		case <-p.done:
+			p.t.Fatalf("proxy exited (%v) before logging %q", p.err, re)
+		case <-deadline:
+			p.t.Fatalf("no log line matching %q within %v", re, timeout)
+		}
+	}
+}
+
+func (p *proxyProc) lineCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.lines)
+}
+
+// httpBackend answers every request with its name.
+func httpBackend(t *testing.T, name string) int {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, name)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// udpBackend replies "name:payload".
+func udpBackend(t *testing.T, name string) int {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		buf := make([]byte, 65535)
+		for {
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			c.WriteToUDPAddrPort(fmt.Appendf(nil, "%s:%s", name, buf[:n]), from)
+		}
+	}()
+	t.Cleanup(func() { c.Close() })
+	return c.LocalAddr().(*net.UDPAddr).Port
+}
+
+// freePort returns a port free for both TCP and UDP on 127.0.0.1.
+func freePort(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err == nil {
+			u.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+// curl fetches url with the real curl and returns the body.
+func curl(t *testing.T, url string) (string, error) {
+	t.Helper()
+	out, err := exec.Command(requireTool(t, "curl"), "-fsS", "--max-time", "5", url).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// ncUDP sends one datagram with the real nc and returns the reply.
+func ncUDP(t *testing.T, host string, port int, payload string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(requireTool(t, "nc"), "-u", "-w1", host, fmt.Sprint(port))
+	cmd.Stdin = strings.NewReader(payload)
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replaceFile writes content the way many editors do: to a new file, then
+// renamed over the old one.
+func replaceFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	writeFile(t, tmp, content)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,218 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// manifest renders a Service with a TCP and a UDP port on nodePort and one
+// EndpointSlice with the given endpoint ports on 127.0.0.1.
+func manifest(nodePort int, affinity string, tcpPorts, udpPorts []int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: v1
+kind: Service
+metadata: {name: app, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 198.18.0.20
+  sessionAffinity: %s
+  ports:
+  - {name: http, protocol: TCP, port: 80, nodePort: %d}
+  - {name: dns, protocol: UDP, port: 53, nodePort: %d}
+`, affinity, nodePort, nodePort)
+	for i, p := range tcpPorts {
+		fmt.Fprintf(&b, `---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: app-tcp-%d
+  namespace: e2e
+  labels: {kubernetes.io/service-name: app}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: %d}]
+endpoints: [{addresses: ["127.0.0.1"], conditions: {ready: true}}]
+`, i, p)
+	}
+	for i, p := range udpPorts {
+		fmt.Fprintf(&b, `---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: app-udp-%d
+  namespace: e2e
+  labels: {kubernetes.io/service-name: app}
+addressType: IPv4
+ports: [{name: dns, protocol: UDP, port: %d}]
+endpoints: [{addresses: ["127.0.0.1"], conditions: {ready: true}}]
+`, i, p)
+	}
+	return b.String()
+}
+
+func proxyArgs(file string) []string {
+	return []string{"--manifests", file, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32"}
+}
+
+// TestManifestEndToEnd runs the real binary on a manifest file and drives it
+// with curl and nc: round robin, UDP, a live edit, a broken edit that keeps
+// the last good state, a fix, and a clean SIGTERM.
+func TestManifestEndToEnd(t *testing.T) {
+	a, b, c := httpBackend(t, "a"), httpBackend(t, "b"), httpBackend(t, "c")
+	ua, ub := udpBackend(t, "ua"), udpBackend(t, "ub")
+	np := freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, manifest(np, "None", []int{a, b}, []int{ua, ub}))
+
+	p := startProxy(t, proxyArgs(file)...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 2, 20*time.Second)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", np)
+
+	t.Run("round robin with curl", func(t *testing.T) {
+		seen := map[string]int{}
+		for range 6 {
+			body, err := curl(t, url)
+			if err != nil {
+				t.Fatalf("curl %s: %v (%s)", url, err, body)
+			}
+			seen[body]++
+		}
+		if seen["a"] != 3 || seen["b"] != 3 {
+			t.Fatalf("6 requests served %v, want 3 each by a and b", seen)
+		}
+	})
+
+	t.Run("UDP with nc", func(t *testing.T) {
+		seen := map[string]bool{}
+		for i := range 4 {
+			reply, err := ncUDP(t, "127.0.0.1", np, fmt.Sprintf("q%d", i))
+			if err != nil || !strings.HasSuffix(reply, fmt.Sprintf(":q%d", i)) {
+				t.Fatalf("nc -u: %q, %v", reply, err)
+			}
+			seen[strings.Split(reply, ":")[0]] = true
+		}
+		if !seen["ua"] || !seen["ub"] {
+			t.Fatalf("4 UDP clients reached only %v", seen)
+		}
+	})
+
+	t.Run("edit applies within a second", func(t *testing.T) {
+		from := p.lineCount()
+		start := time.Now()
+		replaceFile(t, file, manifest(np, "None", []int{c}, []int{ua, ub}))
+		p.waitLog(from, `"Applying edited manifests"`, 1, 5*time.Second)
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("edit took %v to apply", d)
+		}
+		for range 3 {
+			if body, err := curl(t, url); err != nil || body != "c" {
+				t.Fatalf("after the edit curl got %q, %v; want c", body, err)
+			}
+		}
+	})
+
+	t.Run("broken edit keeps the last good state", func(t *testing.T) {
+		from := p.lineCount()
+		broken := strings.Replace(manifest(np, "None", []int{a}, []int{ua}), fmt.Sprintf("nodePort: %d}\n  - {name: dns", np), "nodePort: 70000}\n  - {name: dns", 1)
+		writeFile(t, file, broken)
+		p.waitLog(from, `Manifest edit rejected.*services\.yaml`, 1, 5*time.Second)
+		line := p.log()[len(strings.Join(p.lines[:from], "\n")):]
+		for _, want := range []string{"document", "spec.ports[0].nodePort", "70000"} {
+			if !strings.Contains(line, want) {
+				t.Errorf("rejection log does not name %q:\n%s", want, line)
+			}
+		}
+		if body, err := curl(t, url); err != nil || body != "c" {
+			t.Fatalf("after a broken edit curl got %q, %v; want the last good state (c)", body, err)
+		}
+	})
+
+	t.Run("ClientIP affinity after a fix", func(t *testing.T) {
+		from := p.lineCount()
+		writeFile(t, file, manifest(np, "ClientIP", []int{a, b, c}, []int{ua}))
+		p.waitLog(from, `"Manifest file is valid again"|"Applying edited manifests"`, 1, 5*time.Second)
+		first, err := curl(t, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			if body, _ := curl(t, url); body != first {
+				t.Fatalf("ClientIP affinity: %s then %s", first, body)
+			}
+		}
+	})
+
+	t.Run("SIGTERM stops cleanly", func(t *testing.T) {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the proxy did not exit within 10s of SIGTERM")
+		}
+		if p.err != nil {
+			t.Fatalf("exit after SIGTERM: %v", p.err)
+		}
+		if _, err := curl(t, url); err == nil {
+			t.Fatal("node port still answers after the proxy exited")
+		}
+	})
+}
+
+func TestBadInputFailsClearly(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	writeFile(t, good, manifest(freePort(t), "None", nil, nil))
+	bad := filepath.Join(dir, "bad.yaml")
+	writeFile(t, bad, strings.Replace(manifest(30000, "None", nil, nil), "protocol: UDP", "protocol: QUIC", 1))
+
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		want     []string
+	}{
+		{name: "no source", args: nil, wantCode: 2, want: []string{"--manifests"}},
+		{name: "bad bind address", args: []string{"--manifests", good, "--bind-address", "localhost:80"}, wantCode: 2, want: []string{"--bind-address", "localhost:80"}},
+		{name: "bad port range", args: []string{"--manifests", good, "--proxy-port-range", "9-1"}, wantCode: 2, want: []string{"--proxy-port-range", "end is before begin"}},
+		{name: "bad nodeport CIDR", args: []string{"--manifests", good, "--nodeport-addresses", "127.0.0.1"}, wantCode: 2, want: []string{"--nodeport-addresses", "not a CIDR"}},
+		{name: "bad portal", args: []string{"--manifests", good, "--portal", "ipvs"}, wantCode: 2, want: []string{"--portal", "ipvs"}},
+		{name: "bad udp timeout", args: []string{"--manifests", good, "--udp-timeout", "0s"}, wantCode: 2, want: []string{"--udp-timeout"}},
+		{name: "unknown flag", args: []string{"--manifests", good, "--no-such-flag"}, wantCode: 2, want: []string{"no-such-flag"}},
+		{name: "missing file", args: []string{"--manifests", filepath.Join(dir, "absent.yaml")}, wantCode: 1, want: []string{"absent.yaml"}},
+		{name: "bad manifest", args: []string{"--manifests", bad}, wantCode: 1, want: []string{"bad.yaml", "document 1", "spec.ports[1].protocol", "QUIC"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(proxyBin, tc.args...)
+			done := make(chan struct{})
+			var out []byte
+			var err error
+			go func() { out, err = cmd.CombinedOutput(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				cmd.Process.Kill()
+				<-done
+				t.Fatalf("still running after 20s; output:\n%s", out)
+			}
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			}
+			if code != tc.wantCode {
+				t.Fatalf("exit code %d, want %d; output:\n%s", code, tc.wantCode, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output does not mention %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,70 @@
+package proxyserver
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string // substring of the error; empty means valid
+	}{
+		{name: "defaults with a file", args: []string{"--manifests", "x.yaml"}},
+		{name: "all good", args: []string{"--manifests", "x.yaml", "--bind-address", "::", "--proxy-port-range", "30000+99",
+			"--nodeport-addresses", "127.0.0.0/8, 10.0.0.0/8", "--udp-max-sessions", "-1", "--portal", "none"}},
+		{name: "no source", args: nil, want: "--manifests"},
+		{name: "bind address", args: []string{"--manifests", "x", "--bind-address", "0.0.0.0:1"}, want: "--bind-address"},
+		{name: "port range", args: []string{"--manifests", "x", "--proxy-port-range", "1-2-3"}, want: "--proxy-port-range"},
+		{name: "cidr", args: []string{"--manifests", "x", "--nodeport-addresses", "10.0.0.0/33"}, want: "--nodeport-addresses"},
+		{name: "portal", args: []string{"--manifests", "x", "--portal", "magic"}, want: `"magic" is not a portal mode`},
+		{name: "udp sessions", args: []string{"--manifests", "x", "--udp-max-sessions", "0"}, want: "--udp-max-sessions"},
+		{name: "sync period", args: []string{"--manifests", "x", "--iptables-sync-period", "0s"}, want: "--iptables-sync-period"},
+		{name: "several at once", args: []string{"--bind-address", "nope", "--udp-timeout", "-1s"}, want: "--udp-timeout"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewConfig()
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			c.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := c.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate error = %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidateParses(t *testing.T) {
+	c := NewConfig()
+	c.Manifests = "x"
+	c.NodePortAddresses = []string{"127.0.0.1/8"}
+	c.ProxyPortRange = "40000-40009"
+	c.UDPIdleTimeout = time.Second
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	pc := c.proxierConfig()
+	if got := pc.NodePortAddresses[0].String(); got != "127.0.0.0/8" {
+		t.Errorf("node port prefix = %s, want it masked to 127.0.0.0/8", got)
+	}
+	if pc.PortRange.Base != 40000 || pc.PortRange.Size != 10 {
+		t.Errorf("port range = %+v", pc.PortRange)
+	}
+	if !pc.ServeNodePorts || pc.UDPIdleTimeout != time.Second {
+		t.Errorf("proxier config = %+v", pc)
+	}
+}

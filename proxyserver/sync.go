@@ -1,0 +1,97 @@
+package proxyserver
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// syncLoop applies the newest snapshot on one goroutine. Offers coalesce:
+// however many arrive during an apply, the next apply sees only the last.
+// A failed apply is retried after retryMin, doubling up to resync; a good
+// one is repeated every resync, which re-opens anything that failed and
+// sweeps expired affinity.
+type syncLoop struct {
+	apply    func(state.Snapshot) error
+	retryMin time.Duration
+	resync   time.Duration
+
+	kick chan struct{}
+
+	mu      sync.Mutex // guards the fields below
+	latest  state.Snapshot
+	have    bool
+	version uint64 // bumped by every offer
+}
+
+func newSyncLoop(apply func(state.Snapshot) error, retryMin, resync time.Duration) *syncLoop {
+	return &syncLoop{apply: apply, retryMin: max(retryMin, 100*time.Millisecond), resync: resync, kick: make(chan struct{}, 1)}
+}
+
+// offer hands the loop a new desired state. It never blocks.
+func (l *syncLoop) offer(s state.Snapshot) {
+	l.mu.Lock()
+	l.latest, l.have = s, true
+	l.version++
+	l.mu.Unlock()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (l *syncLoop) current() (state.Snapshot, uint64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.latest, l.version, l.have
+}
+
+// run applies snapshots until ctx is done.
+func (l *syncLoop) run(ctx context.Context) {
+	timer := time.NewTimer(l.resync)
+	defer timer.Stop()
+	backoff := time.Duration(0)
+	var lastErr string
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.kick:
+		case <-timer.C:
+		}
+		snap, version, ok := l.current()
+		if !ok {
+			continue // nothing to serve until the source has synced
+		}
+		start := time.Now()
+		err := l.apply(snap)
+		took := time.Since(start)
+		next := l.resync
+		if err != nil {
+			backoff = min(max(2*backoff, l.retryMin), l.resync)
+			next = backoff
+			// Log a repeated failure once, not every retry.
+			if msg := err.Error(); msg != lastErr {
+				klog.ErrorS(err, "Sync failed; will retry", "retryIn", next, "servicePorts", snap.Len())
+				lastErr = msg
+			}
+		} else {
+			if lastErr != "" {
+				klog.InfoS("Sync recovered", "servicePorts", snap.Len())
+			}
+			backoff, lastErr = 0, ""
+			klog.V(2).InfoS("Synced", "servicePorts", snap.Len(), "version", version, "took", took)
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(next)
+	}
+}

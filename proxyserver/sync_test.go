@@ -1,0 +1,71 @@
+package proxyserver
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+func snapOf(n int) state.Snapshot {
+	var ports []state.ServicePort
+	for i := range n {
+		ports = append(ports, state.ServicePort{Name: state.ServicePortName{Namespace: "ns", Name: string(rune('a' + i)), Protocol: state.TCP}})
+	}
+	return state.NewSnapshot(ports)
+}
+
+func TestSyncLoopCoalescesAndRetries(t *testing.T) {
+	applied := make(chan int, 100)
+	release := make(chan struct{})
+	started := make(chan struct{})
+	var mu sync.Mutex
+	failures := 1
+	apply := func(s state.Snapshot) error {
+		if s.Len() == 1 {
+			close(started)
+			<-release // hold the first apply while more offers arrive
+		}
+		applied <- s.Len()
+		mu.Lock()
+		defer mu.Unlock()
+		if s.Len() == 5 && failures > 0 {
+			failures--
+			return errors.New("transient")
+		}
+		return nil
+	}
+	l := newSyncLoop(apply, 10*time.Millisecond, time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	l.offer(snapOf(1))
+	// While the first apply is held, three more offers arrive: only the
+	// last one is applied next.
+	<-started
+	l.offer(snapOf(3))
+	l.offer(snapOf(4))
+	l.offer(snapOf(5))
+	close(release)
+	want := []int{1, 5, 5} // the failed 5 is retried after retryMin
+	for i, w := range want {
+		select {
+		case got := <-applied:
+			if got != w {
+				t.Fatalf("apply %d got a snapshot of %d ports, want %d", i, got, w)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("apply %d did not happen", i)
+		}
+	}
+	select {
+	case got := <-applied:
+		t.Fatalf("unexpected extra apply of %d ports after success", got)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
