@@ -201,11 +201,14 @@ func (b *balancer) forget(client netip.Addr, ep netip.AddrPort) {
 // sweep removes expired affinity entries and entries for endpoints that are
 // gone. It runs on every update, so at least once per resync period.
 func (b *balancer) sweep() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.clients) == 0 {
+		return
+	}
 	aff := b.aff.Load()
 	set := b.set.Load()
 	now := b.clock.Now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	for c, e := range b.clients {
 		if now.Sub(e.lastUsed) >= aff.TTL() || !set.has(e.endpoint) {
 			delete(b.clients, c)

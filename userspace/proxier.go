@@ -190,8 +190,10 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 			sp = newServicePort(p, spec)
 			p.services[spec.Name] = sp
 			klog.V(2).InfoS("Starting service port", "service", spec.Name)
-		} else {
+		} else if !sp.spec.Equal(spec) {
 			sp.update(spec)
+		} else {
+			sp.sweep() // unchanged: only drop expired affinity
 		}
 		if err := sp.reconcile(p.desiredSockets(sp, spec, localAddrs)); err != nil {
 			errs = multierror.Append(errs, err)
@@ -333,19 +335,30 @@ func wildcard(f family) netip.Addr {
 // families returns the IP families of a service port's frontends, IPv4
 // first; a port with no frontends is served on IPv4.
 func families(spec *state.ServicePort) []family {
-	has := map[family]bool{}
-	for _, fe := range spec.Frontends() {
-		has[familyOf(fe.Addr())] = true
+	var has4, has6 bool
+	for _, list := range [][]netip.Addr{spec.ClusterIPs, spec.ExternalIPs, spec.LoadBalancerIPs} {
+		for _, ip := range list {
+			if familyOf(ip) == familyIPv4 {
+				has4 = true
+			} else {
+				has6 = true
+			}
+		}
 	}
-	var out []family
-	if has[familyIPv4] || !has[familyIPv6] {
-		out = append(out, familyIPv4)
+	switch {
+	case has4 && has6:
+		return bothFamilies
+	case has6:
+		return onlyIPv6
 	}
-	if has[familyIPv6] {
-		out = append(out, familyIPv6)
-	}
-	return out
+	return onlyIPv4
 }
+
+var (
+	onlyIPv4     = []family{familyIPv4}
+	onlyIPv6     = []family{familyIPv6}
+	bothFamilies = []family{familyIPv4, familyIPv6}
+)
 
 func interfaceAddrs() ([]netip.Addr, error) {
 	addrs, err := net.InterfaceAddrs()

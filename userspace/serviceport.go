@@ -103,6 +103,14 @@ func (sp *servicePort) update(spec *state.ServicePort) {
 	sp.spec = spec
 }
 
+// sweep drops expired affinity entries.
+func (sp *servicePort) sweep() {
+	sp.internal.sweep()
+	if ext := sp.external.Load(); ext != sp.internal {
+		ext.sweep()
+	}
+}
+
 func (sp *servicePort) balancer(r socketRole) *balancer {
 	if r.external() {
 		return sp.external.Load()

@@ -1,0 +1,56 @@
+package userspace
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// TestDualStackProxyPort: a service with IPv4 and IPv6 ClusterIPs gets one
+// proxy port, open on both families, when the bind address is unspecified.
+func TestDualStackProxyPort(t *testing.T) {
+	if c, err := net.Listen("tcp6", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	} else {
+		c.Close()
+	}
+	tb := startTCPBackend(t, "t")
+	ub := startUDPBackend(t, "u")
+	p := newTestProxier(t, Config{BindAddress: netip.IPv6Unspecified()})
+	cips := []netip.Addr{netip.MustParseAddr("198.18.0.30"), netip.MustParseAddr("fd5e:b1b5::30")}
+	tn, un := spn("ds", "t", state.TCP), spn("ds", "u", state.UDP)
+	mustApply(t, p,
+		state.ServicePort{Name: tn, Port: 80, ClusterIPs: cips, ClusterEndpoints: eps(tb.addr())},
+		state.ServicePort{Name: un, Port: 53, ClusterIPs: cips, ClusterEndpoints: eps(ub.addr())})
+	for _, host := range []string{"127.0.0.1", "[::1]"} {
+		if got := tcpWho(t, fmt.Sprintf("%s:%d", host, p.ProxyPort(tn))); got != "t" {
+			t.Fatalf("TCP via %s reached %q", host, got)
+		}
+		addr := fmt.Sprintf("%s:%d", host, p.ProxyPort(un))
+		ua, err := net.ResolveUDPAddr("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := net.DialUDP("udp", nil, ua)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := udpExchange(t, c, []byte("who"))
+		c.Close()
+		if err != nil || string(got) != "u" {
+			t.Fatalf("UDP via %s: %q, %v", addr, got, err)
+		}
+	}
+	fams := map[string]bool{}
+	for _, l := range p.Listeners() {
+		if l.Service == tn {
+			fams[l.Addr.Addr().String()] = true
+		}
+	}
+	if !fams["0.0.0.0"] || !fams["::"] || len(fams) != 2 {
+		t.Fatalf("TCP listeners on %v, want 0.0.0.0 and ::", fams)
+	}
+}
