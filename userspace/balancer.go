@@ -127,10 +127,6 @@ func sameAddrs(s *endpointSet, eps []state.Endpoint) bool {
 	return true
 }
 
-// endpoints returns the current endpoint addresses; the caller must not
-// modify the slice.
-func (b *balancer) endpoints() []netip.AddrPort { return b.set.Load().addrs }
-
 // pick returns the endpoint for a new connection or session from client.
 // Endpoints in avoid (already tried and failed for this connection) are
 // skipped while others remain; a non-empty avoid also replaces the client's

@@ -1,0 +1,129 @@
+package report
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestFormatValue(t *testing.T) {
+	tests := []struct {
+		v    float64
+		want string
+	}{
+		{9000, "9000"},
+		{123.456, "123"},
+		{12.345, "12.3"},
+		{1.2345, "1.23"},
+		{0.12345, "0.123"},
+		{3, "3"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.want, func(t *testing.T) {
+			if got := FormatValue(tc.v); got != tc.want {
+				t.Fatalf("FormatValue(%v) = %q, want %q", tc.v, got, tc.want)
+			}
+		})
+	}
+}
+
+func sampleRun() Run {
+	return Run{
+		Ours: "ours",
+		Base: "none",
+		Peers: []Peer{
+			{Name: "none"},
+			{Name: "ours"},
+			{Name: "haproxy", Version: "2.6.12"},
+			{Name: "socat", Status: "not installed"},
+		},
+		Tests: []Test{
+			{ID: "rate", Title: "Connection rate", Unit: "conn/s"},
+			{ID: "lat", Title: "Latency", Unit: "µs", LowerIsBetter: true},
+		},
+		Results: []Result{
+			{Test: "rate", Peer: "none", Value: 20000, Unit: "conn/s"},
+			{Test: "rate", Peer: "ours", Value: 10000, Unit: "conn/s"},
+			{Test: "rate", Peer: "haproxy", Value: 8000, Unit: "conn/s", Note: "failed 3"},
+			{Test: "rate", Peer: "socat", Err: "not installed"},
+			{Test: "lat", Peer: "none", Value: 20, Unit: "µs"},
+			{Test: "lat", Peer: "ours", Err: "UDP not supported"},
+			{Test: "lat", Peer: "haproxy", Value: 40, Unit: "µs"},
+		},
+	}
+}
+
+func TestWriteText(t *testing.T) {
+	var b strings.Builder
+	if err := WriteText(&b, sampleRun()); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"Connection rate [conn/s; higher is better]",
+		"Latency [µs; lower is better]",
+		"vs none",
+		"ours / peer",
+		"NOT RUN: not installed",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// ours/haproxy = 10000/8000; haproxy/none = 8000/20000.
+	if !lineHas(out, "haproxy", "8000", "0.40x", "1.25x", "failed 3") {
+		t.Errorf("haproxy rate row wrong:\n%s", out)
+	}
+	// No value of ours: no ratio of ours to anyone.
+	if !lineHas(out, "haproxy", "40", "2.00x", "-") {
+		t.Errorf("haproxy latency row wrong:\n%s", out)
+	}
+	if !lineHas(out, "ours", "n/a", "UDP not supported") {
+		t.Errorf("ours latency row wrong:\n%s", out)
+	}
+}
+
+// lineHas reports whether some line starts with peer (after indentation) and
+// holds every field, in order.
+func lineHas(out, peer string, fields ...string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != peer {
+			continue
+		}
+		rest := strings.Join(f[1:], " ")
+		ok := true
+		for _, want := range fields {
+			i := strings.Index(rest, want)
+			if i < 0 {
+				ok = false
+				break
+			}
+			rest = rest[i+len(want):]
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+func TestWriteJSON(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "results", "latest.json")
+	if err := WriteJSON(path, sampleRun()); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Run
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Results) != 7 || back.Results[3].Err != "not installed" {
+		t.Fatalf("round trip lost results: %+v", back.Results)
+	}
+}

@@ -1,0 +1,120 @@
+package suite
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/load"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/peer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/report"
+)
+
+// runGroup runs one group of tests against a running peer.
+func (r *runner) runGroup(ctx context.Context, group string, in *peer.Instance) []report.Result {
+	switch group {
+	case GroupThroughput:
+		return []report.Result{
+			r.throughput(ctx, in, TestThroughput1, 1),
+			r.throughput(ctx, in, TestThroughput8, streamsMany),
+		}
+	case GroupConnRate:
+		return []report.Result{r.connRate(ctx, in)}
+	case GroupLatency:
+		return r.latency(ctx, in)
+	case GroupUDP:
+		return []report.Result{r.udpRate(ctx, in)}
+	case GroupIdle:
+		return r.idle(ctx, in)
+	}
+	return nil
+}
+
+func (r *runner) throughput(ctx context.Context, in *peer.Instance, id string, streams int) report.Result {
+	res := report.Result{Test: id, Peer: in.Name, Unit: "Gbit/s"}
+	got, err := load.Throughput(ctx, load.ThroughputConfig{
+		Addr:     in.Front.Bulk,
+		Streams:  streams,
+		Warmup:   r.params.warmup,
+		Duration: r.params.throughput,
+	})
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	res.Value = got.BitsPerSecond() / 1e9
+	res.Extra = map[string]float64{"bytes": float64(got.Bytes), "seconds": got.Elapsed.Seconds(), "stream_errors": float64(got.StreamErrors)}
+	if got.StreamErrors > 0 {
+		res.Note = fmt.Sprintf("%d of %d streams failed early", got.StreamErrors, streams)
+	}
+	return res
+}
+
+func (r *runner) connRate(ctx context.Context, in *peer.Instance) report.Result {
+	res := report.Result{Test: TestConnRate, Peer: in.Name, Unit: "conn/s"}
+	cfg := r.params.connRate
+	cfg.Addr = in.Front.Echo
+	got, err := load.ConnRate(ctx, cfg)
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	res.Value = got.PerSecond()
+	res.Extra = map[string]float64{"ok": float64(got.OK), "failed": float64(got.Failed), "seconds": got.Elapsed.Seconds()}
+	if got.Failed > 0 {
+		res.Note = fmt.Sprintf("%d failed, first: %v", got.Failed, got.FirstErr)
+	}
+	return res
+}
+
+func (r *runner) latency(ctx context.Context, in *peer.Instance) []report.Result {
+	p50 := report.Result{Test: TestLatencyP50, Peer: in.Name, Unit: "µs"}
+	p99 := report.Result{Test: TestLatencyP99, Peer: in.Name, Unit: "µs"}
+	cfg := r.params.latency
+	cfg.Addr = in.Front.Echo
+	got, err := load.Latency(ctx, cfg)
+	if err != nil {
+		p50.Err, p99.Err = err.Error(), err.Error()
+		return []report.Result{p50, p99}
+	}
+	extra := map[string]float64{
+		"p50_us":       micros(got.P50),
+		"p99_us":       micros(got.P99),
+		"p999_us":      micros(got.P999),
+		"max_us":       micros(got.Max),
+		"requests":     float64(got.Requests),
+		"achieved_rps": got.Achieved(),
+		"errors":       float64(got.Errors),
+	}
+	p50.Value, p50.Extra = micros(got.P50), extra
+	p99.Value, p99.Extra = micros(got.P99), extra
+	p50.Note = fmt.Sprintf("achieved %.0f req/s", got.Achieved())
+	p99.Note = fmt.Sprintf("p99.9 %.0f µs, max %.0f µs", micros(got.P999), micros(got.Max))
+	if got.Errors > 0 {
+		p50.Note += fmt.Sprintf(", %d failed, first: %v", got.Errors, got.FirstErr)
+	}
+	return []report.Result{p50, p99}
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+func (r *runner) udpRate(ctx context.Context, in *peer.Instance) report.Result {
+	res := report.Result{Test: TestUDPRate, Peer: in.Name, Unit: "req/s"}
+	if in.Front.UDP == "" {
+		res.Err = peer.NoUDPReason(in.Name)
+		return res
+	}
+	cfg := r.params.udp
+	cfg.Addr = in.Front.UDP
+	got, err := load.UDPRate(ctx, cfg)
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	res.Value = got.PerSecond()
+	res.Extra = map[string]float64{"ok": float64(got.OK), "lost": float64(got.Lost), "seconds": got.Elapsed.Seconds()}
+	if got.Lost > 0 {
+		res.Note = fmt.Sprintf("%d lost", got.Lost)
+	}
+	return res
+}

@@ -1,0 +1,250 @@
+package source
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// endpointInfo is an endpoint with the topology hints it carries.
+type endpointInfo struct {
+	state.Endpoint
+	zoneHints []string
+	nodeHints []string
+}
+
+// target is one service port a slice port feeds, with the port number the
+// endpoints listen on.
+type target struct {
+	index int // into the ports slice
+	port  uint16
+}
+
+// attachEndpoints fills ClusterEndpoints and LocalEndpoints of ports from
+// the EndpointSlices of their Services (pkg/proxy/endpointslicecache.go and
+// topology.go in kube-proxy).
+func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef][]int, all []*discoveryv1.EndpointSlice) {
+	sorted := make([]*discoveryv1.EndpointSlice, 0, len(all))
+	for _, s := range all {
+		if s != nil {
+			sorted = append(sorted, s)
+		}
+	}
+	// A fixed order makes "the first" of duplicate endpoints well defined.
+	slices.SortStableFunc(sorted, func(a, c *discoveryv1.EndpointSlice) int {
+		return objectRef{a.Namespace, a.Name}.compare(objectRef{c.Namespace, c.Name})
+	})
+
+	sets := make([]map[netip.AddrPort]endpointInfo, len(ports))
+	for _, s := range sorted {
+		ref := objectRef{s.Namespace, s.Name}
+		svcName := s.Labels[discoveryv1.LabelServiceName]
+		if svcName == "" {
+			b.report("EndpointSlice", ref, "metadata.labels",
+				fmt.Errorf("no %s label, so it belongs to no Service; ignored", discoveryv1.LabelServiceName))
+			continue
+		}
+		indexes := bySvc[objectRef{s.Namespace, svcName}]
+		if len(indexes) == 0 {
+			continue // the Service is absent or not served
+		}
+		switch s.AddressType {
+		case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
+		case discoveryv1.AddressTypeFQDN:
+			continue // kube-proxy ignores FQDN slices
+		default:
+			b.report("EndpointSlice", ref, "addressType", fmt.Errorf("unknown address type %q; ignored", s.AddressType))
+			continue
+		}
+		targets := b.targets(s, ref, ports, indexes)
+		if len(targets) == 0 {
+			continue
+		}
+		for i := range s.Endpoints {
+			info, ok := b.endpoint(s, ref, i)
+			if !ok {
+				continue
+			}
+			for _, t := range targets {
+				if sets[t.index] == nil {
+					sets[t.index] = make(map[netip.AddrPort]endpointInfo)
+				}
+				info.Addr = netip.AddrPortFrom(info.Addr.Addr(), t.port)
+				// The same address may appear in two slices while a pod
+				// moves between them, or while a new pod reuses the IP of
+				// a terminating one: keep the first unless the newcomer is
+				// the one not terminating.
+				if cur, dup := sets[t.index][info.Addr]; !dup || cur.Terminating && !info.Terminating {
+					sets[t.index][info.Addr] = info
+				}
+			}
+		}
+	}
+
+	for i := range ports {
+		eps := make([]endpointInfo, 0, len(sets[i]))
+		for _, e := range sets[i] {
+			eps = append(eps, e)
+		}
+		slices.SortFunc(eps, func(a, c endpointInfo) int { return a.Addr.Compare(c.Addr) })
+		ports[i].ClusterEndpoints = b.clusterEndpoints(eps)
+		ports[i].LocalEndpoints = localEndpoints(eps)
+	}
+}
+
+// targets matches the ports of slice s to the service ports of its Service
+// by name and protocol. Ports with a nil name, or a nil or zero number, are
+// skipped as kube-proxy does; an unnamed port has the name "".
+func (b *builder) targets(s *discoveryv1.EndpointSlice, ref objectRef, ports []state.ServicePort, indexes []int) []target {
+	var out []target
+	seen := make(map[state.ServicePortName]bool, len(s.Ports))
+	for i, p := range s.Ports {
+		path := fmt.Sprintf("ports[%d]", i)
+		if p.Name == nil || p.Port == nil || *p.Port == 0 {
+			continue
+		}
+		if *p.Port < 0 || *p.Port > 65535 {
+			b.report("EndpointSlice", ref, path+".port", fmt.Errorf("%d is out of range 1-65535", *p.Port))
+			continue
+		}
+		proto := state.TCP
+		if p.Protocol != nil {
+			var err error
+			if proto, err = protocol(string(*p.Protocol)); err != nil {
+				b.report("EndpointSlice", ref, path+".protocol", err)
+				continue
+			}
+		}
+		for _, idx := range indexes {
+			name := ports[idx].Name
+			if name.Port != *p.Name || name.Protocol != proto {
+				continue
+			}
+			if seen[name] {
+				b.report("EndpointSlice", ref, path, fmt.Errorf("duplicate port %q/%s; the first one is used", *p.Name, proto))
+				break
+			}
+			seen[name] = true
+			out = append(out, target{index: idx, port: uint16(*p.Port)})
+		}
+	}
+	return out
+}
+
+// endpoint reads endpoint i of slice s: its first address, checked and
+// normalised, its conditions with the API's nil defaults, and its hints.
+func (b *builder) endpoint(s *discoveryv1.EndpointSlice, ref objectRef, i int) (endpointInfo, bool) {
+	ep := &s.Endpoints[i]
+	path := fmt.Sprintf("endpoints[%d].addresses", i)
+	if len(ep.Addresses) == 0 {
+		b.report("EndpointSlice", ref, path, errors.New("no address; endpoint ignored"))
+		return endpointInfo{}, false
+	}
+	path += "[0]"
+	ip, err := parseIP(ep.Addresses[0])
+	if err != nil {
+		b.report("EndpointSlice", ref, path, err)
+		return endpointInfo{}, false
+	}
+	if s.AddressType == discoveryv1.AddressTypeIPv4 && !ip.Is4() || s.AddressType == discoveryv1.AddressTypeIPv6 && !ip.Is6() {
+		b.report("EndpointSlice", ref, path, fmt.Errorf("%s is not an %s address", ip, s.AddressType))
+		return endpointInfo{}, false
+	}
+	ip = ip.Unmap()
+	if err := checkAddr(ip, b.opts.AllowLoopback); err != nil {
+		b.report("EndpointSlice", ref, path, err)
+		return endpointInfo{}, false
+	}
+
+	c := ep.Conditions
+	info := endpointInfo{Endpoint: state.Endpoint{
+		Addr:        netip.AddrPortFrom(ip, 0),
+		Ready:       c.Ready == nil || *c.Ready,
+		Serving:     c.Serving == nil || *c.Serving,
+		Terminating: c.Terminating != nil && *c.Terminating,
+	}}
+	if ep.NodeName != nil {
+		info.NodeName = *ep.NodeName
+		info.Local = info.NodeName != "" && info.NodeName == b.opts.NodeName
+	}
+	if h := ep.Hints; h != nil {
+		for _, z := range h.ForZones {
+			info.zoneHints = append(info.zoneHints, z.Name)
+		}
+		for _, n := range h.ForNodes {
+			info.nodeHints = append(info.nodeHints, n.Name)
+		}
+	}
+	return info, true
+}
+
+// clusterEndpoints picks the endpoints for cluster-wide traffic: the ready
+// ones allowed by topology hints, or, when none is ready, every one that is
+// serving and terminating, so that connections still succeed while a
+// Deployment rolls (KEP-1669).
+func (b *builder) clusterEndpoints(eps []endpointInfo) []state.Endpoint {
+	ready := filter(eps, func(e *endpointInfo) bool { return e.Ready })
+	if len(ready) == 0 {
+		return endpoints(filter(eps, func(e *endpointInfo) bool { return e.Serving && e.Terminating }))
+	}
+	// Hints are all or nothing: a single ready endpoint without one means
+	// the EndpointSlice controller is not (or not yet) hinting this
+	// Service, and honouring part of them would overload some endpoints.
+	if node := b.opts.NodeName; node != "" && hinted(ready, node, func(e *endpointInfo) []string { return e.nodeHints }) {
+		ready = filter(ready, func(e *endpointInfo) bool { return slices.Contains(e.nodeHints, node) })
+	} else if b.zone != "" && hinted(ready, b.zone, func(e *endpointInfo) []string { return e.zoneHints }) {
+		ready = filter(ready, func(e *endpointInfo) bool { return slices.Contains(e.zoneHints, b.zone) })
+	}
+	return endpoints(ready)
+}
+
+// hinted reports whether every endpoint carries hints and at least one
+// names want.
+func hinted(eps []endpointInfo, want string, hints func(*endpointInfo) []string) bool {
+	found := false
+	for i := range eps {
+		h := hints(&eps[i])
+		if len(h) == 0 {
+			return false
+		}
+		found = found || slices.Contains(h, want)
+	}
+	return found
+}
+
+// localEndpoints picks this node's ready endpoints, or, when none is ready,
+// its serving and terminating ones.
+func localEndpoints(eps []endpointInfo) []state.Endpoint {
+	local := filter(eps, func(e *endpointInfo) bool { return e.Local })
+	if ready := filter(local, func(e *endpointInfo) bool { return e.Ready }); len(ready) > 0 {
+		return endpoints(ready)
+	}
+	return endpoints(filter(local, func(e *endpointInfo) bool { return e.Serving && e.Terminating }))
+}
+
+func filter(eps []endpointInfo, keep func(*endpointInfo) bool) []endpointInfo {
+	var out []endpointInfo
+	for i := range eps {
+		if keep(&eps[i]) {
+			out = append(out, eps[i])
+		}
+	}
+	return out
+}
+
+// endpoints strips the hints; nil when there are none.
+func endpoints(eps []endpointInfo) []state.Endpoint {
+	if len(eps) == 0 {
+		return nil
+	}
+	out := make([]state.Endpoint, len(eps))
+	for i := range eps {
+		out[i] = eps[i].Endpoint
+	}
+	return out
+}

@@ -1,0 +1,390 @@
+package source
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+func TestBuildSnapshotEndpoints(t *testing.T) {
+	const v4, v6 = discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6
+	type eps = []discoveryv1.Endpoint
+	here := Options{NodeName: "node-a", NodeLabels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}
+
+	tests := []struct {
+		name         string
+		service      *corev1.Service // service("web") if nil
+		slices       []*discoveryv1.EndpointSlice
+		opts         Options
+		wantCluster  []string // ClusterEndpoints of demo/web:http/TCP
+		wantLocal    []string // LocalEndpoints of demo/web:http/TCP
+		wantProblems []string
+	}{
+		{
+			name:        "nil conditions mean ready; sorted by address",
+			slices:      []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("10.0.0.3"), endpoint("10.0.0.1"), endpoint("10.0.0.20")})},
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.3:8080", "10.0.0.20:8080"},
+		},
+		{
+			name: "ready only; not-ready serving endpoints are left out",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1"),
+				endpoint("10.0.0.2", conditions(false, true, false)),
+				endpoint("10.0.0.3", terminatingServing),
+			})},
+			wantCluster: []string{"10.0.0.1:8080"},
+		},
+		{
+			name: "no ready endpoint: serving and terminating ones",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", conditions(false, false, true)),
+				endpoint("10.0.0.2", conditions(false, true, false)),
+				endpoint("10.0.0.3", terminatingServing),
+				endpoint("10.0.0.4", terminatingServing),
+			})},
+			wantCluster: []string{"10.0.0.3:8080", "10.0.0.4:8080"},
+		},
+		{
+			name:   "nothing ready or serving: no endpoints",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("10.0.0.1", conditions(false, false, false))})},
+		},
+		{
+			name: "zone hints honoured when every ready endpoint has one",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", zoneHints("zone-a")),
+				endpoint("10.0.0.2", zoneHints("zone-b")),
+				endpoint("10.0.0.3", zoneHints("zone-b", "zone-a")),
+				endpoint("10.0.0.4", conditions(false, false, false)), // not ready: needs no hint
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.3:8080"},
+		},
+		{
+			name: "zone hints ignored when one ready endpoint has none",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", zoneHints("zone-a")),
+				endpoint("10.0.0.2", zoneHints("zone-b")),
+				endpoint("10.0.0.3"),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"},
+		},
+		{
+			name: "zone hints ignored when none names this zone",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", zoneHints("zone-b")),
+				endpoint("10.0.0.2", zoneHints("zone-c")),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+		},
+		{
+			name: "zone hints ignored when the node has no zone",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", zoneHints("zone-a")),
+				endpoint("10.0.0.2", zoneHints("zone-b")),
+			})},
+			opts:        Options{NodeName: "node-a"},
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+		},
+		{
+			name: "node hints win over zone hints",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", zoneHints("zone-a"), nodeHints("node-b")),
+				endpoint("10.0.0.2", zoneHints("zone-a"), nodeHints("node-a")),
+				endpoint("10.0.0.3", zoneHints("zone-b"), nodeHints("node-c")),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.2:8080"},
+		},
+		{
+			name: "node hints not on every endpoint: zone hints apply",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", zoneHints("zone-a"), nodeHints("node-a")),
+				endpoint("10.0.0.2", zoneHints("zone-a")),
+				endpoint("10.0.0.3", zoneHints("zone-b")),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+		},
+		{
+			name: "hints do not apply to the serving-terminating fallback",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", terminatingServing, zoneHints("zone-a")),
+				endpoint("10.0.0.2", terminatingServing, zoneHints("zone-b")),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+		},
+		{
+			name: "local set: this node's ready endpoints",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", onNode("node-a")),
+				endpoint("10.0.0.2", onNode("node-b")),
+				endpoint("10.0.0.3", onNode("node-a"), terminatingServing),
+				endpoint("10.0.0.4"),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.4:8080"},
+			wantLocal:   []string{"10.0.0.1:8080"},
+		},
+		{
+			name: "local set falls back on its own, even when other nodes are ready",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", onNode("node-b")),
+				endpoint("10.0.0.3", onNode("node-a"), terminatingServing),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080"},
+			wantLocal:   []string{"10.0.0.3:8080"},
+		},
+		{
+			name:        "no node name: nothing is local",
+			slices:      []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("10.0.0.1", onNode(""))})},
+			wantCluster: []string{"10.0.0.1:8080"},
+		},
+		{
+			name: "duplicate across slices: a non-terminating newcomer replaces a terminating one",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-1", v4, eps{endpoint("10.0.0.1", terminatingServing, onNode("node-a"))}),
+				endpointSlice("web-2", v4, eps{endpoint("10.0.0.1", onNode("node-b"))}),
+			},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080"},
+			wantLocal:   nil, // the ready copy is on node-b
+		},
+		{
+			name: "duplicate across slices: otherwise the first is kept",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-2", v4, eps{endpoint("10.0.0.1", onNode("node-b"))}),
+				endpointSlice("web-1", v4, eps{endpoint("10.0.0.1", onNode("node-a"))}), // sorts first
+				endpointSlice("web-3", v4, eps{endpoint("10.0.0.1", terminatingServing, onNode("node-c"))}),
+			},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080"},
+			wantLocal:   []string{"10.0.0.1:8080"},
+		},
+		{
+			name: "dual-stack IPv4 and IPv6 slices",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-v6", v6, eps{endpoint("fd00::2"), endpoint("fd00::1")}),
+				endpointSlice("web-v4", v4, eps{endpoint("10.0.0.1")}),
+			},
+			wantCluster: []string{"10.0.0.1:8080", "[fd00::1]:8080", "[fd00::2]:8080"},
+		},
+		{
+			name: "FQDN slices are ignored",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-1", discoveryv1.AddressTypeFQDN, eps{endpoint("backend.example.com")}),
+				endpointSlice("web-2", v4, eps{endpoint("10.0.0.1")}),
+			},
+			wantCluster: []string{"10.0.0.1:8080"},
+		},
+		{
+			name: "only addresses[0] is used",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				{Addresses: []string{"10.0.0.1", "10.0.0.2"}},
+			})},
+			wantCluster: []string{"10.0.0.1:8080"},
+		},
+		{
+			name: "ports matched by name and protocol; nil name, nil or zero port skipped",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-1", v4, eps{endpoint("10.0.0.1")}, func(s *discoveryv1.EndpointSlice) {
+					s.Ports = []discoveryv1.EndpointPort{
+						slicePort("", 1),     // unnamed: no such service port
+						slicePort("HTTP", 2), // names are case sensitive
+						{Name: ptr("http"), Port: ptr[int32](3), Protocol: ptr(corev1.ProtocolUDP)},
+						{Name: nil, Port: ptr[int32](4)},
+						{Name: ptr("http"), Port: nil},
+						{Name: ptr("http"), Port: ptr[int32](0)},
+					}
+				}),
+				endpointSlice("web-2", v4, eps{endpoint("10.0.0.2")}, func(s *discoveryv1.EndpointSlice) {
+					s.Ports = []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr[int32](9090)}} // nil protocol is TCP
+				}),
+			},
+			wantCluster: []string{"10.0.0.2:9090"},
+		},
+		{
+			name: "unnamed service port matches the empty name",
+			service: service("web", func(s *corev1.Service) {
+				s.Spec.Ports[0].Name = ""
+			}),
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("10.0.0.1")}, func(s *discoveryv1.EndpointSlice) {
+				s.Ports = []discoveryv1.EndpointPort{slicePort("", 8080)}
+			})},
+			wantCluster: []string{"10.0.0.1:8080"},
+		},
+		{
+			name: "slices of other services and namespaces, or without the label, are not used",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("other-1", v4, eps{endpoint("10.0.0.1")}, func(s *discoveryv1.EndpointSlice) {
+					s.Labels[discoveryv1.LabelServiceName] = "other"
+				}),
+				endpointSlice("web-1", v4, eps{endpoint("10.0.0.2")}, func(s *discoveryv1.EndpointSlice) { s.Namespace = "prod" }),
+				endpointSlice("web-2", v4, eps{endpoint("10.0.0.3")}, func(s *discoveryv1.EndpointSlice) { s.Labels = nil }),
+				nil,
+			},
+			wantProblems: []string{"EndpointSlice demo/web-2: metadata.labels: no kubernetes.io/service-name label"},
+		},
+		{
+			name: "refused addresses, loopback not allowed",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-1", v4, eps{
+					endpoint("169.254.169.254"), endpoint("169.254.1.1"), endpoint("224.0.0.251"),
+					endpoint("0.0.0.0"), endpoint("0.1.2.3"), endpoint("255.255.255.255"),
+					endpoint("127.0.0.1"), endpoint("127.1.2.3"), endpoint("10.0.0.1"),
+				}),
+				endpointSlice("web-2", v6, eps{
+					endpoint("fe80::1"), endpoint("::1"), endpoint("::"), endpoint("ff02::1"),
+					endpoint("::ffff:127.0.0.1"), endpoint("::ffff:169.254.169.254"), endpoint("fd00::1"),
+				}),
+			},
+			wantCluster: []string{"10.0.0.1:8080", "[fd00::1]:8080"},
+			wantProblems: []string{
+				"EndpointSlice demo/web-1: endpoints[0].addresses[0]: address refused: 169.254.169.254 is link-local",
+				"endpoints[1].addresses[0]: address refused: 169.254.1.1 is link-local",
+				"endpoints[2].addresses[0]: address refused: 224.0.0.251 is a multicast address",
+				"endpoints[3].addresses[0]: address refused: 0.0.0.0 is the unspecified address",
+				"endpoints[4].addresses[0]: address refused: 0.1.2.3 is in 0.0.0.0/8",
+				"endpoints[5].addresses[0]: address refused: 255.255.255.255 is the broadcast address",
+				"endpoints[6].addresses[0]: address refused: 127.0.0.1 is a loopback address",
+				"endpoints[7].addresses[0]: address refused: 127.1.2.3 is a loopback address",
+				"EndpointSlice demo/web-2: endpoints[0].addresses[0]: address refused: fe80::1 is link-local",
+				"endpoints[1].addresses[0]: address refused: ::1 is a loopback address",
+				"endpoints[2].addresses[0]: address refused: :: is the unspecified address",
+				"endpoints[3].addresses[0]: address refused: ff02::1 is a multicast address",
+				"endpoints[4].addresses[0]: address refused: 127.0.0.1 is a loopback address",
+				"endpoints[5].addresses[0]: address refused: 169.254.169.254 is link-local",
+			},
+		},
+		{
+			name: "loopback allowed in manifest mode, IPv4-mapped normalised",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-1", v4, eps{endpoint("127.0.0.1"), endpoint("169.254.169.254")}),
+				endpointSlice("web-2", v6, eps{endpoint("::1"), endpoint("::ffff:127.0.0.2"), endpoint("::ffff:10.0.0.5")}),
+			},
+			opts:         Options{AllowLoopback: true},
+			wantCluster:  []string{"10.0.0.5:8080", "127.0.0.1:8080", "127.0.0.2:8080", "[::1]:8080"},
+			wantProblems: []string{"endpoints[1].addresses[0]: address refused: 169.254.169.254 is link-local"},
+		},
+		{
+			name: "malformed addresses, wrong family, no address",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-1", v4, eps{
+					endpoint("10.0.0.256"), endpoint("fd00::1"), endpoint("fe80::1%eth0"), {}, endpoint("10.0.0.1"),
+				}),
+				endpointSlice("web-2", v6, eps{endpoint("10.0.0.2")}),
+				endpointSlice("web-3", "IPX", eps{endpoint("10.0.0.3")}),
+			},
+			wantCluster: []string{"10.0.0.1:8080"},
+			wantProblems: []string{
+				`EndpointSlice demo/web-1: endpoints[0].addresses[0]: "10.0.0.256" is not a valid IP address`,
+				"EndpointSlice demo/web-1: endpoints[1].addresses[0]: fd00::1 is not an IPv4 address",
+				`EndpointSlice demo/web-1: endpoints[2].addresses[0]: "fe80::1%eth0" has a zone`,
+				"EndpointSlice demo/web-1: endpoints[3].addresses: no address; endpoint ignored",
+				"EndpointSlice demo/web-2: endpoints[0].addresses[0]: 10.0.0.2 is not an IPv6 address",
+				`EndpointSlice demo/web-3: addressType: unknown address type "IPX"; ignored`,
+			},
+		},
+		{
+			name: "bad slice ports reported",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("10.0.0.1")}, func(s *discoveryv1.EndpointSlice) {
+				s.Ports = []discoveryv1.EndpointPort{
+					slicePort("http", 70000),
+					{Name: ptr("http"), Port: ptr[int32](80), Protocol: ptr[corev1.Protocol]("tcp")},
+					slicePort("http", 8080),
+					slicePort("http", 8081),
+				}
+			})},
+			wantCluster: []string{"10.0.0.1:8080"},
+			wantProblems: []string{
+				"EndpointSlice demo/web-1: ports[0].port: 70000 is out of range 1-65535",
+				`EndpointSlice demo/web-1: ports[1].protocol: unsupported protocol "tcp"`,
+				`EndpointSlice demo/web-1: ports[3]: duplicate port "http"/TCP; the first one is used`,
+			},
+		},
+		{
+			name: "endpoints of a skipped service are not looked at",
+			service: service("web", func(s *corev1.Service) {
+				s.Labels = map[string]string{LabelServiceProxyName: "other"}
+			}),
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("169.254.169.254")})},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := tc.service
+			if svc == nil {
+				svc = service("web")
+			}
+			snap, problems := BuildSnapshot([]*corev1.Service{svc}, tc.slices, tc.opts)
+			checkProblems(t, problems, tc.wantProblems)
+			name := state.ServicePortName{Namespace: "demo", Name: "web", Port: svc.Spec.Ports[0].Name, Protocol: state.TCP}
+			sp := snap.Get(name)
+			if sp == nil {
+				if tc.wantCluster != nil || tc.wantLocal != nil {
+					t.Fatalf("no port %s in %v", name, snap.Names())
+				}
+				return
+			}
+			if got := addrs(sp.ClusterEndpoints); !slices.Equal(got, tc.wantCluster) {
+				t.Errorf("cluster endpoints: got %q, want %q", got, tc.wantCluster)
+			}
+			if got := addrs(sp.LocalEndpoints); !slices.Equal(got, tc.wantLocal) {
+				t.Errorf("local endpoints: got %q, want %q", got, tc.wantLocal)
+			}
+		})
+	}
+}
+
+// TestBuildSnapshotEndpointFields checks every field of state.Endpoint, and
+// that one slice feeds every service port it names.
+func TestBuildSnapshotEndpointFields(t *testing.T) {
+	svc := service("web", func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 80}, {Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}
+		s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+	})
+	s := endpointSlice("web-1", discoveryv1.AddressTypeIPv4, []discoveryv1.Endpoint{
+		endpoint("10.0.0.1", onNode("node-a")),
+		endpoint("10.0.0.2", onNode("node-b"), terminatingServing),
+		endpoint("10.0.0.3"),
+	}, func(s *discoveryv1.EndpointSlice) {
+		s.Ports = []discoveryv1.EndpointPort{slicePort("http", 8080), {Name: ptr("dns"), Port: ptr[int32](5353), Protocol: ptr(corev1.ProtocolUDP)}}
+	})
+	snap, problems := BuildSnapshot([]*corev1.Service{svc}, []*discoveryv1.EndpointSlice{s}, Options{NodeName: "node-a"})
+	checkProblems(t, problems, nil)
+
+	http := snap.Get(state.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: state.TCP})
+	dns := snap.Get(state.ServicePortName{Namespace: "demo", Name: "web", Port: "dns", Protocol: state.UDP})
+	if http == nil || dns == nil {
+		t.Fatalf("got ports %v, want http/TCP and dns/UDP", snap.Names())
+	}
+	wantCluster := []state.Endpoint{
+		{Addr: netip.MustParseAddrPort("10.0.0.1:8080"), Ready: true, Serving: true, NodeName: "node-a", Local: true},
+		{Addr: netip.MustParseAddrPort("10.0.0.3:8080"), Ready: true, Serving: true},
+	}
+	if !slices.Equal(http.ClusterEndpoints, wantCluster) {
+		t.Errorf("http cluster endpoints:\n got %+v\nwant %+v", http.ClusterEndpoints, wantCluster)
+	}
+	if !slices.Equal(http.LocalEndpoints, wantCluster[:1]) || !slices.Equal(http.InternalEndpoints(), wantCluster[:1]) {
+		t.Errorf("http local endpoints: got %+v, want %+v", http.LocalEndpoints, wantCluster[:1])
+	}
+	if got := addrs(dns.ClusterEndpoints); !slices.Equal(got, []string{"10.0.0.1:5353", "10.0.0.3:5353"}) {
+		t.Errorf("dns cluster endpoints: got %q", got)
+	}
+
+	// The terminating endpoint, seen alone, keeps its conditions.
+	s.Endpoints = s.Endpoints[1:2]
+	snap, _ = BuildSnapshot([]*corev1.Service{svc}, []*discoveryv1.EndpointSlice{s}, Options{NodeName: "node-a"})
+	want := []state.Endpoint{{Addr: netip.MustParseAddrPort("10.0.0.2:8080"), Serving: true, Terminating: true, NodeName: "node-b"}}
+	if got := snap.Get(http.Name).ClusterEndpoints; !slices.Equal(got, want) {
+		t.Errorf("terminating endpoint:\n got %+v\nwant %+v", got, want)
+	}
+}

@@ -1,0 +1,127 @@
+package source
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrEmptyManifest reports a manifest file with no content at all. An
+// editor that truncates a file before writing it leaves it empty for a
+// moment, so an empty file is never taken to mean "serve nothing": write a
+// comment or an empty List for that.
+var ErrEmptyManifest = errors.New("manifest file is empty")
+
+// ErrRefusedAddress reports an endpoint or frontend address the proxy will
+// not use: unspecified, broadcast, multicast, link-local (which includes
+// the cloud metadata address 169.254.169.254) or, unless allowed, loopback.
+var ErrRefusedAddress = errors.New("address refused")
+
+// ObjectError is a problem with one Kubernetes object, or with one field of
+// it. BuildSnapshot reports skipped fields and refused endpoints with it;
+// ParseManifests also fills in the file and document.
+type ObjectError struct {
+	// File and Document locate the object in a manifest file; Document
+	// counts non-empty YAML documents from 1. Both are zero for objects that
+	// came from the API server.
+	File     string
+	Document int
+	// Line is the line of the file where the document starts, or 0. It is
+	// logged, not part of the message: fields may lie further down.
+	Line int
+	// Kind, Namespace and Name identify the object, when known.
+	Kind      string
+	Namespace string
+	Name      string
+	// Field is the path of the offending field, e.g. "spec.ports[0].port".
+	// Empty when the problem concerns the whole object.
+	Field string
+	Err   error
+}
+
+// Error returns e.g. "demo.yaml: document 3 (Service demo/web):
+// spec.ports[0].port: 70000 is out of range 1-65535", or, without a file,
+// "Service demo/web: spec.ports[0].port: ...".
+func (e *ObjectError) Error() string {
+	var b strings.Builder
+	obj := e.Object()
+	if e.File != "" {
+		b.WriteString(e.File)
+		if e.Document > 0 {
+			fmt.Fprintf(&b, ": document %d", e.Document)
+		}
+		if obj != "" {
+			b.WriteString(" (" + obj + ")")
+		}
+		b.WriteString(": ")
+	} else if obj != "" {
+		b.WriteString(obj + ": ")
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field + ": ")
+	}
+	if e.Err != nil {
+		b.WriteString(e.Err.Error())
+	} else {
+		b.WriteString("invalid")
+	}
+	return b.String()
+}
+
+func (e *ObjectError) Unwrap() error { return e.Err }
+
+// Object returns "Kind namespace/name" with whatever parts are known, or "".
+func (e *ObjectError) Object() string {
+	id := e.Name
+	if e.Namespace != "" && e.Name != "" {
+		id = e.Namespace + "/" + e.Name
+	}
+	switch {
+	case e.Kind != "" && id != "":
+		return e.Kind + " " + id
+	case e.Kind != "":
+		return e.Kind
+	}
+	return id
+}
+
+// logValues returns the structured log keys describing err: file, document,
+// object and field when err is (or wraps) an ObjectError.
+func logValues(err error) []any {
+	var oe *ObjectError
+	if !errors.As(err, &oe) {
+		return nil
+	}
+	var kv []any
+	if oe.File != "" {
+		kv = append(kv, "file", oe.File)
+	}
+	if oe.Document > 0 {
+		kv = append(kv, "document", oe.Document)
+	}
+	if oe.Line > 0 {
+		kv = append(kv, "line", oe.Line)
+	}
+	if obj := oe.Object(); obj != "" {
+		kv = append(kv, "object", obj)
+	}
+	if oe.Field != "" {
+		kv = append(kv, "field", oe.Field)
+	}
+	return kv
+}
+
+// flatten lists the errors joined in err (by errors.Join), or err alone.
+func flatten(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}

@@ -1,0 +1,394 @@
+package source
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/json"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// decoder decodes YAML or JSON into core/v1 and discovery/v1 objects,
+// strictly: unknown and duplicated fields are errors, as with
+// `kubectl apply --validate=strict`. No defaults are applied.
+var decoder = sync.OnceValues(func() (runtime.Decoder, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register core/v1: %w", err)
+	}
+	if err := discoveryv1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register discovery/v1: %w", err)
+	}
+	// Yaml: true reads JSON too, since JSON is YAML.
+	return json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme, scheme,
+		json.SerializerOptions{Yaml: true, Strict: true}), nil
+})
+
+// ParseManifests reads the Services and EndpointSlices in data, a YAML
+// stream of documents separated by "---" (or a JSON document), exactly what
+// `kubectl apply -f` takes: apiVersion v1 Service, discovery.k8s.io/v1
+// EndpointSlice, and v1 List, ServiceList and EndpointSliceList holding
+// them. name is the file name used in messages.
+//
+// Objects are decoded strictly with the Kubernetes API types and validated
+// (see validate.go); namespaces default to "default". Every problem is
+// reported, not just the first: err joins one *ObjectError per problem,
+// each naming the file, the document (non-empty documents count from 1),
+// the object when known and the field. Objects of other kinds, and
+// Services or slices that are valid but will not do what their author may
+// expect, are reported in warnings and do not make err non-nil. A file
+// with no content at all yields ErrEmptyManifest. When err is not nil, no
+// objects are returned: a file is used whole or not at all.
+func ParseManifests(name string, data []byte) (services []*corev1.Service, slices []*discoveryv1.EndpointSlice, warnings []error, err error) {
+	m, err := parseManifests(name, data)
+	if m == nil {
+		return nil, nil, nil, err
+	}
+	if err != nil {
+		return nil, nil, m.warnings, err
+	}
+	return m.services, m.slices, m.warnings, nil
+}
+
+// manifest is what one file holds.
+type manifest struct {
+	file     string
+	services []*corev1.Service
+	slices   []*discoveryv1.EndpointSlice
+	warnings []error
+	errs     []error
+	// origins maps each object to where it was found.
+	origins map[objectKey]origin
+}
+
+// objectKey identifies an object within a manifest.
+type objectKey struct {
+	kind string
+	objectRef
+}
+
+// origin is where an object was found: its document, the line where that
+// starts, and its index within a List (or -1).
+type origin struct {
+	document int
+	line     int
+	item     int
+}
+
+// within returns the origin of item i of a List found at o.
+func (o origin) within(i int) origin { return origin{o.document, o.line, i} }
+
+func (o origin) String() string {
+	if o.item < 0 {
+		return fmt.Sprintf("document %d", o.document)
+	}
+	return fmt.Sprintf("document %d items[%d]", o.document, o.item)
+}
+
+// fieldPrefix is the path of the object within its document.
+func (o origin) fieldPrefix() string {
+	if o.item < 0 {
+		return ""
+	}
+	return fmt.Sprintf("items[%d]", o.item)
+}
+
+// locate fills in the file, document and field prefix of an ObjectError that
+// BuildSnapshot reported about an object of m. Other errors are returned as
+// they are.
+func (m *manifest) locate(err error) error {
+	var oe *ObjectError
+	if !errors.As(err, &oe) || oe.File != "" {
+		return err
+	}
+	o, ok := m.origins[objectKey{oe.Kind, objectRef{oe.Namespace, oe.Name}}]
+	if !ok {
+		return err
+	}
+	located := *oe
+	located.File, located.Document, located.Line = m.file, o.document, o.line
+	located.Field = joinPath(o.fieldPrefix(), oe.Field)
+	return &located
+}
+
+func joinPath(prefix, field string) string {
+	switch {
+	case prefix == "":
+		return field
+	case field == "":
+		return prefix
+	}
+	return prefix + "." + field
+}
+
+func parseManifests(name string, data []byte) (*manifest, error) {
+	dec, err := decoder()
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", name, err)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, fmt.Errorf("%s: %w", name, ErrEmptyManifest)
+	}
+	m := &manifest{file: name, origins: make(map[objectKey]origin)}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	lines := documentLines(data)
+	for chunks, doc := 0, 1; ; chunks++ {
+		at := origin{document: doc, item: -1}
+		if chunks < len(lines) {
+			at.line = lines[chunks]
+		}
+		chunk, err := r.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			m.errs = append(m.errs, &ObjectError{File: name, Document: doc, Line: at.line, Err: err})
+			break
+		}
+		if empty(chunk) {
+			continue
+		}
+		m.document(dec, at, chunk)
+		doc++
+	}
+	m.crossCheck()
+	return m, errors.Join(m.errs...)
+}
+
+// documentLines returns the line where each document of data starts, as
+// YAMLReader splits them: a document is a run of lines between lines that
+// start with "---".
+func documentLines(data []byte) []int {
+	var starts []int
+	inDoc := false
+	for i, line := range bytes.Split(data, []byte("\n")) {
+		switch {
+		case bytes.HasPrefix(line, []byte("---")):
+			inDoc = false
+		case !inDoc:
+			starts = append(starts, i+1)
+			inDoc = true
+		}
+	}
+	return starts
+}
+
+// yamlLine matches the line numbers in YAML parser messages, which count
+// from the start of the document.
+var yamlLine = regexp.MustCompile(`\bline ([0-9]+)\b`)
+
+// fileLines rewrites the line numbers in a YAML parser message to count from
+// the start of the file, and puts the message on one line.
+func fileLines(msg string, at origin) string {
+	msg = strings.Join(strings.Fields(msg), " ")
+	if at.line <= 0 || at.item >= 0 {
+		return msg
+	}
+	return yamlLine.ReplaceAllStringFunc(msg, func(s string) string {
+		n, err := strconv.Atoi(strings.TrimPrefix(s, "line "))
+		if err != nil {
+			return s
+		}
+		return fmt.Sprintf("line %d", at.line+n-1)
+	})
+}
+
+// empty reports whether a YAML document holds nothing but comments and
+// blank lines (or an explicit null).
+func empty(doc []byte) bool {
+	j, err := utilyaml.ToJSON(doc)
+	return err == nil && string(bytes.TrimSpace(j)) == "null"
+}
+
+// document decodes one document, or one item of a List.
+func (m *manifest) document(dec runtime.Decoder, at origin, data []byte) {
+	obj, gvk, err := dec.Decode(data, nil, nil)
+	if err != nil {
+		m.decodeError(at, data, obj, err)
+		return
+	}
+	switch o := obj.(type) {
+	case *corev1.Service:
+		m.addService(at, o)
+	case *discoveryv1.EndpointSlice:
+		m.addSlice(at, o)
+	case *corev1.ServiceList:
+		if m.noNesting(at, gvk.Kind) {
+			for i := range o.Items {
+				m.addService(at.within(i), &o.Items[i])
+			}
+		}
+	case *discoveryv1.EndpointSliceList:
+		if m.noNesting(at, gvk.Kind) {
+			for i := range o.Items {
+				m.addSlice(at.within(i), &o.Items[i])
+			}
+		}
+	case *corev1.List:
+		if m.noNesting(at, gvk.Kind) {
+			for i, item := range o.Items {
+				m.document(dec, at.within(i), item.Raw)
+			}
+		}
+	default:
+		kind, ns, name := identify(data)
+		err := fmt.Errorf("apiVersion %q kind %q is not a Service or EndpointSlice; skipped", gvk.GroupVersion(), gvk.Kind)
+		if gvk.Group == "" && gvk.Kind == "Endpoints" { // deprecated since 1.33
+			err = fmt.Errorf("%w (write a discovery.k8s.io/v1 EndpointSlice instead: the proxy reads those, as kube-proxy does)", err)
+		}
+		m.warnings = append(m.warnings, &ObjectError{
+			File: m.file, Document: at.document, Line: at.line, Kind: kind, Namespace: ns, Name: name, Field: at.fieldPrefix(),
+			Err: err,
+		})
+	}
+}
+
+// noNesting refuses a List inside a List, which kubectl does not take
+// either.
+func (m *manifest) noNesting(at origin, kind string) bool {
+	if at.item < 0 {
+		return true
+	}
+	m.errs = append(m.errs, &ObjectError{
+		File: m.file, Document: at.document, Line: at.line, Kind: kind, Field: at.fieldPrefix(),
+		Err: errors.New("a List may not hold another list"),
+	})
+	return false
+}
+
+// decodeError reports a document the decoder refused. Unknown kinds are
+// warnings; strict decoding errors become one error per field.
+func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err error) {
+	kind, ns, name := identify(data)
+	problem := func(field string, err error) *ObjectError {
+		return &ObjectError{
+			File: m.file, Document: at.document, Line: at.line, Kind: kind, Namespace: ns, Name: name,
+			Field: joinPath(at.fieldPrefix(), field), Err: err,
+		}
+	}
+	switch {
+	case runtime.IsNotRegisteredError(err):
+		apiVersion, _ := apiVersionKind(data)
+		m.warnings = append(m.warnings, problem("", fmt.Errorf("apiVersion %q kind %q is not a Service or EndpointSlice; skipped", apiVersion, kind)))
+		return
+	case runtime.IsMissingKind(err), runtime.IsMissingVersion(err):
+		m.errs = append(m.errs, problem("", errors.New("apiVersion and kind are required")))
+		return
+	}
+	strict, ok := runtime.AsStrictDecodingError(err)
+	if !ok || obj == nil {
+		m.errs = append(m.errs, problem("", errors.New(fileLines(err.Error(), at))))
+		return
+	}
+	for _, e := range strict.Errors() {
+		field, reason := strictField(e.Error())
+		m.errs = append(m.errs, problem(field, errors.New(fileLines(reason, at))))
+	}
+}
+
+// strictField splits `unknown field "spec.prots"` into the field and the
+// reason. Other messages are returned whole.
+func strictField(msg string) (field, reason string) {
+	for _, reason := range []string{"unknown field", "duplicate field"} {
+		rest, ok := strings.CutPrefix(msg, reason+` "`)
+		if f, ok2 := strings.CutSuffix(rest, `"`); ok && ok2 {
+			return f, reason
+		}
+	}
+	return "", msg
+}
+
+// identify reads kind, namespace and name from a document the decoder
+// refused, for messages only: it ignores any error.
+func identify(data []byte) (kind, namespace, name string) {
+	var probe struct {
+		Kind     string `json:"kind"`
+		Metadata struct {
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+		} `json:"metadata"`
+	}
+	_ = utilyaml.Unmarshal(data, &probe)
+	if probe.Metadata.Name != "" && probe.Metadata.Namespace == "" {
+		probe.Metadata.Namespace = corev1.NamespaceDefault
+	}
+	return probe.Kind, probe.Metadata.Namespace, probe.Metadata.Name
+}
+
+func apiVersionKind(data []byte) (apiVersion, kind string) {
+	var probe struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	_ = utilyaml.Unmarshal(data, &probe)
+	return probe.APIVersion, probe.Kind
+}
+
+// register records where an object was found, valid or not; a second
+// object with the same kind, namespace and name is an error naming both
+// places. Objects without a name are not registered (validation reports
+// them).
+func (m *manifest) register(at origin, kind string, ref objectRef) bool {
+	if ref.name == "" {
+		return true
+	}
+	key := objectKey{kind, ref}
+	if first, dup := m.origins[key]; dup {
+		m.errs = append(m.errs, &ObjectError{
+			File: m.file, Document: at.document, Line: at.line, Kind: kind, Namespace: ref.namespace, Name: ref.name,
+			Field: at.fieldPrefix(), Err: fmt.Errorf("duplicate of %s", first),
+		})
+		return false
+	}
+	m.origins[key] = at
+	return true
+}
+
+func (m *manifest) addService(at origin, svc *corev1.Service) {
+	if svc.Namespace == "" {
+		svc.Namespace = corev1.NamespaceDefault
+	}
+	ok := m.check(at, "Service", svc.Namespace, svc.Name, validateService(svc))
+	if m.register(at, "Service", objectRef{svc.Namespace, svc.Name}) && ok {
+		m.services = append(m.services, svc)
+	}
+}
+
+func (m *manifest) addSlice(at origin, s *discoveryv1.EndpointSlice) {
+	if s.Namespace == "" {
+		s.Namespace = corev1.NamespaceDefault
+	}
+	ok := m.check(at, "EndpointSlice", s.Namespace, s.Name, validateSlice(s))
+	if m.register(at, "EndpointSlice", objectRef{s.Namespace, s.Name}) && ok {
+		m.slices = append(m.slices, s)
+	}
+}
+
+// check files the findings of a validation and reports whether the object
+// is usable.
+func (m *manifest) check(at origin, kind, ns, name string, fs []finding) bool {
+	ok := true
+	for _, f := range fs {
+		e := &ObjectError{
+			File: m.file, Document: at.document, Line: at.line, Kind: kind, Namespace: ns, Name: name,
+			Field: joinPath(at.fieldPrefix(), f.field), Err: f.err,
+		}
+		if f.warning {
+			m.warnings = append(m.warnings, e)
+		} else {
+			m.errs = append(m.errs, e)
+			ok = false
+		}
+	}
+	return ok
+}

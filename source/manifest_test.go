@@ -1,0 +1,435 @@
+package source
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+const demoManifest = `# Demo: one web service with two backends on this host.
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: demo
+spec:
+  clusterIP: 198.18.0.10
+  ports:
+  - name: http
+    port: 80
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: demo
+  labels:
+    kubernetes.io/service-name: web
+addressType: IPv4
+ports:
+- name: http
+  port: 8080
+endpoints:
+- addresses: ["127.0.0.1"]
+- addresses: ["127.0.0.2"]
+  conditions: {ready: false, serving: true, terminating: true}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: dns
+spec:
+  ports:
+  - port: 53
+    protocol: UDP
+`
+
+func TestParseManifests(t *testing.T) {
+	svcs, sl, warnings, err := ParseManifests("demo.yaml", []byte(demoManifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warnings) != 0 {
+		t.Errorf("unexpected warnings: %v", warnings)
+	}
+	if len(svcs) != 2 || len(sl) != 1 {
+		t.Fatalf("got %d services and %d slices, want 2 and 1", len(svcs), len(sl))
+	}
+	if svcs[1].Namespace != "default" {
+		t.Errorf("namespace of dns: got %q, want default", svcs[1].Namespace)
+	}
+
+	snap, problems := BuildSnapshot(svcs, sl, Options{AllowLoopback: true, AllowNoClusterIP: true})
+	checkProblems(t, problems, nil)
+	web := snap.Get(state.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: state.TCP})
+	dns := snap.Get(state.ServicePortName{Namespace: "default", Name: "dns", Protocol: state.UDP})
+	if web == nil || dns == nil {
+		t.Fatalf("got ports %v", snap.Names())
+	}
+	if got := addrs(web.ClusterEndpoints); !slices.Equal(got, []string{"127.0.0.1:8080"}) {
+		t.Errorf("web endpoints: got %q", got)
+	}
+	if len(dns.ClusterIPs) != 0 || dns.Port != 53 {
+		t.Errorf("dns: got %s", describe(dns))
+	}
+}
+
+func TestParseManifestsForms(t *testing.T) {
+	tests := []struct {
+		name                   string
+		data                   string
+		wantServices, wantSlcs int
+		wantWarnings           []string
+	}{
+		{
+			name:         "JSON",
+			data:         `{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}`,
+			wantServices: 1,
+		},
+		{
+			name: "v1 List",
+			data: `apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web}
+  spec: {ports: [{port: 80}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{name: "", port: 8080}]
+  endpoints: [{addresses: [10.0.0.1]}]
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: config}
+`,
+			wantServices: 1, wantSlcs: 1,
+			wantWarnings: []string{`demo.yaml: document 1 (ConfigMap default/config): items[2]: apiVersion "v1" kind "ConfigMap" is not a Service or EndpointSlice; skipped`},
+		},
+		{
+			name: "ServiceList and EndpointSliceList",
+			data: `apiVersion: v1
+kind: ServiceList
+items:
+- metadata: {name: web}
+  spec: {ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSliceList
+items:
+- metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv6
+`,
+			wantServices: 1, wantSlcs: 1,
+		},
+		{
+			name: "unknown kinds and API versions are skipped with a warning",
+			data: `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+---
+apiVersion: example.com/v1
+kind: Widget
+metadata: {name: w, namespace: demo}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: web}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {ports: [{port: 80}]}
+`,
+			wantServices: 1,
+			wantWarnings: []string{
+				`demo.yaml: document 1 (Deployment default/web): apiVersion "apps/v1" kind "Deployment" is not a Service or EndpointSlice; skipped`,
+				`demo.yaml: document 2 (Widget demo/w): apiVersion "example.com/v1" kind "Widget" is not a Service or EndpointSlice; skipped`,
+				`demo.yaml: document 3 (Endpoints default/web): apiVersion "v1" kind "Endpoints" is not a Service or EndpointSlice; skipped (write a discovery.k8s.io/v1 EndpointSlice instead`,
+			},
+		},
+		{
+			name: "comment-only documents are not counted; a file of comments is empty, not an error",
+			data: "# nothing yet\n---\n# still nothing\n---\n",
+		},
+		{
+			name: "helpful warnings",
+			data: `apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.0.0.1, 10.0.0.2]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: api-1, labels: {kubernetes.io/service-name: api}}
+addressType: IPv4
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext}
+spec: {type: ExternalName, externalName: example.com}
+`,
+			wantServices: 2, wantSlcs: 2,
+			wantWarnings: []string{
+				"demo.yaml: document 1 (Service default/web): spec.ports[0].nodePort: not set: no node port is served",
+				"demo.yaml: document 2 (EndpointSlice default/web-1): endpoints[0].addresses: only the first address is used",
+				`demo.yaml: document 2 (EndpointSlice default/web-1): ports[0]: port name "http" with protocol TCP matches no port of Service default/web`,
+				"demo.yaml: document 3 (EndpointSlice default/api-1): metadata.labels: names Service default/api, which is not in the file",
+				"demo.yaml: document 4 (Service default/ext): type ExternalName is served by DNS, not by the proxy; skipped",
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			svcs, sl, warnings, err := ParseManifests("demo.yaml", []byte(tc.data))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(svcs) != tc.wantServices || len(sl) != tc.wantSlcs {
+				t.Errorf("got %d services and %d slices, want %d and %d", len(svcs), len(sl), tc.wantServices, tc.wantSlcs)
+			}
+			checkProblems(t, warnings, tc.wantWarnings)
+		})
+	}
+}
+
+func TestParseManifestsErrors(t *testing.T) {
+	const svcHead = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: demo\n"
+	const sliceHead = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: demo\n  labels: {kubernetes.io/service-name: web}\n"
+	const good = svcHead + "spec:\n  ports: [{port: 80}]\n"
+	tests := []struct {
+		name string
+		data string
+		want []string // each must appear in one error, one error each
+	}{
+		{
+			name: "port out of range in the third document",
+			data: "# header\n---\n" + sliceHead + "addressType: IPv4\n---\n" +
+				strings.Replace(good, "name: web", "name: api", 1) + "---\n" +
+				"apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  ports:\n  - port: 70000\n",
+			want: []string{"demo.yaml: document 3 (Service demo/web): spec.ports[0].port: 70000 is out of range 1-65535"},
+		},
+		{
+			name: "unknown field (strict)",
+			data: svcHead + "spec:\n  ports: [{port: 80}]\n  prots: []\n",
+			want: []string{"demo.yaml: document 1 (Service demo/web): spec.prots: unknown field"},
+		},
+		{
+			name: "duplicated field (strict), with the line in the file",
+			data: "# header\n---\n" + svcHead + "spec:\n  ports:\n  - port: 80\n    port: 81\n",
+			want: []string{`demo.yaml: document 1 (Service demo/web): yaml: unmarshal errors: line 11: key "port" already set in map`},
+		},
+		{
+			name: "YAML syntax error, with the line in the file",
+			data: good + "---\nkind: [\n",
+			want: []string{"demo.yaml: document 2: yaml: line 9: did not find expected node content"},
+		},
+		{
+			name: "wrong type",
+			data: svcHead + "spec:\n  ports: [{port: http}]\n",
+			want: []string{"demo.yaml: document 1 (Service demo/web): json: cannot unmarshal string into Go struct field ServicePort.spec.ports.port of type int32"},
+		},
+		{
+			name: "no kind",
+			data: "apiVersion: v1\nmetadata: {name: web}\n",
+			want: []string{"demo.yaml: document 1 (default/web): apiVersion and kind are required"},
+		},
+		{
+			name: "metadata",
+			data: "apiVersion: v1\nkind: Service\nmetadata: {namespace: Demo}\nspec: {ports: [{port: 80}]}\n---\n" +
+				"apiVersion: v1\nkind: Service\nmetadata: {name: Web_1}\nspec: {ports: [{port: 80}]}\n",
+			want: []string{
+				"demo.yaml: document 1 (Service): metadata.name: is required",
+				`demo.yaml: document 1 (Service): metadata.namespace: "Demo" is invalid`,
+				`demo.yaml: document 2 (Service default/Web_1): metadata.name: "Web_1" is invalid`,
+			},
+		},
+		{
+			name: "ports",
+			data: svcHead + `spec:
+  type: ClusterIP
+  ports:
+  - port: 80
+  - {name: http, port: 0, protocol: tcp}
+  - {name: http, port: 81, nodePort: 30081}
+  - {name: dns, port: 81}
+  - {name: Bad_Name, port: 82, nodePort: 70000}
+`,
+			want: []string{
+				"spec.ports[0].name: is required when a Service has more than one port",
+				`spec.ports[1].protocol: unsupported protocol "tcp" (want TCP, UDP or SCTP)`,
+				"spec.ports[1].port: 0 is out of range 1-65535",
+				`spec.ports[2].name: duplicate name "http" (also spec.ports[1])`,
+				"spec.ports[2].nodePort: may be set only when type is NodePort or LoadBalancer",
+				"spec.ports[3]: duplicate port 81/TCP (also spec.ports[2])",
+				`spec.ports[4].name: "Bad_Name" is invalid`,
+				"spec.ports[4].nodePort: 70000 is out of range 1-65535",
+				"spec.ports[4].nodePort: may be set only when type is NodePort or LoadBalancer",
+			},
+		},
+		{
+			name: "no ports",
+			data: svcHead + "spec: {type: LoadBalancer}\n",
+			want: []string{"demo.yaml: document 1 (Service demo/web): spec.ports: at least one port is required"},
+		},
+		{
+			name: "addresses and policies",
+			data: svcHead + `spec:
+  type: Magic
+  clusterIP: 10.0.0.300
+  clusterIPs: [10.0.0.1, 10.0.0.2, fd00::1]
+  externalIPs: [192.0.2.1, 192.0.2.256]
+  ports: [{port: 80}]
+  sessionAffinity: Sticky
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 0}}
+  externalTrafficPolicy: Global
+  internalTrafficPolicy: Node
+  healthCheckNodePort: 65536
+status:
+  loadBalancer:
+    ingress: [{ip: 198.51.100.300}, {ip: 198.51.100.1, ipMode: Tunnel}]
+`,
+			want: []string{
+				`spec.type: unknown type "Magic"`,
+				`spec.clusterIP: "10.0.0.300" is not a valid IP address`,
+				`spec.clusterIPs[0]: "10.0.0.1" must equal spec.clusterIP "10.0.0.300"`,
+				"spec.clusterIPs: at most two addresses (one per IP family) are allowed, got 3",
+				`spec.externalIPs[1]: "192.0.2.256" is not a valid IP address`,
+				`spec.sessionAffinity: unknown affinity "Sticky" (want None or ClientIP)`,
+				"spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 is out of range 1-86400",
+				`spec.externalTrafficPolicy: unknown policy "Global"`,
+				`spec.internalTrafficPolicy: unknown policy "Node"`,
+				"spec.healthCheckNodePort: 65536 is out of range 1-65535",
+				`status.loadBalancer.ingress[0].ip: "198.51.100.300" is not a valid IP address`,
+				`status.loadBalancer.ingress[1].ipMode: unknown mode "Tunnel" (want VIP or Proxy)`,
+			},
+		},
+		{
+			name: "cluster IPs of one family",
+			data: svcHead + "spec:\n  clusterIPs: [10.0.0.1, 10.0.0.2]\n  ports: [{port: 80}]\n",
+			want: []string{"spec.clusterIPs: the two addresses must be of different IP families"},
+		},
+		{
+			name: "endpoint slice",
+			data: `apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1}
+addressType: IPv4
+ports:
+- {name: http, port: 65536}
+- {name: http, port: 80, protocol: ICMP}
+- {name: dns}
+endpoints:
+- addresses: [fd00::1]
+- addresses: []
+- addresses: [10.0.0.1/24]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-2, labels: {kubernetes.io/service-name: web}}
+addressType: IPv9
+`,
+			want: []string{
+				"demo.yaml: document 1 (EndpointSlice default/web-1): metadata.labels: label kubernetes.io/service-name is required",
+				"document 1 (EndpointSlice default/web-1): ports[0].port: 65536 is out of range 1-65535",
+				`document 1 (EndpointSlice default/web-1): ports[1].name: duplicate name "http" (also ports[0])`,
+				`document 1 (EndpointSlice default/web-1): ports[1].protocol: unsupported protocol "ICMP"`,
+				"document 1 (EndpointSlice default/web-1): ports[2].port: is required",
+				"document 1 (EndpointSlice default/web-1): endpoints[0].addresses[0]: fd00::1 is not an IPv4 address",
+				"document 1 (EndpointSlice default/web-1): endpoints[1].addresses: at least one address is required",
+				`document 1 (EndpointSlice default/web-1): endpoints[2].addresses[0]: "10.0.0.1/24" is not a valid IP address`,
+				`demo.yaml: document 2 (EndpointSlice default/web-2): addressType: unknown address type "IPv9"`,
+			},
+		},
+		{
+			name: "duplicate objects name both documents, also inside a List",
+			data: good + "---\n" + sliceHead + "addressType: IPv4\n---\n" +
+				"apiVersion: v1\nkind: List\nitems:\n- " + strings.ReplaceAll(strings.TrimSpace(sliceHead), "\n", "\n  ") + "\n  addressType: IPv4\n",
+			want: []string{"demo.yaml: document 3 (EndpointSlice demo/web-1): items[0]: duplicate of document 2"},
+		},
+		{
+			name: "duplicates of invalid objects are reported too",
+			data: svcHead + "spec: {ports: [{port: 0}]}\n---\n" + good,
+			want: []string{
+				"demo.yaml: document 1 (Service demo/web): spec.ports[0].port: 0 is out of range 1-65535",
+				"demo.yaml: document 2 (Service demo/web): duplicate of document 1",
+			},
+		},
+		{
+			name: "node port used twice",
+			data: "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {type: NodePort, ports: [{port: 80, nodePort: 30080}]}\n---\n" +
+				"apiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {type: NodePort, ports: [{port: 81, nodePort: 30080}]}\n",
+			want: []string{"demo.yaml: document 2 (Service default/b): spec.ports[0].nodePort: node port 30080/TCP is also used by Service default/a (document 1)"},
+		},
+		{
+			name: "errors inside a List name the item",
+			data: "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: web}\n  spec: {ports: [{port: 80, nodePot: 1}]}\n" +
+				"- {apiVersion: v1, kind: List, items: []}\n",
+			want: []string{
+				"demo.yaml: document 1 (Service default/web): items[0].spec.ports[0].nodePot: unknown field",
+				"demo.yaml: document 1 (List): items[1]: a List may not hold another list",
+			},
+		},
+		{
+			name: "bad document separator",
+			data: good + "--- !!map\n",
+			want: []string{"demo.yaml: document 1: invalid Yaml document separator: !!map"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, _, err := ParseManifests("demo.yaml", []byte(tc.data))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, e := range flatten(err) {
+				var oe *ObjectError
+				if !errors.As(e, &oe) || oe.File != "demo.yaml" || oe.Document < 1 {
+					t.Errorf("%v: not an ObjectError with file and document", e)
+				}
+			}
+			checkProblems(t, flatten(err), tc.want)
+		})
+	}
+}
+
+func TestParseManifestsEmpty(t *testing.T) {
+	for _, data := range []string{"", "\n  \n"} {
+		_, _, _, err := ParseManifests("demo.yaml", []byte(data))
+		if !errors.Is(err, ErrEmptyManifest) || !strings.Contains(err.Error(), "demo.yaml") {
+			t.Errorf("%q: got %v, want ErrEmptyManifest naming the file", data, err)
+		}
+	}
+}
+
+func TestLocate(t *testing.T) {
+	data := "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: web}\n  spec: {externalIPs: [169.254.169.254], ports: [{port: 80}]}\n"
+	m, err := parseManifests("demo.yaml", []byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, problems := BuildSnapshot(m.services, m.slices, Options{AllowNoClusterIP: true})
+	if len(problems) != 1 {
+		t.Fatalf("got %v, want one problem", problems)
+	}
+	got := m.locate(problems[0])
+	want := "demo.yaml: document 1 (Service default/web): items[0].spec.externalIPs[0]: address refused: 169.254.169.254 is link-local"
+	if got.Error() != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}

@@ -1,0 +1,334 @@
+package source
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// LabelServiceProxyName marks a Service that a proxy other than the default
+// one serves. kube-proxy defines it in pkg/proxy/apis; k8s.io/api does not.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// maxAffinitySeconds is the API server's upper bound on
+// sessionAffinityConfig.clientIP.timeoutSeconds (one day).
+const maxAffinitySeconds = 86400
+
+// Options adapt BuildSnapshot to the node it runs on and to the mode the
+// proxy runs in. The zero value is a cluster-mode proxy on an unnamed node.
+type Options struct {
+	// NodeName is the name of this node. Endpoints whose nodeName equals it
+	// are local, and node hints naming it are honoured. If empty, no
+	// endpoint is local, so ports with a Local traffic policy have no local
+	// endpoints, and node hints are ignored.
+	NodeName string
+	// NodeLabels are this node's labels; topology hints use the zone in
+	// topology.kubernetes.io/zone. If nil or without that label, zone hints
+	// are ignored.
+	NodeLabels map[string]string
+	// ServiceProxyName, if set, makes this an alternative proxy: only
+	// Services labelled service.kubernetes.io/service-proxy-name with this
+	// value are served. If empty, Services carrying that label are skipped,
+	// as kube-proxy does, since another proxy owns them.
+	ServiceProxyName string
+	// AllowLoopback accepts loopback endpoint and frontend addresses
+	// (127.0.0.0/8, ::1 and IPv4-mapped loopback). If false they are refused
+	// and reported: in a cluster they would reach the node's own daemons
+	// (the API server refuses them too). Manifest mode sets it, because the
+	// author owns the host.
+	AllowLoopback bool
+	// AllowNoClusterIP serves Services that have no cluster IP at all; they
+	// are then reached through their node ports, external IPs and
+	// load-balancer IPs only. If false such Services are skipped, as
+	// kube-proxy does. Manifest mode sets it, because no cluster allocates
+	// cluster IPs there. Headless Services (clusterIP: None) are skipped
+	// either way.
+	AllowNoClusterIP bool
+}
+
+// zone returns this node's topology zone, or "".
+func (o *Options) zone() string { return o.NodeLabels[corev1.LabelTopologyZone] }
+
+// BuildSnapshot turns Services and EndpointSlices into the state the proxy
+// serves, with kube-proxy's semantics: skipped Services, one ServicePort per
+// (service, port name, protocol), frontends, affinity, traffic policies, and
+// endpoints filtered by readiness, topology hints and locality.
+//
+// It never fails as a whole: what it cannot use (a refused endpoint
+// address, a slice without its service-name label, a malformed field) is
+// left out and reported in the returned errors, each an *ObjectError naming
+// the object and field. Nil entries in services and slices are ignored. The
+// inputs are not modified. BuildSnapshot does no I/O and keeps no state, so
+// both the manifest source and an informer-fed source can call it.
+func BuildSnapshot(services []*corev1.Service, slices []*discoveryv1.EndpointSlice, opts Options) (state.Snapshot, []error) {
+	b := &builder{opts: opts, zone: opts.zone()}
+	ports, bySvc := b.servicePorts(services)
+	b.attachEndpoints(ports, bySvc, slices)
+	return state.NewSnapshot(ports), b.problems
+}
+
+// builder collects problems while BuildSnapshot works.
+type builder struct {
+	opts     Options
+	zone     string
+	problems []error
+}
+
+// objectRef names one object: its namespace and name.
+type objectRef struct{ namespace, name string }
+
+func (r objectRef) compare(o objectRef) int {
+	return cmp.Or(cmp.Compare(r.namespace, o.namespace), cmp.Compare(r.name, o.name))
+}
+
+func (b *builder) report(kind string, ref objectRef, field string, err error) {
+	b.problems = append(b.problems, &ObjectError{
+		Kind: kind, Namespace: ref.namespace, Name: ref.name, Field: field, Err: err,
+	})
+}
+
+// servicePorts builds the service ports of every served Service, without
+// endpoints, and indexes them by Service.
+func (b *builder) servicePorts(services []*corev1.Service) ([]state.ServicePort, map[objectRef][]int) {
+	sorted := make([]*corev1.Service, 0, len(services))
+	for _, svc := range services {
+		if svc != nil {
+			sorted = append(sorted, svc)
+		}
+	}
+	slices.SortStableFunc(sorted, func(a, c *corev1.Service) int { return serviceRef(a).compare(serviceRef(c)) })
+
+	var ports []state.ServicePort
+	bySvc := make(map[objectRef][]int)
+	seen := make(map[objectRef]bool, len(sorted))
+	for _, svc := range sorted {
+		ref := serviceRef(svc)
+		if seen[ref] {
+			b.report("Service", ref, "", errors.New("duplicate Service; the first one is served"))
+			continue
+		}
+		seen[ref] = true
+		for _, sp := range b.service(svc) {
+			bySvc[ref] = append(bySvc[ref], len(ports))
+			ports = append(ports, sp)
+		}
+	}
+	return ports, bySvc
+}
+
+func serviceRef(svc *corev1.Service) objectRef {
+	return objectRef{svc.Namespace, svc.Name}
+}
+
+// skipped reports whether the proxy leaves svc alone, as kube-proxy's label
+// selector and ShouldSkipService do.
+func (b *builder) skipped(svc *corev1.Service) bool {
+	proxyName, labelled := svc.Labels[LabelServiceProxyName]
+	if b.opts.ServiceProxyName == "" && labelled || b.opts.ServiceProxyName != "" && proxyName != b.opts.ServiceProxyName {
+		return true
+	}
+	if _, headless := svc.Labels[corev1.IsHeadlessService]; headless {
+		return true
+	}
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return true
+	}
+	if svc.Spec.ClusterIP == corev1.ClusterIPNone || len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone {
+		return true
+	}
+	return false
+}
+
+// service returns the service ports of one Service, or none if it is
+// skipped or unusable.
+func (b *builder) service(svc *corev1.Service) []state.ServicePort {
+	if b.skipped(svc) {
+		return nil
+	}
+	ref := serviceRef(svc)
+	clusterIPs, ok := b.clusterIPs(svc, ref)
+	if !ok {
+		return nil
+	}
+	if len(clusterIPs) == 0 && !b.opts.AllowNoClusterIP {
+		return nil
+	}
+	var externalIPs, lbIPs []netip.Addr
+	for i, s := range svc.Spec.ExternalIPs {
+		externalIPs = b.appendFrontend(externalIPs, ref, fmt.Sprintf("spec.externalIPs[%d]", i), s)
+	}
+	for i, ing := range svc.Status.LoadBalancer.Ingress {
+		// ipMode Proxy: the load balancer delivers to the node or pod
+		// itself, so capturing its IP would break it (KEP-1860).
+		if ing.IP == "" || ing.IPMode != nil && *ing.IPMode != corev1.LoadBalancerIPModeVIP {
+			continue
+		}
+		lbIPs = b.appendFrontend(lbIPs, ref, fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
+	}
+	affinity := b.affinity(svc, ref)
+
+	internalLocal := false
+	if p := svc.Spec.InternalTrafficPolicy; p != nil {
+		switch *p {
+		case corev1.ServiceInternalTrafficPolicyLocal:
+			internalLocal = true
+		case corev1.ServiceInternalTrafficPolicyCluster:
+		default:
+			b.report("Service", ref, "spec.internalTrafficPolicy", fmt.Errorf("unknown policy %q, using Cluster", *p))
+		}
+	}
+	externalLocal := false
+	switch p := svc.Spec.ExternalTrafficPolicy; p {
+	case corev1.ServiceExternalTrafficPolicyLocal:
+		externalLocal = true
+	case "", corev1.ServiceExternalTrafficPolicyCluster:
+	default:
+		b.report("Service", ref, "spec.externalTrafficPolicy", fmt.Errorf("unknown policy %q, using Cluster", p))
+	}
+	var healthCheck uint16
+	if hc := svc.Spec.HealthCheckNodePort; hc < 0 || hc > 65535 {
+		b.report("Service", ref, "spec.healthCheckNodePort", fmt.Errorf("%d is out of range 1-65535", hc))
+	} else {
+		healthCheck = uint16(hc)
+	}
+
+	var out []state.ServicePort
+	seen := make(map[state.ServicePortName]bool, len(svc.Spec.Ports))
+	for i, p := range svc.Spec.Ports {
+		path := fmt.Sprintf("spec.ports[%d]", i)
+		proto, err := protocol(string(p.Protocol))
+		if err != nil {
+			b.report("Service", ref, path+".protocol", err)
+			continue
+		}
+		if p.Port < 1 || p.Port > 65535 {
+			b.report("Service", ref, path+".port", fmt.Errorf("%d is out of range 1-65535", p.Port))
+			continue
+		}
+		if p.NodePort < 0 || p.NodePort > 65535 {
+			b.report("Service", ref, path+".nodePort", fmt.Errorf("%d is out of range 1-65535", p.NodePort))
+			continue
+		}
+		name := state.ServicePortName{Namespace: ref.namespace, Name: ref.name, Port: p.Name, Protocol: proto}
+		if seen[name] {
+			b.report("Service", ref, path, fmt.Errorf("duplicate port %s; the first one is served", name))
+			continue
+		}
+		seen[name] = true
+		sp := state.ServicePort{
+			Name:            name,
+			Port:            uint16(p.Port),
+			ClusterIPs:      slices.Clone(clusterIPs),
+			NodePort:        uint16(p.NodePort),
+			ExternalIPs:     slices.Clone(externalIPs),
+			LoadBalancerIPs: slices.Clone(lbIPs),
+			Affinity:        affinity,
+			InternalLocal:   internalLocal,
+		}
+		// Only an externally reachable port has external traffic to keep
+		// local (kube-proxy's ExternallyAccessible).
+		reachable := sp.NodePort != 0 || len(externalIPs) > 0 || len(lbIPs) > 0
+		if externalLocal && reachable {
+			sp.ExternalLocal = true
+			sp.HealthCheckNodePort = healthCheck
+		}
+		out = append(out, sp)
+	}
+	return out
+}
+
+// clusterIPs returns the Service's cluster IPs: spec.clusterIPs, or
+// spec.clusterIP for objects written before dual-stack. ok is false when
+// one is malformed: a Service whose cluster IPs cannot be read is not
+// served at all.
+func (b *builder) clusterIPs(svc *corev1.Service, ref objectRef) (ips []netip.Addr, ok bool) {
+	raw, field := svc.Spec.ClusterIPs, "spec.clusterIPs"
+	if len(raw) == 0 && svc.Spec.ClusterIP != "" {
+		raw, field = []string{svc.Spec.ClusterIP}, "spec.clusterIP"
+	}
+	for i, s := range raw {
+		path := field
+		if field == "spec.clusterIPs" {
+			path = fmt.Sprintf("%s[%d]", field, i)
+		}
+		ip, err := parseIP(s)
+		if err != nil {
+			b.report("Service", ref, path, fmt.Errorf("%w; Service not served", err))
+			return nil, false
+		}
+		ip = ip.Unmap()
+		if err := checkAddr(ip, b.opts.AllowLoopback); err != nil {
+			b.report("Service", ref, path, err)
+			continue
+		}
+		if !slices.Contains(ips, ip) {
+			ips = append(ips, ip)
+		}
+	}
+	if len(raw) > 0 && len(ips) == 0 && !b.opts.AllowNoClusterIP {
+		b.report("Service", ref, field, errors.New("no usable cluster IP; Service not served"))
+	}
+	return ips, true
+}
+
+// appendFrontend parses s and appends it to ips unless it is malformed,
+// refused (both reported) or already there.
+func (b *builder) appendFrontend(ips []netip.Addr, ref objectRef, path, s string) []netip.Addr {
+	ip, err := parseIP(s)
+	if err == nil {
+		ip = ip.Unmap()
+		err = checkAddr(ip, b.opts.AllowLoopback)
+	}
+	if err != nil {
+		b.report("Service", ref, path, err)
+		return ips
+	}
+	if slices.Contains(ips, ip) {
+		return ips
+	}
+	return append(ips, ip)
+}
+
+// affinity reads sessionAffinity and its timeout. The API server defaults
+// the timeout to 10800 s; objects from files have no defaults applied, so a
+// missing timeout means the default here too.
+func (b *builder) affinity(svc *corev1.Service, ref objectRef) state.Affinity {
+	switch svc.Spec.SessionAffinity {
+	case "", corev1.ServiceAffinityNone:
+		return state.Affinity{Type: state.AffinityNone}
+	case corev1.ServiceAffinityClientIP:
+	default:
+		b.report("Service", ref, "spec.sessionAffinity", fmt.Errorf("unknown affinity %q, using None", svc.Spec.SessionAffinity))
+		return state.Affinity{Type: state.AffinityNone}
+	}
+	a := state.Affinity{Type: state.AffinityClientIP, Timeout: state.DefaultAffinityTimeout}
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		t := *c.ClientIP.TimeoutSeconds
+		if t < 1 || t > maxAffinitySeconds {
+			b.report("Service", ref, "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+				fmt.Errorf("%d is out of range 1-%d, using %d", t, maxAffinitySeconds, int(state.DefaultAffinityTimeout/time.Second)))
+		} else {
+			a.Timeout = time.Duration(t) * time.Second
+		}
+	}
+	return a
+}
+
+// protocol maps an API protocol to ours; empty means TCP, the API default.
+func protocol(p string) (state.Protocol, error) {
+	switch state.Protocol(p) {
+	case "":
+		return state.TCP, nil
+	case state.TCP, state.UDP, state.SCTP:
+		return state.Protocol(p), nil
+	}
+	return "", fmt.Errorf("unsupported protocol %q (want TCP, UDP or SCTP)", p)
+}

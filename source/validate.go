@@ -1,0 +1,364 @@
+package source
+
+import (
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// This file checks, for objects read from a file, what the API server
+// would have checked before the proxy saw them, limited to the fields the
+// proxy relies on. Names are checked too: they end up in log lines and in
+// iptables comments.
+
+// finding is one validation result: an error, or a warning when the object
+// is usable but may not do what its author expects.
+type finding struct {
+	field   string
+	err     error
+	warning bool
+}
+
+type findings []finding
+
+func (fs *findings) errorf(p *field.Path, format string, args ...any) {
+	*fs = append(*fs, finding{field: pathString(p), err: fmt.Errorf(format, args...)})
+}
+
+func (fs *findings) warnf(p *field.Path, format string, args ...any) {
+	*fs = append(*fs, finding{field: pathString(p), err: fmt.Errorf(format, args...), warning: true})
+}
+
+// pathString is p as text; a nil p (the whole object) is "".
+func pathString(p *field.Path) string {
+	if p == nil {
+		return ""
+	}
+	return p.String()
+}
+
+// format checks value with one of apimachinery's validation functions.
+func (fs *findings) format(p *field.Path, value string, check func(string) []string) {
+	if msgs := check(value); len(msgs) > 0 {
+		fs.errorf(p, "%q is invalid: %s", value, strings.Join(msgs, "; "))
+	}
+}
+
+func (fs *findings) portRange(p *field.Path, port int32, zeroOK bool) {
+	if port == 0 && zeroOK {
+		return
+	}
+	if port < 1 || port > 65535 {
+		fs.errorf(p, "%d is out of range 1-65535", port)
+	}
+}
+
+func (fs *findings) protocol(p *field.Path, proto corev1.Protocol) {
+	if _, err := protocol(string(proto)); err != nil {
+		fs.errorf(p, "%s", err)
+	}
+}
+
+// ip checks a textual IP address; family, if not empty, is the family it
+// must have.
+func (fs *findings) ip(p *field.Path, s string, family discoveryv1.AddressType) {
+	ip, err := parseIP(s)
+	switch {
+	case err != nil:
+		fs.errorf(p, "%s", err)
+	case family == discoveryv1.AddressTypeIPv4 && !ip.Is4(), family == discoveryv1.AddressTypeIPv6 && !ip.Is6():
+		fs.errorf(p, "%s is not an %s address", s, family)
+	}
+}
+
+func (fs *findings) metadata(name, namespace string, nameCheck func(string) []string) {
+	p := field.NewPath("metadata")
+	if name == "" {
+		fs.errorf(p.Child("name"), "is required")
+	} else {
+		fs.format(p.Child("name"), name, nameCheck)
+	}
+	fs.format(p.Child("namespace"), namespace, validation.IsDNS1123Label)
+}
+
+func validateService(svc *corev1.Service) []finding {
+	var fs findings
+	fs.metadata(svc.Name, svc.Namespace, validation.IsDNS1035Label)
+	spec := field.NewPath("spec")
+
+	var (
+		headless     = svc.Spec.ClusterIP == corev1.ClusterIPNone || len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone
+		externalName = svc.Spec.Type == corev1.ServiceTypeExternalName
+		nodePorts    = false
+	)
+	switch svc.Spec.Type {
+	case "", corev1.ServiceTypeClusterIP, corev1.ServiceTypeExternalName:
+	case corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
+		nodePorts = true
+	default:
+		fs.errorf(spec.Child("type"), "unknown type %q (want ClusterIP, NodePort, LoadBalancer or ExternalName)", svc.Spec.Type)
+	}
+
+	validateClusterIPs(&fs, svc)
+	for i, s := range svc.Spec.ExternalIPs {
+		fs.ip(spec.Child("externalIPs").Index(i), s, "")
+	}
+
+	if len(svc.Spec.Ports) == 0 && !headless && !externalName {
+		fs.errorf(spec.Child("ports"), "at least one port is required")
+	}
+	names := make(map[string]int)
+	portProtos := make(map[string]int)
+	for i, p := range svc.Spec.Ports {
+		pp := spec.Child("ports").Index(i)
+		switch {
+		case p.Name == "" && len(svc.Spec.Ports) > 1:
+			fs.errorf(pp.Child("name"), "is required when a Service has more than one port")
+		case p.Name != "":
+			fs.format(pp.Child("name"), p.Name, validation.IsValidPortName)
+			if j, dup := names[p.Name]; dup {
+				fs.errorf(pp.Child("name"), "duplicate name %q (also spec.ports[%d])", p.Name, j)
+			} else {
+				names[p.Name] = i
+			}
+		}
+		fs.protocol(pp.Child("protocol"), p.Protocol)
+		fs.portRange(pp.Child("port"), p.Port, false)
+		key := fmt.Sprintf("%d/%s", p.Port, orTCP(p.Protocol))
+		if j, dup := portProtos[key]; dup {
+			fs.errorf(pp, "duplicate port %s (also spec.ports[%d])", key, j)
+		} else {
+			portProtos[key] = i
+		}
+		fs.portRange(pp.Child("nodePort"), p.NodePort, true)
+		switch {
+		case p.NodePort != 0 && !nodePorts:
+			fs.errorf(pp.Child("nodePort"), "may be set only when type is NodePort or LoadBalancer")
+		case p.NodePort == 0 && nodePorts:
+			fs.warnf(pp.Child("nodePort"), "not set: no node port is served for it (in manifest mode nothing allocates one)")
+		}
+	}
+
+	switch svc.Spec.SessionAffinity {
+	case "", corev1.ServiceAffinityNone, corev1.ServiceAffinityClientIP:
+	default:
+		fs.errorf(spec.Child("sessionAffinity"), "unknown affinity %q (want None or ClientIP)", svc.Spec.SessionAffinity)
+	}
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		if t := *c.ClientIP.TimeoutSeconds; t < 1 || t > maxAffinitySeconds {
+			fs.errorf(spec.Child("sessionAffinityConfig", "clientIP", "timeoutSeconds"), "%d is out of range 1-%d", t, maxAffinitySeconds)
+		}
+	}
+	switch p := svc.Spec.ExternalTrafficPolicy; p {
+	case "", corev1.ServiceExternalTrafficPolicyCluster, corev1.ServiceExternalTrafficPolicyLocal:
+	default:
+		fs.errorf(spec.Child("externalTrafficPolicy"), "unknown policy %q (want Cluster or Local)", p)
+	}
+	if p := svc.Spec.InternalTrafficPolicy; p != nil {
+		switch *p {
+		case corev1.ServiceInternalTrafficPolicyCluster, corev1.ServiceInternalTrafficPolicyLocal:
+		default:
+			fs.errorf(spec.Child("internalTrafficPolicy"), "unknown policy %q (want Cluster or Local)", *p)
+		}
+	}
+	fs.portRange(spec.Child("healthCheckNodePort"), svc.Spec.HealthCheckNodePort, true)
+
+	ingress := field.NewPath("status", "loadBalancer", "ingress")
+	for i, ing := range svc.Status.LoadBalancer.Ingress {
+		if ing.IP != "" {
+			fs.ip(ingress.Index(i).Child("ip"), ing.IP, "")
+		}
+		if m := ing.IPMode; m != nil && *m != corev1.LoadBalancerIPModeVIP && *m != corev1.LoadBalancerIPModeProxy {
+			fs.errorf(ingress.Index(i).Child("ipMode"), "unknown mode %q (want VIP or Proxy)", *m)
+		}
+	}
+
+	switch {
+	case externalName:
+		fs.warnf(nil, "type ExternalName is served by DNS, not by the proxy; skipped")
+	case headless:
+		fs.warnf(nil, "headless (clusterIP: None) is served by DNS, not by the proxy; skipped")
+	}
+	return fs
+}
+
+func orTCP(p corev1.Protocol) corev1.Protocol {
+	if p == "" {
+		return corev1.ProtocolTCP
+	}
+	return p
+}
+
+// validateClusterIPs checks spec.clusterIP and spec.clusterIPs as the API
+// server does: empty, None, or one IP per family, clusterIPs[0] being
+// clusterIP.
+func validateClusterIPs(fs *findings, svc *corev1.Service) {
+	spec := field.NewPath("spec")
+	if ip := svc.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
+		fs.ip(spec.Child("clusterIP"), ip, "")
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 {
+		return
+	}
+	p := spec.Child("clusterIPs")
+	if svc.Spec.ClusterIP != "" && ips[0] != svc.Spec.ClusterIP {
+		fs.errorf(p.Index(0), "%q must equal spec.clusterIP %q", ips[0], svc.Spec.ClusterIP)
+	}
+	if len(ips) > 2 {
+		fs.errorf(p, "at most two addresses (one per IP family) are allowed, got %d", len(ips))
+		return
+	}
+	for i, s := range ips {
+		if s == corev1.ClusterIPNone {
+			if len(ips) > 1 {
+				fs.errorf(p.Index(i), "None must be the only entry")
+			}
+			continue
+		}
+		fs.ip(p.Index(i), s, "")
+	}
+	if len(ips) == 2 {
+		a, errA := parseIP(ips[0])
+		b, errB := parseIP(ips[1])
+		if errA == nil && errB == nil && a.Is4() == b.Is4() {
+			fs.errorf(p, "the two addresses must be of different IP families")
+		}
+	}
+}
+
+func validateSlice(s *discoveryv1.EndpointSlice) []finding {
+	var fs findings
+	fs.metadata(s.Name, s.Namespace, validation.IsDNS1123Subdomain)
+	if s.Labels[discoveryv1.LabelServiceName] == "" {
+		fs.errorf(field.NewPath("metadata", "labels"),
+			"label %s is required: it names the Service this slice belongs to", discoveryv1.LabelServiceName)
+	}
+
+	family := s.AddressType
+	switch family {
+	case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
+	case discoveryv1.AddressTypeFQDN:
+		fs.warnf(field.NewPath("addressType"), "FQDN slices are not served by the proxy; skipped")
+	case "":
+		fs.errorf(field.NewPath("addressType"), "is required (IPv4 or IPv6)")
+	default:
+		fs.errorf(field.NewPath("addressType"), "unknown address type %q (want IPv4 or IPv6)", family)
+	}
+	ipFamily := family == discoveryv1.AddressTypeIPv4 || family == discoveryv1.AddressTypeIPv6
+	for i, ep := range s.Endpoints {
+		p := field.NewPath("endpoints").Index(i).Child("addresses")
+		if len(ep.Addresses) == 0 {
+			fs.errorf(p, "at least one address is required")
+		}
+		for j, a := range ep.Addresses {
+			switch {
+			case ipFamily:
+				fs.ip(p.Index(j), a, family)
+			case family == discoveryv1.AddressTypeFQDN:
+				fs.format(p.Index(j), a, validation.IsDNS1123Subdomain)
+			}
+		}
+		if len(ep.Addresses) > 1 {
+			fs.warnf(p, "only the first address is used, as kube-proxy does")
+		}
+	}
+
+	names := make(map[string]int)
+	for i, port := range s.Ports {
+		p := field.NewPath("ports").Index(i)
+		name := ""
+		if port.Name != nil {
+			name = *port.Name
+		}
+		if name != "" {
+			fs.format(p.Child("name"), name, validation.IsValidPortName)
+		}
+		if j, dup := names[name]; dup {
+			fs.errorf(p.Child("name"), "duplicate name %q (also ports[%d])", name, j)
+		} else {
+			names[name] = i
+		}
+		if port.Protocol != nil {
+			fs.protocol(p.Child("protocol"), *port.Protocol)
+		}
+		if port.Port == nil {
+			fs.errorf(p.Child("port"), "is required")
+		} else {
+			fs.portRange(p.Child("port"), *port.Port, false)
+		}
+	}
+	return fs
+}
+
+// crossCheck looks at the objects of a file together: node ports must not
+// collide (in a cluster the allocator prevents it), and slices should name
+// Services and ports that exist.
+func (m *manifest) crossCheck() {
+	type nodePort struct {
+		port  int32
+		proto corev1.Protocol
+	}
+	nodePorts := make(map[nodePort]objectRef)
+	ports := make(map[objectRef]map[string]bool) // "name/PROTO" of each port
+	for _, svc := range m.services {
+		ref := objectRef{svc.Namespace, svc.Name}
+		at := m.origins[objectKey{"Service", ref}]
+		ports[ref] = make(map[string]bool)
+		for i, p := range svc.Spec.Ports {
+			ports[ref][p.Name+"/"+string(orTCP(p.Protocol))] = true
+			if p.NodePort == 0 {
+				continue
+			}
+			key := nodePort{p.NodePort, orTCP(p.Protocol)}
+			if other, dup := nodePorts[key]; dup {
+				m.errs = append(m.errs, &ObjectError{
+					File: m.file, Document: at.document, Line: at.line, Kind: "Service", Namespace: ref.namespace, Name: ref.name,
+					Field: joinPath(at.fieldPrefix(), fmt.Sprintf("spec.ports[%d].nodePort", i)),
+					Err: fmt.Errorf("node port %d/%s is also used by Service %s/%s (%s)",
+						key.port, key.proto, other.namespace, other.name, m.origins[objectKey{"Service", other}]),
+				})
+				continue
+			}
+			nodePorts[key] = ref
+		}
+	}
+
+	for _, s := range m.slices {
+		ref := objectRef{s.Namespace, s.Name}
+		at := m.origins[objectKey{"EndpointSlice", ref}]
+		warn := func(field string, err error) {
+			m.warnings = append(m.warnings, &ObjectError{
+				File: m.file, Document: at.document, Line: at.line, Kind: "EndpointSlice", Namespace: ref.namespace, Name: ref.name,
+				Field: joinPath(at.fieldPrefix(), field), Err: err,
+			})
+		}
+		svcName := s.Labels[discoveryv1.LabelServiceName]
+		if s.AddressType == discoveryv1.AddressTypeFQDN {
+			continue
+		}
+		svcPorts, found := ports[objectRef{s.Namespace, svcName}]
+		if !found {
+			warn("metadata.labels", fmt.Errorf("names Service %s/%s, which is not in the file", s.Namespace, svcName))
+			continue
+		}
+		for i, p := range s.Ports {
+			name := ""
+			if p.Name != nil {
+				name = *p.Name
+			}
+			proto := corev1.ProtocolTCP
+			if p.Protocol != nil {
+				proto = orTCP(*p.Protocol)
+			}
+			if !svcPorts[name+"/"+string(proto)] {
+				warn(fmt.Sprintf("ports[%d]", i), fmt.Errorf("port name %q with protocol %s matches no port of Service %s/%s (ports are matched by name; an unnamed port is \"\")",
+					name, proto, s.Namespace, svcName))
+			}
+		}
+	}
+}

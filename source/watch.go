@@ -1,0 +1,336 @@
+package source
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// maxManifestBytes bounds how much of a manifest file is read, so that
+// pointing --manifests at the wrong file cannot exhaust memory.
+const maxManifestBytes = 64 << 20
+
+// maxLoggedErrors bounds how many problems of one bad edit are logged.
+const maxLoggedErrors = 20
+
+// Manifests serves the Services and EndpointSlices of one manifest file
+// (--manifests PATH) and follows edits to it.
+type Manifests struct {
+	// Path is the manifest file. Required. It may be a symbolic link, as
+	// in a ConfigMap volume.
+	Path string
+	// Options are passed to BuildSnapshot as they are. Manifest mode
+	// normally sets AllowLoopback and AllowNoClusterIP, and NodeName to this
+	// host's name so that endpoints with that nodeName are local.
+	Options Options
+	// Debounce is how long the file must stay quiet after a change before
+	// it is read, so that an editor's several writes are read once. A file
+	// that keeps changing is read at the latest after ten times Debounce.
+	// If zero, 100ms.
+	Debounce time.Duration
+	// Resync is how often the file is read even without a change event,
+	// for filesystems that deliver none (some network and FUSE mounts).
+	// If zero, 1 minute. Negative disables it.
+	Resync time.Duration
+
+	// reloaded, if set, is told what came of every read after the first;
+	// tests wait on it instead of sleeping.
+	reloaded func(reloadOutcome, error)
+}
+
+// reloadOutcome is what came of reading the file again.
+type reloadOutcome int
+
+const (
+	outcomeUnchanged reloadOutcome = iota // same bytes (or same failure) as last time
+	outcomeRejected                       // broken: the last good state is kept
+	outcomeSame                           // good, but the snapshot did not change
+	outcomeApplied                        // good and new: apply was called
+)
+
+// Run reads the file and calls apply with its snapshot, then watches the
+// file and calls apply again after every edit that changes the snapshot.
+//
+// If the first read fails, Run returns the error at once: the proxy must not
+// start on a broken file. After that, a broken edit (bad YAML, a bad field,
+// the file deleted or empty for a moment while an editor rewrites it) is
+// logged once and the last good snapshot keeps serving; apply is not
+// called until the file is good again. Unchanged content never calls apply.
+//
+// The parent directory is watched rather than the file, so that editors that
+// write a new file and rename it over the old one, and ConfigMap volumes
+// (where kubelet swaps a "..data" symbolic link), are followed; the path is
+// resolved again after every change.
+//
+// apply is called from Run's goroutine, one call at a time. Run returns nil
+// when ctx is done, after every goroutine it started has finished.
+func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
+	if m.Path == "" {
+		return errors.New("manifests: no file given")
+	}
+	path, err := filepath.Abs(m.Path)
+	if err != nil {
+		return fmt.Errorf("manifests: %w", err)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("manifests: watch %s: %w", path, err)
+	}
+	defer w.Close() // waits for the watcher's goroutine
+	l := &loader{name: m.Path, path: path, dir: filepath.Dir(path), opts: m.Options, watcher: w, reloaded: m.reloaded}
+	// Watch before the first read, so no edit falls between the two.
+	if err := w.Add(l.dir); err != nil {
+		return fmt.Errorf("manifests: watch %s: %w", l.dir, err)
+	}
+	snap, _, err := l.load()
+	if err != nil {
+		return fmt.Errorf("manifests: %w", err)
+	}
+	l.current = snap
+	l.follow()
+	klog.InfoS("Loaded manifests", "file", l.name, "servicePorts", snap.Len())
+	apply(snap)
+
+	debounce := cmp.Or(m.Debounce, 100*time.Millisecond)
+	timer := time.NewTimer(debounce)
+	timer.Stop()
+	var pendingSince time.Time // zero when no read is pending
+	schedule := func() {
+		now := time.Now()
+		if pendingSince.IsZero() {
+			pendingSince = now
+		} else if now.Sub(pendingSince) >= 10*debounce {
+			return // let the timer fire: the file keeps changing
+		}
+		timer.Reset(debounce)
+	}
+	var resync <-chan time.Time
+	if every := cmp.Or(m.Resync, time.Minute); every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		resync = t.C
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("manifests: file watcher closed")
+			}
+			if l.relevant(ev) {
+				klog.V(4).InfoS("Manifest file event", "file", l.name, "event", ev.String())
+				schedule()
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("manifests: file watcher closed")
+			}
+			// An overflow loses events: read the file to be sure.
+			klog.ErrorS(err, "Watching the manifest file", "file", l.name)
+			schedule()
+		case <-timer.C:
+			pendingSince = time.Time{}
+			l.reload(apply)
+		case <-resync:
+			l.reload(apply)
+		}
+	}
+}
+
+// loader reads the manifest file and remembers what it last saw, so that
+// every distinct problem is logged once and unchanged content is ignored.
+type loader struct {
+	name    string // the path as given, for messages
+	path    string // absolute
+	dir     string
+	opts    Options
+	watcher *fsnotify.Watcher
+	// reloaded is Manifests.reloaded, or nil.
+	reloaded func(reloadOutcome, error)
+
+	target    string // path with symbolic links resolved, or ""
+	targetDir string // extra directory watched for target, or ""
+
+	seen    string         // content hash or error of the last read
+	current state.Snapshot // last applied
+	broken  bool           // the last read was rejected
+}
+
+// load reads and parses the file, logging warnings and the problems that
+// leave the rest usable. changed is false when the file holds what the last
+// load saw (or fails the same way), and then nothing else is returned. A
+// returned error means nothing of the file is usable.
+func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
+	data, err := readManifest(l.path)
+	seen := "error: "
+	if err != nil {
+		seen += err.Error()
+	} else {
+		seen = fmt.Sprintf("sha256:%x", sha256.Sum256(data))
+	}
+	if seen == l.seen {
+		return state.Snapshot{}, false, nil
+	}
+	l.seen = seen
+	if err != nil {
+		return state.Snapshot{}, true, err
+	}
+	m, err := parseManifests(l.name, data)
+	if err != nil {
+		return state.Snapshot{}, true, err
+	}
+	for _, w := range m.warnings {
+		klog.InfoS("Manifest warning", append(logValues(w), "reason", reason(w))...)
+	}
+	snap, problems := BuildSnapshot(m.services, m.slices, l.opts)
+	for _, p := range problems {
+		p = m.locate(p)
+		klog.ErrorS(p, "Manifest object partly ignored", logValues(p)...)
+	}
+	return snap, true, nil
+}
+
+// reload reads the file again after a change and applies it if it is good
+// and different from what is served.
+func (l *loader) reload(apply func(state.Snapshot)) {
+	defer l.follow()
+	outcome, err := l.update(apply)
+	if l.reloaded != nil {
+		l.reloaded(outcome, err)
+	}
+}
+
+func (l *loader) update(apply func(state.Snapshot)) (reloadOutcome, error) {
+	snap, changed, err := l.load()
+	switch {
+	case !changed:
+		return outcomeUnchanged, nil // nothing new to say or do
+	case err != nil:
+		l.broken = true
+		logRejected(l.name, err)
+		return outcomeRejected, err
+	case l.broken:
+		klog.InfoS("Manifest file is valid again", "file", l.name)
+		l.broken = false
+	}
+	if sameSnapshot(snap, l.current) {
+		klog.V(2).InfoS("Manifest file changed but its services did not", "file", l.name)
+		return outcomeSame, nil
+	}
+	l.current = snap
+	klog.InfoS("Applying edited manifests", "file", l.name, "servicePorts", snap.Len())
+	apply(snap)
+	return outcomeApplied, nil
+}
+
+// logRejected logs each problem of a rejected edit once.
+func logRejected(path string, err error) {
+	errs := flatten(err)
+	for i, e := range errs {
+		if i == maxLoggedErrors {
+			klog.ErrorS(nil, "More problems in the manifest file not shown", "file", path, "count", len(errs)-i)
+			return
+		}
+		kv := logValues(e)
+		if kv == nil {
+			kv = []any{"file", path}
+		}
+		klog.ErrorS(e, "Manifest edit rejected; keeping the last good state", kv...)
+	}
+}
+
+// reason is the message of err without the location an ObjectError adds.
+func reason(err error) string {
+	var oe *ObjectError
+	if errors.As(err, &oe) && oe.Err != nil {
+		return oe.Err.Error()
+	}
+	return err.Error()
+}
+
+// readManifest reads at most maxManifestBytes of the file.
+func readManifest(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read manifests: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxManifestBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read manifests %s: %w", path, err)
+	}
+	if len(data) > maxManifestBytes {
+		return nil, fmt.Errorf("read manifests %s: larger than %d MiB", path, maxManifestBytes>>20)
+	}
+	return data, nil
+}
+
+// follow resolves symbolic links in the path again and, when the file
+// really lives in another directory, watches that directory too, so that
+// edits made through the link's target are seen.
+func (l *loader) follow() {
+	target, err := filepath.EvalSymlinks(l.path)
+	if err != nil {
+		return // missing for now; the directory watch will see it return
+	}
+	l.target = target
+	want := filepath.Dir(target)
+	// A ConfigMap's ..2024_01_01_00_00_00.123 directory is replaced, never
+	// edited, and the "..data" swap shows in the watched directory.
+	if want == l.dir || filepath.Dir(want) == l.dir && strings.HasPrefix(filepath.Base(want), "..") {
+		want = ""
+	}
+	if want == l.targetDir {
+		return
+	}
+	if l.targetDir != "" {
+		_ = l.watcher.Remove(l.targetDir) // it may be gone already
+		l.targetDir = ""
+	}
+	if want == "" {
+		return
+	}
+	if err := l.watcher.Add(want); err != nil {
+		klog.V(2).InfoS("Cannot watch the directory of the manifest file's target", "file", l.name, "dir", want, "err", err)
+		return
+	}
+	l.targetDir = want
+}
+
+// relevant reports whether ev may have changed the file: an event on the
+// path or its resolved target, or a ConfigMap volume's "..data" swap.
+func (l *loader) relevant(ev fsnotify.Event) bool {
+	name := filepath.Clean(ev.Name)
+	if name == l.path || name == l.target && l.target != "" {
+		return true
+	}
+	return filepath.Dir(name) == l.dir && strings.HasPrefix(filepath.Base(name), "..")
+}
+
+// sameSnapshot reports whether two snapshots hold identical service ports.
+func sameSnapshot(a, b state.Snapshot) bool {
+	if a.Len() != b.Len() {
+		return false
+	}
+	for _, n := range a.Names() {
+		pb := b.Get(n)
+		if pb == nil || !a.Get(n).Equal(pb) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,316 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// watchTimeout bounds every wait; edits must apply well within it.
+const watchTimeout = 5 * time.Second
+
+// manifestWith returns a manifest of Service demo/web whose one endpoint
+// is at addr, on port 8080.
+func manifestWith(addr string) string {
+	return `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [` + addr + `]}]
+`
+}
+
+type reloadResult struct {
+	outcome reloadOutcome
+	err     error
+}
+
+// watchRun is a Manifests.Run in progress.
+type watchRun struct {
+	t       *testing.T
+	snaps   chan state.Snapshot
+	reloads chan reloadResult
+}
+
+// startWatch runs Manifests on path until the test ends, and waits for the
+// first snapshot.
+func startWatch(t *testing.T, path string) (*watchRun, state.Snapshot) {
+	t.Helper()
+	w := &watchRun{t: t, snaps: make(chan state.Snapshot, 16), reloads: make(chan reloadResult, 64)}
+	m := &Manifests{
+		Path:     path,
+		Options:  Options{AllowLoopback: true, AllowNoClusterIP: true},
+		Debounce: 20 * time.Millisecond,
+		Resync:   -1,
+		reloaded: func(o reloadOutcome, err error) { w.reloads <- reloadResult{o, err} },
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, func(s state.Snapshot) { w.snaps <- s }) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(watchTimeout):
+			t.Fatal("Run did not return after cancel")
+		}
+		checkNoWatcherGoroutines(t)
+	})
+	select {
+	case s := <-w.snaps:
+		return w, s
+	case err := <-done:
+		t.Fatalf("Run returned at start: %v", err)
+	case <-time.After(watchTimeout):
+		t.Fatal("no first snapshot")
+	}
+	return nil, state.Snapshot{}
+}
+
+// waitFor waits until a read of the file ends with want, and returns the
+// outcomes seen before it.
+func (w *watchRun) waitFor(want reloadOutcome) (before []reloadOutcome, err error) {
+	w.t.Helper()
+	timeout := time.After(watchTimeout)
+	for {
+		select {
+		case r := <-w.reloads:
+			if r.outcome == want {
+				return before, r.err
+			}
+			before = append(before, r.outcome)
+		case <-timeout:
+			w.t.Fatalf("no reload with outcome %d within %s; saw %v", want, watchTimeout, before)
+		}
+	}
+}
+
+// snapshot returns the snapshot applied last, failing if none was.
+func (w *watchRun) snapshot() state.Snapshot {
+	w.t.Helper()
+	select {
+	case s := <-w.snaps:
+		return s
+	default:
+		w.t.Fatal("apply was not called")
+	}
+	return state.Snapshot{}
+}
+
+func (w *watchRun) noSnapshot() {
+	w.t.Helper()
+	select {
+	case s := <-w.snaps:
+		w.t.Fatalf("apply was called with %v", s.Names())
+	default:
+	}
+}
+
+func webEndpoints(t *testing.T, s state.Snapshot) []string {
+	t.Helper()
+	sp := s.Get(state.ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: state.TCP})
+	if sp == nil {
+		t.Fatalf("no demo/web:http in %v", s.Names())
+	}
+	return addrs(sp.ClusterEndpoints)
+}
+
+// writeByRename writes data to a new file and renames it over path, as
+// many editors and tools do.
+func writeByRename(t *testing.T, path, data string) {
+	t.Helper()
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checkNoWatcherGoroutines(t *testing.T) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	if strings.Contains(stacks, "fsnotify") {
+		t.Errorf("fsnotify goroutine still running after Run returned:\n%s", stacks)
+	}
+}
+
+func TestManifestsWatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "demo.yaml")
+	if err := os.WriteFile(path, []byte(manifestWith("127.0.0.1")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, first := startWatch(t, path)
+	if got := webEndpoints(t, first); !slices.Equal(got, []string{"127.0.0.1:8080"}) {
+		t.Fatalf("first snapshot: got %q", got)
+	}
+
+	// An edit in place applies.
+	if err := os.WriteFile(path, []byte(manifestWith("127.0.0.2")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(outcomeApplied)
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"127.0.0.2:8080"}) {
+		t.Fatalf("after edit: got %q", got)
+	}
+
+	// A broken edit is reported, with file, document and field, and the
+	// last good state stays.
+	broken := strings.Replace(manifestWith("127.0.0.3"), "port: 80}", "port: 70000}", 1)
+	writeByRename(t, path, broken)
+	_, err := w.waitFor(outcomeRejected)
+	for _, want := range []string{"demo.yaml: document 1 (Service demo/web): spec.ports[0].port: 70000 is out of range"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("rejection: got %v, want it to contain %q", err, want)
+		}
+	}
+	w.noSnapshot()
+
+	// The same broken content again is not reported again.
+	writeByRename(t, path, broken)
+	if before, _ := w.waitFor(outcomeUnchanged); slices.Contains(before, outcomeRejected) {
+		t.Errorf("unchanged broken file reported again: %v", before)
+	}
+	w.noSnapshot()
+
+	// A fix written by rename applies.
+	writeByRename(t, path, manifestWith("127.0.0.4"))
+	w.waitFor(outcomeApplied)
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"127.0.0.4:8080"}) {
+		t.Fatalf("after fix: got %q", got)
+	}
+
+	// Deleting the file keeps the last good state.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.waitFor(outcomeRejected); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after delete: got %v, want a not-exist error", err)
+	}
+	w.noSnapshot()
+
+	// Putting back what is served does not call apply again.
+	writeByRename(t, path, manifestWith("127.0.0.4"))
+	w.waitFor(outcomeSame)
+	w.noSnapshot()
+
+	// An empty file (an editor truncating it) is not "serve nothing".
+	writeByRename(t, path, "")
+	if _, err := w.waitFor(outcomeRejected); !errors.Is(err, ErrEmptyManifest) {
+		t.Errorf("empty file: got %v, want ErrEmptyManifest", err)
+	}
+
+	// And the next good edit applies again.
+	if err := os.WriteFile(path, []byte(manifestWith("127.0.0.5")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(outcomeApplied)
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"127.0.0.5:8080"}) {
+		t.Fatalf("after second fix: got %q", got)
+	}
+}
+
+// TestManifestsConfigMap follows a file in a ConfigMap volume, where kubelet
+// writes a new directory and swaps the "..data" symbolic link to it.
+func TestManifestsConfigMap(t *testing.T) {
+	dir := t.TempDir()
+	version := func(name, data string) {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, "demo.yaml"), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(name, filepath.Join(dir, "..data_tmp")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	version("..v1", manifestWith("127.0.0.1"))
+	if err := os.Symlink("..data/demo.yaml", filepath.Join(dir, "demo.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	w, first := startWatch(t, filepath.Join(dir, "demo.yaml"))
+	if got := webEndpoints(t, first); !slices.Equal(got, []string{"127.0.0.1:8080"}) {
+		t.Fatalf("first snapshot: got %q", got)
+	}
+
+	version("..v2", manifestWith("127.0.0.2"))
+	if err := os.RemoveAll(filepath.Join(dir, "..v1")); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(outcomeApplied)
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"127.0.0.2:8080"}) {
+		t.Fatalf("after swap: got %q", got)
+	}
+}
+
+// TestManifestsSymlinkElsewhere follows edits made to the target of a
+// symbolic link that lives in another directory.
+func TestManifestsSymlinkElsewhere(t *testing.T) {
+	real := filepath.Join(t.TempDir(), "real.yaml")
+	link := filepath.Join(t.TempDir(), "demo.yaml")
+	if err := os.WriteFile(real, []byte(manifestWith("127.0.0.1")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := startWatch(t, link)
+	writeByRename(t, real, manifestWith("127.0.0.2"))
+	w.waitFor(outcomeApplied)
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"127.0.0.2:8080"}) {
+		t.Fatalf("after editing the target: got %q", got)
+	}
+}
+
+func TestManifestsStartupErrors(t *testing.T) {
+	dir := t.TempDir()
+	broken := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(broken, []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{port: 0}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, path, want string
+	}{
+		{"no path", "", "no file given"},
+		{"missing file", filepath.Join(dir, "missing.yaml"), "no such file"},
+		{"missing directory", filepath.Join(dir, "nope", "x.yaml"), "nope"},
+		{"broken file", broken, "broken.yaml: document 1 (Service default/web): spec.ports[0].port: 0 is out of range 1-65535"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &Manifests{Path: tc.path}
+			err := m.Run(context.Background(), func(state.Snapshot) { t.Error("apply called") })
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+	checkNoWatcherGoroutines(t)
+}
