@@ -26,23 +26,6 @@ const maxDatagram = 65535
 // udpBatch is how many datagrams one recvmmsg call may return.
 const udpBatch = 8
 
-// batchConn is what ipv4.PacketConn and ipv6.PacketConn share.
-type batchConn interface {
-	ReadBatch(ms []ipv4.Message, flags int) (int, error)
-	WriteBatch(ms []ipv4.Message, flags int) (int, error)
-}
-
-type msgBatch struct{ msgs []ipv4.Message }
-
-var batchPool = sync.Pool{New: func() any {
-	b := &msgBatch{msgs: make([]ipv4.Message, udpBatch)}
-	for i := range b.msgs {
-		b.msgs[i].Buffers = [][]byte{make([]byte, maxDatagram)}
-		b.msgs[i].OOB = make([]byte, 128)
-	}
-	return b
-}}
-
 var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
 
 // udpListener serves one UDP socket of a service port. One goroutine reads
@@ -55,7 +38,6 @@ type udpListener struct {
 	fam  family
 	conn *net.UDPConn
 	rc   syscall.RawConn
-	pc   batchConn
 	done chan struct{} // closed when the reader has returned
 	once sync.Once
 
@@ -86,13 +68,9 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 	// from it: after a REDIRECT of locally generated traffic that is
 	// 127.0.0.1, and conntrack can only undo the NAT for a reply from there.
 	if fam == familyIPv6 {
-		pc := ipv6.NewPacketConn(conn)
-		err = pc.SetControlMessage(ipv6.FlagDst, true)
-		l.pc = pc
+		err = ipv6.NewPacketConn(conn).SetControlMessage(ipv6.FlagDst, true)
 	} else {
-		pc := ipv4.NewPacketConn(conn)
-		err = pc.SetControlMessage(ipv4.FlagDst, true)
-		l.pc = pc
+		err = ipv4.NewPacketConn(conn).SetControlMessage(ipv4.FlagDst, true)
 	}
 	if err != nil {
 		conn.Close()
@@ -124,80 +102,29 @@ func (l *udpListener) readLoop() {
 	p := l.sp.p
 	defer p.wg.Done()
 	defer close(l.done)
+	b := newRecvBatch()
 	for {
-		batch := batchPool.Get().(*msgBatch)
-		n, err := l.pc.ReadBatch(batch.msgs, unix.MSG_DONTWAIT)
+		n, err := readBatch(l.rc, b)
 		if err != nil {
-			batchPool.Put(batch)
-			switch {
-			case errors.Is(err, syscall.EAGAIN):
-				// Wait for data without holding any buffer.
-				if err := waitReadable(l.rc); err != nil {
-					return
-				}
-			case errors.Is(err, net.ErrClosed):
+			if errors.Is(err, net.ErrClosed) {
 				return
-			default:
-				klog.V(2).InfoS("UDP read failed", "service", l.sp.name, "err", err)
-				select {
-				case <-time.After(10 * time.Millisecond):
-				case <-p.ctx.Done():
-					return
-				}
+			}
+			klog.V(2).InfoS("UDP read failed", "service", l.sp.name, "err", err)
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-p.ctx.Done():
+				return
 			}
 			continue
 		}
-		for i := range batch.msgs[:n] {
-			l.forward(&batch.msgs[i])
+		for i := range b.dgrams[:n] {
+			d := &b.dgrams[i]
+			if s := l.session(d.from, d.to); s != nil {
+				s.send(d.buf[:d.n], d.to)
+			}
 		}
-		batchPool.Put(batch)
+		b.release()
 	}
-}
-
-// waitReadable blocks until rc is readable or closed.
-func waitReadable(rc syscall.RawConn) error {
-	waited := false
-	return rc.Read(func(uintptr) bool {
-		if !waited {
-			waited = true
-			return false
-		}
-		return true
-	})
-}
-
-func (l *udpListener) forward(m *ipv4.Message) {
-	ua, ok := m.Addr.(*net.UDPAddr)
-	if !ok {
-		return
-	}
-	ap := ua.AddrPort()
-	client := netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	dst := l.deliveredTo(m.OOB[:m.NN])
-	s := l.session(client, dst)
-	if s == nil {
-		return
-	}
-	s.send(m.Buffers[0][:m.N], dst)
-}
-
-// deliveredTo parses the destination address of a datagram from its
-// control messages.
-func (l *udpListener) deliveredTo(oob []byte) netip.Addr {
-	var ip net.IP
-	if l.fam == familyIPv6 {
-		var cm ipv6.ControlMessage
-		if cm.Parse(oob) == nil {
-			ip = cm.Dst
-		}
-	} else {
-		var cm ipv4.ControlMessage
-		if cm.Parse(oob) == nil {
-			ip = cm.Dst
-		}
-	}
-	a, _ := netip.AddrFromSlice(ip)
-	return a.Unmap()
 }
 
 // session returns client's session, creating it if needed; nil means the
@@ -230,7 +157,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		}
 		return nil
 	}
-	s = &udpSession{l: l, b: b, client: client, endpoint: ep, conn: conn, clientAddr: net.UDPAddrFromAddrPort(client)}
+	s = &udpSession{l: l, b: b, client: client, endpoint: ep, conn: conn, clientSA: sockaddr(l.fam, client)}
 	if s.rc, err = conn.SyscallConn(); err != nil {
 		conn.Close()
 		return nil
@@ -268,7 +195,7 @@ type udpSession struct {
 	l          *udpListener
 	b          *balancer
 	client     netip.AddrPort
-	clientAddr *net.UDPAddr
+	clientSA   unix.Sockaddr // client, in the listener's family
 	endpoint   netip.AddrPort
 	conn       *net.UDPConn // connected to endpoint
 	rc         syscall.RawConn
@@ -360,13 +287,22 @@ func (s *udpSession) replyLoop() {
 	p := l.sp.p
 	defer l.sessWG.Done()
 	defer s.finish()
-	msg := []ipv4.Message{{Buffers: [][]byte{nil}, Addr: s.clientAddr}}
+	// The read deadline is moved lazily: traffic only pushes the expiry
+	// later, so a deadline that fires early is simply re-armed, and the
+	// deadline is moved earlier only when it is more than one idle timeout
+	// too late. A busy session thus costs no timer update per datagram.
+	slack := p.cfg.UDPIdleTimeout
+	var armed time.Time
 	for {
-		deadline := s.expiry()
-		if !time.Now().Before(deadline) {
+		now := time.Now()
+		expiry := s.expiry()
+		if !now.Before(expiry) {
 			return
 		}
-		_ = s.conn.SetReadDeadline(deadline)
+		if !armed.After(now) || armed.Sub(expiry) > slack {
+			_ = s.conn.SetReadDeadline(expiry)
+			armed = expiry
+		}
 		var bp *[]byte
 		var n int
 		var rerr error
@@ -386,7 +322,7 @@ func (s *udpSession) replyLoop() {
 			if bp != nil {
 				datagramPool.Put(bp)
 			}
-			if errors.Is(err, unix.ETIMEDOUT) || errors.Is(err, syscall.ETIMEDOUT) || isTimeout(err) {
+			if isTimeout(err) {
 				continue // re-check expiry: traffic may have moved it
 			}
 			return
@@ -400,15 +336,39 @@ func (s *udpSession) replyLoop() {
 		}
 		s.lastActive.Store(time.Now().UnixNano())
 		s.awaiting.Store(false)
-		msg[0].Buffers[0] = (*bp)[:n]
-		msg[0].OOB = s.replyOOB()
-		if _, werr := l.pc.WriteBatch(msg, 0); werr != nil {
+		if err := l.sendTo((*bp)[:n], s.replyOOB(), s.clientSA); err != nil {
 			p.stats.UDPDropped.Add(1)
 		} else {
 			p.stats.UDPDatagramsOut.Add(1)
 		}
 		datagramPool.Put(bp)
 	}
+}
+
+// sendTo sends one datagram from the listening socket, with oob selecting
+// the source address. It waits while the socket buffer is full.
+func (l *udpListener) sendTo(b, oob []byte, to unix.Sockaddr) error {
+	var serr error
+	err := l.rc.Write(func(fd uintptr) bool {
+		for {
+			serr = unix.Sendmsg(int(fd), b, oob, to, 0)
+			if serr != unix.EINTR {
+				break
+			}
+		}
+		return serr != unix.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+func sockaddr(f family, ap netip.AddrPort) unix.Sockaddr {
+	if f == familyIPv6 {
+		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: netip.AddrFrom16(ap.Addr().As16()).As16()}
+	}
+	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
 }
 
 func isTimeout(err error) bool {

@@ -1,0 +1,146 @@
+//go:build linux
+
+package userspace
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// datagram is one received datagram: its payload, its sender and the
+// address it was sent to.
+type datagram struct {
+	buf  []byte // maxDatagram bytes; payload is buf[:n]
+	n    int
+	from netip.AddrPort
+	to   netip.Addr
+}
+
+// mmsghdr is struct mmsghdr from <sys/socket.h>.
+type mmsghdr struct {
+	hdr unix.Msghdr
+	len uint32
+}
+
+// recvBatch holds what one recvmmsg call needs. A listener keeps one (about
+// 1.5 KiB); the 64 KiB payload buffers come from a pool only while
+// datagrams are being read, so an idle listener holds none.
+type recvBatch struct {
+	dgrams [udpBatch]datagram
+	hdrs   [udpBatch]mmsghdr
+	iovs   [udpBatch]unix.Iovec
+	names  [udpBatch]unix.RawSockaddrInet6 // large enough for either family
+	oobs   [udpBatch][64]byte
+}
+
+func newRecvBatch() *recvBatch { return &recvBatch{} }
+
+func (b *recvBatch) acquire() {
+	for i := range b.dgrams {
+		if b.dgrams[i].buf == nil {
+			b.dgrams[i].buf = *datagramPool.Get().(*[]byte)
+		}
+		b.iovs[i].Base = &b.dgrams[i].buf[0]
+		b.iovs[i].SetLen(maxDatagram)
+	}
+}
+
+// release returns the payload buffers to the pool.
+func (b *recvBatch) release() {
+	for i := range b.dgrams {
+		if buf := b.dgrams[i].buf; buf != nil {
+			datagramPool.Put(&buf)
+			b.dgrams[i].buf = nil
+		}
+	}
+}
+
+// readBatch waits for datagrams on rc and reads as many as are queued, up
+// to udpBatch, in one recvmmsg(2) call made inside the RawConn callback, so
+// no readiness event is lost between the read and the wait. The caller
+// calls b.release once it is done with the datagrams.
+func readBatch(rc syscall.RawConn, b *recvBatch) (int, error) {
+	for i := range b.hdrs {
+		h := &b.hdrs[i].hdr
+		h.Name = (*byte)(unsafe.Pointer(&b.names[i]))
+		h.Namelen = uint32(unsafe.Sizeof(b.names[i]))
+		h.Iov = &b.iovs[i]
+		h.SetIovlen(1)
+		h.Control = &b.oobs[i][0]
+		h.SetControllen(len(b.oobs[i]))
+		h.Flags = 0
+		b.hdrs[i].len = 0
+	}
+	var n int
+	var errno syscall.Errno
+	err := rc.Read(func(fd uintptr) bool {
+		b.acquire()
+		for {
+			r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[0])), udpBatch, unix.MSG_DONTWAIT, 0, 0)
+			n, errno = int(r), e
+			if errno != unix.EINTR {
+				break
+			}
+		}
+		if errno == unix.EAGAIN {
+			b.release() // hold no buffer while waiting
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		b.release()
+		return 0, err
+	}
+	if errno != 0 {
+		b.release()
+		return 0, errno
+	}
+	for i := range n {
+		d := &b.dgrams[i]
+		d.n = int(b.hdrs[i].len)
+		d.from = parseSockaddr(&b.names[i])
+		d.to = parsePktinfo(b.oobs[i][:b.hdrs[i].hdr.Controllen])
+	}
+	return n, nil
+}
+
+func parseSockaddr(sa *unix.RawSockaddrInet6) netip.AddrPort {
+	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
+	switch sa.Family {
+	case unix.AF_INET:
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), port)
+	case unix.AF_INET6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), port)
+	}
+	return netip.AddrPort{}
+}
+
+// parsePktinfo returns the destination address from an IP_PKTINFO or
+// IPV6_PKTINFO control message.
+func parsePktinfo(oob []byte) netip.Addr {
+	hdrLen := unix.CmsgLen(0)
+	for len(oob) >= hdrLen {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		l := int(h.Len)
+		if l < hdrLen || l > len(oob) {
+			return netip.Addr{}
+		}
+		data := oob[hdrLen:l]
+		switch {
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
+			pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&data[0]))
+			return netip.AddrFrom4(pi.Addr)
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
+			pi := (*unix.Inet6Pktinfo)(unsafe.Pointer(&data[0]))
+			return netip.AddrFrom16(pi.Addr).Unmap()
+		}
+		oob = oob[min(unix.CmsgSpace(l-hdrLen), len(oob)):]
+	}
+	return netip.Addr{}
+}
