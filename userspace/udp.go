@@ -192,13 +192,13 @@ func udpNetwork(ep netip.AddrPort) string {
 
 // udpSession is one client's flow to one endpoint.
 type udpSession struct {
-	l          *udpListener
-	b          *balancer
-	client     netip.AddrPort
-	clientSA   unix.Sockaddr // client, in the listener's family
-	endpoint   netip.AddrPort
-	conn       *net.UDPConn // connected to endpoint
-	rc         syscall.RawConn
+	l        *udpListener
+	b        *balancer
+	client   netip.AddrPort
+	clientSA unix.Sockaddr // client, in the listener's family
+	endpoint netip.AddrPort
+	conn     *net.UDPConn // connected to endpoint
+	rc       syscall.RawConn
 
 	lastActive atomic.Int64 // unix nanoseconds of the last datagram either way
 	awaiting   atomic.Bool  // a client datagram has had no reply yet
