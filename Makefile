@@ -5,7 +5,7 @@ SHELL    := /bin/bash
 GO       ?= go
 BIN      := bin
 PROXY    := $(BIN)/kube-userspace-proxy
-FUZZTIME ?= 5s
+FUZZTIME ?= 10s
 export GOFLAGS ?= -buildvcs=false
 
 .PHONY: all build run demo test check fmt vet staticcheck unit integration fuzz bench deps clean

@@ -68,3 +68,32 @@ func TestValidateParses(t *testing.T) {
 		t.Errorf("proxier config = %+v", pc)
 	}
 }
+
+// FuzzValidate feeds arbitrary flag values to Validate: it must never panic,
+// and what it accepts must parse back into sane values.
+func FuzzValidate(f *testing.F) {
+	f.Add("0.0.0.0", "30000-30010", "127.0.0.0/8", "auto")
+	f.Add("::", "", "", "none")
+	f.Add("1.2.3.4:5", "9-1", "10.0.0.0/33,", "x")
+	f.Fuzz(func(t *testing.T, bind, portRange, nodePorts, portal string) {
+		c := NewConfig()
+		c.Manifests = "x.yaml"
+		c.BindAddress, c.ProxyPortRange, c.Portal = bind, portRange, portal
+		c.NodePortAddresses = strings.Split(nodePorts, ",")
+		if err := c.Validate(); err != nil {
+			return
+		}
+		pc := c.proxierConfig()
+		if !pc.BindAddress.IsValid() {
+			t.Fatalf("accepted bind address %q parsed to nothing", bind)
+		}
+		for _, p := range pc.NodePortAddresses {
+			if !p.IsValid() || p != p.Masked() {
+				t.Fatalf("accepted node port prefix %v is not a masked CIDR", p)
+			}
+		}
+		if pc.PortRange.Size > 0 && int(pc.PortRange.Base)+pc.PortRange.Size-1 > 65535 {
+			t.Fatalf("accepted port range %q runs past 65535", portRange)
+		}
+	})
+}
