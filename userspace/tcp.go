@@ -111,13 +111,17 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 		resetTCP(backend)
 		return
 	}
-	defer p.untrack(t)
 	p.stats.TCPActive.Add(1)
-	defer p.stats.TCPActive.Add(-1)
 	if klog.V(4).Enabled() {
 		klog.InfoS("Proxying connection", "service", l.sp.name, "client", client, "endpoint", ep)
 	}
-	t.run()
+	// The copy loops run on fresh goroutines and this one ends: its stack
+	// grew while dialing and would otherwise stay that size for the life of
+	// an idle connection.
+	t.pending.Store(2)
+	p.wg.Add(2)
+	go t.copyToBackend()
+	go t.copyToClient()
 }
 
 // dialTCP connects to an endpoint chosen by b. A failed attempt moves on to
@@ -171,27 +175,32 @@ type tcpConn struct {
 	backend *net.TCPConn
 	// halfClosed is set once either direction has ended with EOF.
 	halfClosed atomic.Bool
-	abortOnce  sync.Once
-}
-
-func (t *tcpConn) run() {
-	done := make(chan struct{})
-	go t.copyToBackend(done)
-	t.copyToClient()
-	<-done
-	t.client.Close()
-	t.backend.Close()
+	// pending counts the directions still copying; the last one to finish
+	// closes both sockets.
+	pending   atomic.Int32
+	abortOnce sync.Once
 }
 
 // copyToBackend and copyToClient are named so goroutine dumps say which
 // direction is blocked.
-func (t *tcpConn) copyToBackend(done chan<- struct{}) {
-	defer close(done)
+func (t *tcpConn) copyToBackend() {
+	defer t.directionDone()
 	t.pipe(t.backend, t.client, &t.p.stats.BytesToBackend)
 }
 
 func (t *tcpConn) copyToClient() {
+	defer t.directionDone()
 	t.pipe(t.client, t.backend, &t.p.stats.BytesToClient)
+}
+
+func (t *tcpConn) directionDone() {
+	if t.pending.Add(-1) == 0 {
+		t.client.Close()
+		t.backend.Close()
+		t.p.untrack(t)
+		t.p.stats.TCPActive.Add(-1)
+	}
+	t.p.wg.Done()
 }
 
 func (t *tcpConn) pipe(dst, src *net.TCPConn, counter *atomic.Uint64) {
@@ -204,7 +213,7 @@ func (t *tcpConn) pipe(dst, src *net.TCPConn, counter *atomic.Uint64) {
 	err := copyStream(dst, src, progress)
 	if err == nil {
 		if t.halfClosed.Load() {
-			// Both sides have finished sending: run closes both sockets,
+			// Both sides have finished sending: directionDone closes both sockets,
 			// which sends dst its FIN without a separate shutdown.
 			return
 		}
