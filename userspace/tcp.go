@@ -35,7 +35,7 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 	if familyOf(k.addr.Addr()) == familyIPv6 {
 		network = "tcp6"
 	}
-	lc := net.ListenConfig{KeepAliveConfig: keepAlive}
+	lc := listenConfig()
 	nl, err := lc.Listen(context.Background(), network, k.addr.String())
 	if err != nil {
 		return nil, err
