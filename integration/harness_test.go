@@ -69,7 +69,14 @@ type proxyProc struct {
 
 func startProxy(t *testing.T, args ...string) *proxyProc {
 	t.Helper()
-	cmd := exec.Command(proxyBin, args...)
+	return startCommand(t, proxyBin, args...)
+}
+
+// startCommand runs a program that ends up as the proxy (e.g. a shell that
+// sets limits and execs it).
+func startCommand(t *testing.T, name string, args ...string) *proxyProc {
+	t.Helper()
+	cmd := exec.Command(name, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
