@@ -130,6 +130,10 @@ type Proxier struct {
 
 	connMu sync.Mutex // guards conns
 	conns  map[*tcpConn]struct{}
+
+	udpOnce sync.Once // starts the UDP event loop on first use (Linux)
+	udp     *udpLoop
+	udpErr  error
 }
 
 // New returns a Proxier serving nothing. Call Apply to serve a Snapshot and
@@ -223,6 +227,9 @@ func (p *Proxier) Close() error {
 		}
 		p.connMu.Unlock()
 		p.shed.close()
+		if p.udp != nil {
+			p.udp.stop()
+		}
 	}
 	p.mu.Unlock()
 	p.wg.Wait()

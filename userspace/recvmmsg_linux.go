@@ -26,9 +26,8 @@ type mmsghdr struct {
 	len uint32
 }
 
-// recvBatch holds what one recvmmsg call needs. A listener keeps one (about
-// 1.5 KiB); the 64 KiB payload buffers come from a pool only while
-// datagrams are being read, so an idle listener holds none.
+// recvBatch holds what one recvmmsg call needs: the UDP loop owns one, with
+// its buffers, for all the sockets it serves.
 type recvBatch struct {
 	dgrams [udpBatch]datagram
 	hdrs   [udpBatch]mmsghdr
@@ -37,33 +36,19 @@ type recvBatch struct {
 	oobs   [udpBatch][64]byte
 }
 
-func newRecvBatch() *recvBatch { return &recvBatch{} }
-
-func (b *recvBatch) acquire() {
+func newRecvBatch() *recvBatch {
+	b := &recvBatch{}
 	for i := range b.dgrams {
-		if b.dgrams[i].buf == nil {
-			b.dgrams[i].buf = *datagramPool.Get().(*[]byte)
-		}
+		b.dgrams[i].buf = make([]byte, maxDatagram)
 		b.iovs[i].Base = &b.dgrams[i].buf[0]
 		b.iovs[i].SetLen(maxDatagram)
 	}
+	return b
 }
 
-// release returns the payload buffers to the pool.
-func (b *recvBatch) release() {
-	for i := range b.dgrams {
-		if buf := b.dgrams[i].buf; buf != nil {
-			datagramPool.Put(&buf)
-			b.dgrams[i].buf = nil
-		}
-	}
-}
-
-// readBatch waits for datagrams on rc and reads as many as are queued, up
-// to udpBatch, in one recvmmsg(2) call made inside the RawConn callback, so
-// no readiness event is lost between the read and the wait. The caller
-// calls b.release once it is done with the datagrams.
-func readBatch(rc syscall.RawConn, b *recvBatch) (int, error) {
+// recvmmsg reads the datagrams queued on the non-blocking socket fd, up to
+// udpBatch, in one recvmmsg(2) call. It returns EAGAIN when none is queued.
+func recvmmsg(fd int, b *recvBatch) (int, error) {
 	for i := range b.hdrs {
 		h := &b.hdrs[i].hdr
 		h.Name = (*byte)(unsafe.Pointer(&b.names[i]))
@@ -75,31 +60,18 @@ func readBatch(rc syscall.RawConn, b *recvBatch) (int, error) {
 		h.Flags = 0
 		b.hdrs[i].len = 0
 	}
-	var n int
+	var r uintptr
 	var errno syscall.Errno
-	err := rc.Read(func(fd uintptr) bool {
-		b.acquire()
-		for {
-			r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[0])), udpBatch, unix.MSG_DONTWAIT, 0, 0)
-			n, errno = int(r), e
-			if errno != unix.EINTR {
-				break
-			}
+	for {
+		r, _, errno = unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[0])), udpBatch, unix.MSG_DONTWAIT, 0, 0)
+		if errno != unix.EINTR {
+			break
 		}
-		if errno == unix.EAGAIN {
-			b.release() // hold no buffer while waiting
-			return false
-		}
-		return true
-	})
-	if err != nil {
-		b.release()
-		return 0, err
 	}
 	if errno != 0 {
-		b.release()
 		return 0, errno
 	}
+	n := int(r)
 	for i := range n {
 		d := &b.dgrams[i]
 		d.n = int(b.hdrs[i].len)

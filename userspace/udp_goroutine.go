@@ -1,4 +1,4 @@
-//go:build unix
+//go:build unix && !linux
 
 package userspace
 
@@ -16,17 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
-
-// maxDatagram is the largest UDP payload over IPv4 (65,535 - 8 - 20); IPv6
-// jumbograms aside, nothing larger reaches a UDP socket. Buffers hold it
-// whole, so no datagram is ever truncated (the legacy proxier cut them at
-// 4 KiB).
-const maxDatagram = 65535
-
-// udpBatch is how many datagrams one recvmmsg call may return.
-const udpBatch = 8
-
-var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
 
 // udpListener serves one UDP socket of a service port. One goroutine reads
 // the socket in batches and forwards each datagram on its client's session;
@@ -220,11 +209,7 @@ func (s *udpSession) setDst(dst netip.Addr) {
 		s.oob = []byte{}
 		return
 	}
-	if s.l.fam == familyIPv6 {
-		s.oob = (&ipv6.ControlMessage{Src: dst.AsSlice()}).Marshal()
-	} else {
-		s.oob = (&ipv4.ControlMessage{Src: dst.AsSlice()}).Marshal()
-	}
+	s.oob = pktinfoOOB(s.l.fam, dst)
 }
 
 func (s *udpSession) replyOOB() []byte {
@@ -362,13 +347,6 @@ func (l *udpListener) sendTo(b, oob []byte, to unix.Sockaddr) error {
 		return err
 	}
 	return serr
-}
-
-func sockaddr(f family, ap netip.AddrPort) unix.Sockaddr {
-	if f == familyIPv6 {
-		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: netip.AddrFrom16(ap.Addr().As16()).As16()}
-	}
-	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
 }
 
 func isTimeout(err error) bool {

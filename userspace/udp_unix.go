@@ -1,0 +1,43 @@
+//go:build unix
+
+package userspace
+
+import (
+	"net/netip"
+	"sync"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+)
+
+// maxDatagram is the largest UDP payload over IPv4 (65,535 - 8 - 20); IPv6
+// jumbograms aside, nothing larger reaches a UDP socket. Buffers hold it
+// whole, so no datagram is ever truncated (the legacy proxier cut them at
+// 4 KiB).
+const maxDatagram = 65535
+
+// udpBatch is how many datagrams one recvmmsg call may return.
+const udpBatch = 8
+
+var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
+
+func sockaddr(f family, ap netip.AddrPort) unix.Sockaddr {
+	if f == familyIPv6 {
+		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	}
+	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
+}
+
+// pktinfoOOB builds the control message that makes a reply leave from src
+// (IP_PKTINFO's ipi_spec_dst, or IPV6_PKTINFO's address). An invalid src
+// lets the kernel choose.
+func pktinfoOOB(f family, src netip.Addr) []byte {
+	if !src.IsValid() {
+		return nil
+	}
+	if f == familyIPv6 {
+		return (&ipv6.ControlMessage{Src: src.AsSlice()}).Marshal()
+	}
+	return (&ipv4.ControlMessage{Src: src.AsSlice()}).Marshal()
+}
