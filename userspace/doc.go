@@ -15,7 +15,10 @@
 //     pipe while a connection is idle (two fds per idle connection);
 //   - UDP sessions: batched reads, 64 KiB datagrams passed whole, an idle
 //     timeout and a longer wait for replies, a cap per service port, and
-//     replies sent from the address the client sent to;
+//     replies sent from the address the client sent to. On Linux every UDP
+//     socket is served by one epoll event loop (udploop_linux.go), with no
+//     goroutine or timer per session; elsewhere each listener and session
+//     has a goroutine (udp_goroutine.go);
 //   - shedding on resource exhaustion (EMFILE and friends): a connection is
 //     reset and counted, and the proxy carries on.
 //
