@@ -240,7 +240,8 @@ func (p *Proxier) Close() error {
 type Listener struct {
 	Service state.ServicePortName
 	Addr    netip.AddrPort
-	// Role is "proxy-port", "node-port" or "frontend".
+	// Role is "proxy-port", "external-proxy-port", "node-port", "frontend"
+	// or "external-frontend".
 	Role string
 }
 
@@ -249,6 +250,22 @@ func (p *Proxier) ProxyPort(name state.ServicePortName) uint16 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if sp, ok := p.services[name]; ok {
+		return sp.proxyPort
+	}
+	return 0
+}
+
+// ExternalProxyPort returns the proxy port that redirected node-port,
+// external-IP and load-balancer traffic of name must go to: a port of its
+// own when a Local traffic policy gives that traffic other endpoints than
+// cluster traffic, else the ProxyPort. 0 if there is none.
+func (p *Proxier) ExternalProxyPort(name state.ServicePortName) uint16 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if sp, ok := p.services[name]; ok {
+		if sp.extProxyPort != 0 {
+			return sp.extProxyPort
+		}
 		return sp.proxyPort
 	}
 	return 0

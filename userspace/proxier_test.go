@@ -231,6 +231,23 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 	if !seen["remote"] {
 		t.Fatalf("cluster traffic only reached %v", seen)
 	}
+	// Redirected external traffic has a proxy port of its own.
+	ext := p.ExternalProxyPort(name)
+	if ext == 0 || ext == p.ProxyPort(name) {
+		t.Fatalf("external proxy port %d, proxy port %d: want a separate one", ext, p.ProxyPort(name))
+	}
+	for range 4 {
+		if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", ext)); got != "local" {
+			t.Fatalf("external proxy port with eTP=Local reached %q", got)
+		}
+	}
+	// Back to Cluster: the separate port goes away.
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80, NodePort: np,
+		ClusterEndpoints: eps(local.addr(), remote.addr()), LocalEndpoints: eps(local.addr())})
+	if got := p.ExternalProxyPort(name); got != p.ProxyPort(name) {
+		t.Fatalf("with no Local policy the external proxy port is %d, want the proxy port %d", got, p.ProxyPort(name))
+	}
+	expectClosedTCP(t, fmt.Sprintf("127.0.0.1:%d", ext))
 }
 
 func TestApplyReportsFailuresAndServesTheRest(t *testing.T) {

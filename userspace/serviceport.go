@@ -17,16 +17,19 @@ import (
 type socketRole int
 
 const (
-	roleProxyPort        socketRole = iota // redirected traffic; internal endpoints
-	roleNodePort                           // node port served directly; external endpoints
-	roleFrontend                           // ClusterIP bound directly; internal endpoints
-	roleExternalFrontend                   // ExternalIP or LB IP bound directly; external endpoints
+	roleProxyPort         socketRole = iota // redirected traffic; internal endpoints
+	roleExternalProxyPort                   // redirected external traffic when its endpoints differ; external endpoints
+	roleNodePort                            // node port served directly; external endpoints
+	roleFrontend                            // ClusterIP bound directly; internal endpoints
+	roleExternalFrontend                    // ExternalIP or LB IP bound directly; external endpoints
 )
 
 func (r socketRole) String() string {
 	switch r {
 	case roleProxyPort:
 		return "proxy-port"
+	case roleExternalProxyPort:
+		return "external-proxy-port"
 	case roleNodePort:
 		return "node-port"
 	case roleFrontend:
@@ -36,7 +39,9 @@ func (r socketRole) String() string {
 	}
 }
 
-func (r socketRole) external() bool { return r == roleNodePort || r == roleExternalFrontend }
+func (r socketRole) external() bool {
+	return r == roleNodePort || r == roleExternalFrontend || r == roleExternalProxyPort
+}
 
 type sockKey struct {
 	addr netip.AddrPort
@@ -67,7 +72,11 @@ type servicePort struct {
 
 	spec      *state.ServicePort
 	proxyPort uint16
-	sockets   map[sockKey]socket
+	// extProxyPort takes redirected node-port, external-IP and
+	// load-balancer traffic when a Local traffic policy gives it other
+	// endpoints than cluster traffic; 0 when one proxy port serves all.
+	extProxyPort uint16
+	sockets      map[sockKey]socket
 }
 
 func newServicePort(p *Proxier, spec *state.ServicePort) *servicePort {
@@ -124,14 +133,25 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 	var errs *multierror.Error
 	want := make(map[sockKey]bool, len(extra)+2)
 	if !sp.p.cfg.DisableProxyPorts {
-		if err := sp.ensureProxyPort(); err != nil {
+		if err := sp.ensureProxyPort(roleProxyPort, &sp.proxyPort); err != nil {
 			errs = multierror.Append(errs, err)
 		}
-		if sp.proxyPort != 0 {
-			// The families served can change with the frontends; every
-			// family uses the same proxy port.
-			for _, a := range sp.p.proxyPortAddrs(sp.spec) {
+		if sp.spec.InternalLocal != sp.spec.ExternalLocal {
+			if err := sp.ensureProxyPort(roleExternalProxyPort, &sp.extProxyPort); err != nil {
+				errs = multierror.Append(errs, err)
+			}
+		} else if sp.extProxyPort != 0 {
+			sp.p.ports.release(sp.extProxyPort)
+			sp.extProxyPort = 0
+		}
+		// The families served can change with the frontends; every family
+		// uses the same proxy port.
+		for _, a := range sp.p.proxyPortAddrs(sp.spec) {
+			if sp.proxyPort != 0 {
 				want[sockKey{netip.AddrPortFrom(a, sp.proxyPort), roleProxyPort}] = true
+			}
+			if sp.extProxyPort != 0 {
+				want[sockKey{netip.AddrPortFrom(a, sp.extProxyPort), roleExternalProxyPort}] = true
 			}
 		}
 	}
@@ -160,33 +180,33 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 	return errs.ErrorOrNil()
 }
 
-// ensureProxyPort opens the proxy-port sockets, one per IP family, all on
-// the same port, if they are not open yet.
-func (sp *servicePort) ensureProxyPort() error {
-	if sp.proxyPort != 0 {
+// ensureProxyPort opens the proxy-port sockets of a role, one per IP
+// family, all on the same port, if *port is not set yet.
+func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
+	if *port != 0 {
 		return nil
 	}
 	addrs := sp.p.proxyPortAddrs(sp.spec)
 	const attempts = 16
 	var lastErr error
 	for range attempts {
-		port, err := sp.p.ports.allocate()
+		want, err := sp.p.ports.allocate()
 		if err != nil {
 			return fmt.Errorf("userspace: service %s: %w", sp.name, err)
 		}
-		opened, actual, err := sp.listenAll(addrs, port)
+		opened, actual, err := sp.listenAll(addrs, want, role)
 		if err == nil {
-			if port == 0 {
+			if want == 0 {
 				sp.p.ports.claim(actual) // a kernel-chosen port inside the range is ours
 			}
-			sp.proxyPort = actual
+			*port = actual
 			for k, s := range opened {
 				sp.sockets[k] = s
 			}
-			klog.V(1).InfoS("Serving service port", "service", sp.name, "proxyPort", actual)
+			klog.V(1).InfoS("Serving service port", "service", sp.name, "proxyPort", actual, "role", role)
 			return nil
 		}
-		sp.p.ports.release(port)
+		sp.p.ports.release(want)
 		lastErr = err
 		if !errors.Is(err, syscall.EADDRINUSE) {
 			break
@@ -197,10 +217,10 @@ func (sp *servicePort) ensureProxyPort() error {
 
 // listenAll opens a proxy-port socket on each address, all with the same
 // port; port 0 lets the kernel choose it for the first address.
-func (sp *servicePort) listenAll(addrs []netip.Addr, port uint16) (map[sockKey]socket, uint16, error) {
+func (sp *servicePort) listenAll(addrs []netip.Addr, port uint16, role socketRole) (map[sockKey]socket, uint16, error) {
 	opened := make(map[sockKey]socket, len(addrs))
 	for _, a := range addrs {
-		k := sockKey{netip.AddrPortFrom(a, port), roleProxyPort}
+		k := sockKey{netip.AddrPortFrom(a, port), role}
 		s, err := sp.listen(k)
 		if err != nil {
 			for _, o := range opened {
@@ -233,8 +253,10 @@ func (sp *servicePort) close() {
 		s.close()
 		delete(sp.sockets, k)
 	}
-	if sp.proxyPort != 0 {
-		sp.p.ports.release(sp.proxyPort)
-		sp.proxyPort = 0
+	for _, port := range []*uint16{&sp.proxyPort, &sp.extProxyPort} {
+		if *port != 0 {
+			sp.p.ports.release(*port)
+			*port = 0
+		}
 	}
 }
