@@ -126,6 +126,7 @@ type Proxier struct {
 
 	mu       sync.Mutex // guards the fields below; held for a whole Apply
 	services map[state.ServicePortName]*servicePort
+	skipped  map[state.ServicePortName]bool // reported as unsupported
 	closed   bool
 
 	connMu sync.Mutex // guards conns
@@ -148,6 +149,7 @@ func New(cfg Config) *Proxier {
 		ctx:      ctx,
 		cancel:   cancel,
 		services: make(map[state.ServicePortName]*servicePort),
+		skipped:  make(map[state.ServicePortName]bool),
 		conns:    make(map[*tcpConn]struct{}),
 	}
 }
@@ -186,9 +188,7 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		sp, ok := p.services[spec.Name]
 		if !ok {
 			if spec.Name.Protocol != state.TCP && spec.Name.Protocol != state.UDP {
-				if err := p.unsupported(spec); err != nil {
-					errs = multierror.Append(errs, err)
-				}
+				p.unsupported(spec)
 				continue
 			}
 			sp = newServicePort(p, spec)
@@ -206,8 +206,15 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 	return errs.ErrorOrNil()
 }
 
-func (p *Proxier) unsupported(spec *state.ServicePort) error {
-	return fmt.Errorf("userspace: service %s: protocol %s is not supported on this host", spec.Name, spec.Name.Protocol)
+// unsupported reports, once per service port, a protocol this proxier
+// cannot serve. It is not an Apply error: retrying cannot help, and the
+// other service ports are served as usual.
+func (p *Proxier) unsupported(spec *state.ServicePort) {
+	if p.skipped[spec.Name] {
+		return
+	}
+	p.skipped[spec.Name] = true
+	klog.InfoS("Skipping service port: its protocol is not supported here", "service", spec.Name, "proto", spec.Name.Protocol)
 }
 
 // Close stops every listener and connection and waits for all of the

@@ -347,3 +347,22 @@ func TestCloseStopsEverything(t *testing.T) {
 		t.Fatal("Apply after Close succeeded")
 	}
 }
+
+// TestUnsupportedProtocolIsSkipped: an SCTP port (no SCTP here yet) is
+// reported and skipped; Apply succeeds and the other ports are served.
+func TestUnsupportedProtocolIsSkipped(t *testing.T) {
+	a := startTCPBackend(t, "a")
+	p := newTestProxier(t, Config{})
+	tn, sn := spn("mixed", "t", state.TCP), spn("mixed", "s", state.SCTP)
+	for range 2 {
+		mustApply(t, p,
+			state.ServicePort{Name: tn, Port: 80, ClusterEndpoints: eps(a.addr())},
+			state.ServicePort{Name: sn, Port: 80, ClusterEndpoints: eps(a.addr())})
+	}
+	if p.ProxyPort(sn) != 0 {
+		t.Fatal("an SCTP port got a proxy port")
+	}
+	if got := tcpWho(t, proxyAddr(t, p, tn)); got != "a" {
+		t.Fatalf("TCP port beside the SCTP one reached %q", got)
+	}
+}
