@@ -177,6 +177,11 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 			delete(p.services, name)
 		}
 	}
+	for name := range p.skipped {
+		if snap.Get(name) == nil {
+			delete(p.skipped, name)
+		}
+	}
 	var localAddrs []netip.Addr
 	if p.cfg.ServeNodePorts && len(p.cfg.NodePortAddresses) > 0 {
 		var err error
