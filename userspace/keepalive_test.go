@@ -36,15 +36,19 @@ func TestAcceptedConnectionsKeepAlive(t *testing.T) {
 	defer c.Close()
 	b := <-accepted
 	defer b.Close()
-	p.connMu.Lock()
 	var conns []*net.TCPConn
-	for tc := range p.conns {
-		conns = append(conns, tc.client, tc.backend)
-	}
-	p.connMu.Unlock()
-	if len(conns) != 2 {
-		t.Fatalf("%d proxied sockets tracked, want 2", len(conns))
-	}
+	settle(t, "the connection is tracked", func() error {
+		p.connMu.Lock()
+		defer p.connMu.Unlock()
+		conns = conns[:0]
+		for tc := range p.conns {
+			conns = append(conns, tc.client, tc.backend)
+		}
+		if len(conns) != 2 {
+			return errorf("%d proxied sockets tracked, want 2", len(conns))
+		}
+		return nil
+	})
 	for _, pc := range conns {
 		rc, _ := pc.SyscallConn()
 		var on, idle int

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -132,9 +133,10 @@ type Proxier struct {
 	connMu sync.Mutex // guards conns
 	conns  map[*tcpConn]struct{}
 
-	udpOnce sync.Once // starts the UDP event loop on first use (Linux)
-	udp     *udpLoop
-	udpErr  error
+	loopOnce sync.Once // starts the event loops on first use (Linux)
+	loops    []*eventLoop
+	loopErr  error
+	loopNext atomic.Uint64 // round robin of sockets over loops
 }
 
 // New returns a Proxier serving nothing. Call Apply to serve a Snapshot and
@@ -239,9 +241,7 @@ func (p *Proxier) Close() error {
 		}
 		p.connMu.Unlock()
 		p.shed.close()
-		if p.udp != nil {
-			p.udp.stop()
-		}
+		p.stopLoops()
 	}
 	p.mu.Unlock()
 	p.wg.Wait()

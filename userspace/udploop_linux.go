@@ -3,203 +3,22 @@
 package userspace
 
 import (
-	"container/heap"
 	"errors"
 	"fmt"
 	"net/netip"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
-// On Linux every UDP socket of a Proxier, listening or per session, is
-// served by one event loop: a goroutine blocked in epoll_wait(2) that reads
-// and forwards datagrams itself. A UDP request then costs its syscalls and
-// nothing else: no goroutine per session, no hand-off between goroutines,
-// no timer per session (expiry is a heap the loop checks). The loop is
-// what nginx's worker does; with the runtime's poller instead, each
-// datagram woke two goroutines and measured 20-30% slower on a loaded box.
-
-// udpLoop owns a set of UDP sockets. Everything it owns is touched only on
-// its goroutine; other goroutines hand it work through do.
-type udpLoop struct {
-	p      *Proxier
-	epfd   int
-	wakefd int // eventfd that interrupts epoll_wait when work is queued
-
-	mu      sync.Mutex // guards the fields below
-	cmds    []func()
-	stopped bool
-
-	// Owned by the loop goroutine.
-	handlers map[int32]udpHandler
-	timers   sessionHeap
-	batch    *recvBatch
-	reply    []byte
-	events   []unix.EpollEvent
-	quit     bool
-	done     chan struct{}
-}
-
-type udpHandler interface{ readable() }
-
-// udpLoop returns the proxier's UDP loop, starting it on first use.
-func (p *Proxier) udpLoop() (*udpLoop, error) {
-	p.udpOnce.Do(func() {
-		p.udp, p.udpErr = startUDPLoop(p)
-	})
-	return p.udp, p.udpErr
-}
-
-func startUDPLoop(p *Proxier) (*udpLoop, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("epoll_create1: %w", err)
-	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		unix.Close(epfd)
-		return nil, fmt.Errorf("eventfd: %w", err)
-	}
-	lp := &udpLoop{
-		p: p, epfd: epfd, wakefd: wakefd,
-		handlers: make(map[int32]udpHandler),
-		batch:    newRecvBatch(),
-		reply:    make([]byte, maxDatagram),
-		events:   make([]unix.EpollEvent, 64),
-		done:     make(chan struct{}),
-	}
-	if err := lp.watch(wakefd, nil); err != nil {
-		unix.Close(epfd)
-		unix.Close(wakefd)
-		return nil, err
-	}
-	p.wg.Add(1)
-	go lp.run()
-	return lp, nil
-}
-
-func (lp *udpLoop) watch(fd int, h udpHandler) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	if err := unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
-		return fmt.Errorf("epoll_ctl add: %w", err)
-	}
-	if h != nil {
-		lp.handlers[int32(fd)] = h
-	}
-	return nil
-}
-
-func (lp *udpLoop) unwatch(fd int) {
-	_ = unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_DEL, fd, nil)
-	delete(lp.handlers, int32(fd))
-}
-
-// do runs f on the loop goroutine and waits for it. After the loop has
-// stopped it does nothing.
-func (lp *udpLoop) do(f func()) {
-	done := make(chan struct{})
-	lp.mu.Lock()
-	if lp.stopped {
-		lp.mu.Unlock()
-		return
-	}
-	lp.cmds = append(lp.cmds, func() { f(); close(done) })
-	lp.mu.Unlock()
-	var one [8]byte
-	one[0] = 1
-	_, _ = unix.Write(lp.wakefd, one[:])
-	<-done
-}
-
-// stop closes every socket the loop owns and ends it.
-func (lp *udpLoop) stop() {
-	lp.do(func() { lp.quit = true })
-	lp.mu.Lock()
-	lp.stopped = true
-	lp.mu.Unlock()
-	<-lp.done
-}
-
-func (lp *udpLoop) run() {
-	defer lp.p.wg.Done()
-	defer close(lp.done)
-	for !lp.quit {
-		n, err := unix.EpollWait(lp.epfd, lp.events, lp.timeout())
-		if err != nil && err != unix.EINTR {
-			klog.ErrorS(err, "UDP event loop: epoll_wait failed")
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		woken := false
-		for i := range max(n, 0) {
-			fd := lp.events[i].Fd
-			if fd == int32(lp.wakefd) {
-				woken = true
-				continue
-			}
-			if h := lp.handlers[fd]; h != nil {
-				h.readable()
-			}
-		}
-		if woken {
-			var buf [8]byte
-			_, _ = unix.Read(lp.wakefd, buf[:])
-			lp.mu.Lock()
-			cmds := lp.cmds
-			lp.cmds = nil
-			lp.mu.Unlock()
-			for _, f := range cmds {
-				f()
-			}
-		}
-		lp.expire(time.Now())
-	}
-	// Close whatever is left (Proxier.Close has closed the listeners).
-	for _, h := range lp.handlers {
-		if l, ok := h.(*udpListener); ok {
-			l.shut()
-		}
-	}
-	unix.Close(lp.epfd)
-	unix.Close(lp.wakefd)
-}
-
-// timeout is epoll_wait's timeout in milliseconds: until the earliest
-// session deadline, or for ever when there is none.
-func (lp *udpLoop) timeout() int {
-	if len(lp.timers) == 0 {
-		return -1
-	}
-	d := time.Until(lp.timers[0].deadline)
-	if d <= 0 {
-		return 0
-	}
-	return int((d + time.Millisecond - 1) / time.Millisecond)
-}
-
-// expire ends the sessions whose time is up. Deadlines in the heap may be
-// early (traffic moved the expiry later); those are pushed back.
-func (lp *udpLoop) expire(now time.Time) {
-	for len(lp.timers) > 0 {
-		s := lp.timers[0]
-		if s.deadline.After(now) {
-			return
-		}
-		if e := s.expiry(); e.After(now) {
-			s.deadline = e
-			heap.Fix(&lp.timers, 0)
-			continue
-		}
-		s.close()
-	}
-}
+// On Linux UDP sockets are served by the event loops (eventloop_linux.go):
+// the loop reads a listener's datagrams in batches, forwards each on its
+// client's session, and sends the endpoint's replies back itself.
 
 // udpListener is one listening UDP socket of a service port.
 type udpListener struct {
-	lp       *udpLoop
+	lp       *eventLoop
 	sp       *servicePort
 	role     socketRole
 	fam      family
@@ -209,7 +28,7 @@ type udpListener struct {
 }
 
 func listenUDP(sp *servicePort, k sockKey) (socket, error) {
-	lp, err := sp.p.udpLoop()
+	lp, err := sp.p.nextLoop()
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +61,7 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 	}
 	l := &udpListener{lp: lp, sp: sp, role: k.role, fam: fam, fd: fd, port_: port,
 		sessions: make(map[netip.AddrPort]*udpSession)}
-	lp.do(func() { err = lp.watch(fd, l) })
+	lp.do(func() { err = lp.register(fd, unix.EPOLLIN, l) })
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -289,10 +108,12 @@ func (l *udpListener) shut() {
 	for _, s := range l.sessions {
 		s.close()
 	}
-	l.lp.unwatch(l.fd)
+	l.lp.unregister(l.fd)
 	unix.Close(l.fd)
 	l.fd = -1
 }
+
+func (l *udpListener) event(uint32) { l.readable() }
 
 // readable forwards the queued datagrams, at most one batch per wake-up so
 // that one busy socket cannot starve the others (epoll is level-triggered:
@@ -342,15 +163,15 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		return nil
 	}
 	s := &udpSession{l: l, b: b, client: client, endpoint: ep, fd: fd,
-		clientSA: sockaddr(l.fam, client), lastActive: time.Now(), index: -1}
+		clientSA: sockaddr(l.fam, client), lastActive: time.Now()}
+	s.timer = timerEntry{index: -1, owner: s}
 	s.setDst(dst)
-	if err := l.lp.watch(fd, s); err != nil {
+	if err := l.lp.register(fd, unix.EPOLLIN, s); err != nil {
 		unix.Close(fd)
 		return nil
 	}
 	l.sessions[client] = s
-	s.deadline = s.expiry()
-	heap.Push(&l.lp.timers, s)
+	l.lp.schedule(&s.timer, s.expiry())
 	l.sp.udpSessions.Add(1)
 	p.stats.UDPSessionsOpened.Add(1)
 	p.stats.UDPSessionsActive.Add(1)
@@ -387,8 +208,18 @@ type udpSession struct {
 	oob        []byte     // control message that sends replies from dst
 	lastActive time.Time  // the last datagram either way
 	awaiting   bool       // a client datagram has had no reply yet
-	deadline   time.Time  // where the session sits in the timer heap
-	index      int        // in the timer heap; -1 when not in it
+	timer      timerEntry // its expiry, in the loop's heap
+}
+
+func (s *udpSession) event(uint32) { s.readable() }
+
+// expired ends the session unless traffic has moved its expiry.
+func (s *udpSession) expired(now time.Time) time.Time {
+	if e := s.expiry(); e.After(now) {
+		return e
+	}
+	s.close()
+	return time.Time{}
 }
 
 func (s *udpSession) setDst(dst netip.Addr) {
@@ -433,7 +264,7 @@ func (s *udpSession) send(b []byte, dst netip.Addr) {
 func (s *udpSession) readable() {
 	p := s.l.sp.p
 	for range 16 { // then let other sockets have a turn
-		n, err := unix.Read(s.fd, s.l.lp.reply)
+		n, err := unix.Read(s.fd, s.l.lp.buf)
 		if err == unix.EAGAIN || err == unix.EINTR {
 			return
 		}
@@ -450,10 +281,9 @@ func (s *udpSession) readable() {
 			s.awaiting = false
 			// The expiry moved earlier (idle instead of reply timeout):
 			// keep the heap honest so the session does not outstay.
-			s.deadline = s.expiry()
-			heap.Fix(&s.l.lp.timers, s.index)
+			s.l.lp.schedule(&s.timer, s.expiry())
 		}
-		if err := unix.Sendmsg(s.l.fd, s.l.lp.reply[:n], s.oob, s.clientSA, unix.MSG_DONTWAIT); err != nil {
+		if err := unix.Sendmsg(s.l.fd, s.l.lp.buf[:n], s.oob, s.clientSA, unix.MSG_DONTWAIT); err != nil {
 			p.stats.UDPDropped.Add(1)
 		} else {
 			p.stats.UDPDatagramsOut.Add(1)
@@ -475,12 +305,10 @@ func (s *udpSession) close() {
 		return
 	}
 	l := s.l
-	l.lp.unwatch(s.fd)
+	l.lp.unregister(s.fd)
 	unix.Close(s.fd)
 	s.fd = -1
-	if s.index >= 0 {
-		heap.Remove(&l.lp.timers, s.index)
-	}
+	l.lp.unschedule(&s.timer)
 	if l.sessions[s.client] == s {
 		delete(l.sessions, s.client)
 	}
@@ -491,26 +319,3 @@ func (s *udpSession) close() {
 	}
 }
 
-// sessionHeap orders sessions by deadline (container/heap).
-type sessionHeap []*udpSession
-
-func (h sessionHeap) Len() int           { return len(h) }
-func (h sessionHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
-func (h sessionHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
-}
-func (h *sessionHeap) Push(x any) {
-	s := x.(*udpSession)
-	s.index = len(*h)
-	*h = append(*h, s)
-}
-func (h *sessionHeap) Pop() any {
-	old := *h
-	s := old[len(old)-1]
-	old[len(old)-1] = nil
-	s.index = -1
-	*h = old[:len(old)-1]
-	return s
-}

@@ -2,7 +2,7 @@
 
 package userspace
 
-// udpLoop exists on Linux only; elsewhere each UDP socket has goroutines.
-type udpLoop struct{}
+// eventLoop exists on Linux only; elsewhere each socket has goroutines.
+type eventLoop struct{}
 
-func (*udpLoop) stop() {}
+func (p *Proxier) stopLoops() {}

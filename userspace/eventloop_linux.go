@@ -1,0 +1,290 @@
+//go:build linux
+
+package userspace
+
+import (
+	"container/heap"
+	"fmt"
+	"maps"
+	"runtime"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// On Linux the data plane runs on a few event loops, nginx-style: each is a
+// goroutine blocked in epoll_wait(2) that accepts, dials, splices and
+// forwards datagrams itself. A connection or UDP session then costs its
+// syscalls and a little memory, and nothing else: no goroutines, no
+// hand-off between goroutines for every chunk of data, no runtime timer
+// (deadlines sit in a heap the loop checks). Sockets are spread over the
+// loops; a connection or session stays on the loop of the socket that
+// accepted it.
+
+// eventLoop owns a set of sockets. Everything it owns is touched only on
+// its goroutine; other goroutines hand it work through do.
+type eventLoop struct {
+	p      *Proxier
+	epfd   int
+	wakefd int // eventfd that interrupts epoll_wait when work is queued
+
+	mu      sync.Mutex // guards the fields below
+	cmds    []func()
+	stopped bool
+
+	// Owned by the loop goroutine.
+	handlers map[int32]loopHandler
+	timers   timerHeap
+	batch    *recvBatch // UDP receive batch
+	buf      []byte     // UDP reply buffer
+	events   []unix.EpollEvent
+	quit     bool
+	done     chan struct{}
+}
+
+// loopHandler is told about epoll events on a socket it registered.
+type loopHandler interface{ event(ev uint32) }
+
+// timed is something with a deadline in the loop's heap. expired is called
+// once the deadline has passed; it returns the next deadline, or the zero
+// time when it is done with the timer.
+type timed interface{ expired(now time.Time) time.Time }
+
+type timerEntry struct {
+	deadline time.Time
+	index    int // in the heap; -1 when not in it
+	owner    timed
+}
+
+// loops returns the proxier's event loops, starting them on first use.
+func (p *Proxier) eventLoops() ([]*eventLoop, error) {
+	p.loopOnce.Do(func() {
+		n := min(runtime.GOMAXPROCS(0), 4)
+		for range n {
+			lp, err := startEventLoop(p)
+			if err != nil {
+				p.loopErr = err
+				return
+			}
+			p.loops = append(p.loops, lp)
+		}
+	})
+	if p.loopErr != nil {
+		return nil, p.loopErr
+	}
+	return p.loops, nil
+}
+
+// nextLoop picks the loop for a new listening socket, round robin.
+func (p *Proxier) nextLoop() (*eventLoop, error) {
+	loops, err := p.eventLoops()
+	if err != nil {
+		return nil, err
+	}
+	return loops[int(p.loopNext.Add(1)-1)%len(loops)], nil
+}
+
+// stopLoops ends every event loop; Close calls it once the listeners are
+// closed.
+func (p *Proxier) stopLoops() {
+	for _, lp := range p.loops {
+		lp.stop()
+	}
+}
+
+func startEventLoop(p *Proxier) (*eventLoop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll_create1: %w", err)
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	lp := &eventLoop{
+		p: p, epfd: epfd, wakefd: wakefd,
+		handlers: make(map[int32]loopHandler),
+		batch:    newRecvBatch(),
+		buf:      make([]byte, maxDatagram),
+		events:   make([]unix.EpollEvent, 128),
+		done:     make(chan struct{}),
+	}
+	if err := lp.register(wakefd, unix.EPOLLIN, nil); err != nil {
+		unix.Close(epfd)
+		unix.Close(wakefd)
+		return nil, err
+	}
+	p.wg.Add(1)
+	go lp.run()
+	return lp, nil
+}
+
+// register adds fd to the loop with the given epoll events.
+func (lp *eventLoop) register(fd int, events uint32, h loopHandler) error {
+	ev := unix.EpollEvent{Events: events, Fd: int32(fd)}
+	if err := unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("epoll_ctl add: %w", err)
+	}
+	if h != nil {
+		lp.handlers[int32(fd)] = h
+	}
+	return nil
+}
+
+// unregister removes fd from the loop. The caller closes it.
+func (lp *eventLoop) unregister(fd int) {
+	_ = unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+	delete(lp.handlers, int32(fd))
+}
+
+// do runs f on the loop goroutine and waits for it. Once the loop has
+// stopped it does nothing.
+func (lp *eventLoop) do(f func()) {
+	done := make(chan struct{})
+	lp.mu.Lock()
+	if lp.stopped {
+		lp.mu.Unlock()
+		return
+	}
+	lp.cmds = append(lp.cmds, func() { f(); close(done) })
+	lp.mu.Unlock()
+	var one [8]byte
+	one[0] = 1
+	_, _ = unix.Write(lp.wakefd, one[:])
+	<-done
+}
+
+// stop ends the loop after closing everything it owns.
+func (lp *eventLoop) stop() {
+	lp.do(func() { lp.quit = true })
+	lp.mu.Lock()
+	lp.stopped = true
+	lp.mu.Unlock()
+	<-lp.done
+}
+
+// closer is a handler the loop closes when it stops. shut must be
+// idempotent: one owner may be registered for several sockets.
+type closer interface{ shut() }
+
+func (lp *eventLoop) run() {
+	defer lp.p.wg.Done()
+	defer close(lp.done)
+	for !lp.quit {
+		n, err := unix.EpollWait(lp.epfd, lp.events, lp.timeout())
+		if err != nil && err != unix.EINTR {
+			klog.ErrorS(err, "Event loop: epoll_wait failed")
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		woken := false
+		for i := range max(n, 0) {
+			ev := lp.events[i]
+			if ev.Fd == int32(lp.wakefd) {
+				woken = true
+				continue
+			}
+			if h := lp.handlers[ev.Fd]; h != nil {
+				h.event(ev.Events)
+			}
+		}
+		if woken {
+			var buf [8]byte
+			_, _ = unix.Read(lp.wakefd, buf[:])
+			lp.mu.Lock()
+			cmds := lp.cmds
+			lp.cmds = nil
+			lp.mu.Unlock()
+			for _, f := range cmds {
+				f()
+			}
+		}
+		lp.fire(time.Now())
+	}
+	// Close what is left: connections that outlived their listeners, and
+	// anything Close did not reach.
+	for _, h := range maps.Clone(lp.handlers) {
+		if c, ok := h.(closer); ok {
+			c.shut()
+		}
+	}
+	unix.Close(lp.epfd)
+	unix.Close(lp.wakefd)
+}
+
+// timeout is epoll_wait's timeout in milliseconds: until the earliest
+// deadline, or for ever when there is none.
+func (lp *eventLoop) timeout() int {
+	if len(lp.timers) == 0 {
+		return -1
+	}
+	d := time.Until(lp.timers[0].deadline)
+	if d <= 0 {
+		return 0
+	}
+	return int((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// schedule puts e in the heap at deadline, or moves it there.
+func (lp *eventLoop) schedule(e *timerEntry, deadline time.Time) {
+	e.deadline = deadline
+	if e.index >= 0 {
+		heap.Fix(&lp.timers, e.index)
+		return
+	}
+	heap.Push(&lp.timers, e)
+}
+
+// unschedule takes e out of the heap.
+func (lp *eventLoop) unschedule(e *timerEntry) {
+	if e.index >= 0 {
+		heap.Remove(&lp.timers, e.index)
+	}
+}
+
+// fire runs the timers whose deadline has passed.
+func (lp *eventLoop) fire(now time.Time) {
+	for len(lp.timers) > 0 {
+		e := lp.timers[0]
+		if e.deadline.After(now) {
+			return
+		}
+		next := e.owner.expired(now)
+		if next.IsZero() {
+			lp.unschedule(e)
+			continue
+		}
+		if !next.After(now) {
+			next = now.Add(time.Millisecond) // never spin on a deadline in the past
+		}
+		e.deadline = next
+		heap.Fix(&lp.timers, e.index)
+	}
+}
+
+// timerHeap orders timer entries by deadline (container/heap).
+type timerHeap []*timerEntry
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h timerHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *timerHeap) Push(x any) {
+	e := x.(*timerEntry)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *timerHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	e.index = -1
+	*h = old[:len(old)-1]
+	return e
+}
