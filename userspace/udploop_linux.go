@@ -318,4 +318,3 @@ func (s *udpSession) close() {
 		klog.InfoS("UDP session ended", "service", l.sp.name, "client", s.client, "endpoint", s.endpoint)
 	}
 }
-
