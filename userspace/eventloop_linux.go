@@ -31,7 +31,7 @@ type eventLoop struct {
 	wakefd int // eventfd that interrupts epoll_wait when work is queued
 
 	mu      sync.Mutex // guards the fields below
-	cmds    []func()
+	cmds    []loopCmd
 	stopped bool
 
 	// Owned by the loop goroutine.
@@ -40,8 +40,16 @@ type eventLoop struct {
 	batch    *recvBatch // UDP receive batch
 	buf      []byte     // UDP reply buffer
 	events   []unix.EpollEvent
+	toClose  []int // closed at the end of the batch (see closeFD)
 	quit     bool
 	done     chan struct{}
+}
+
+// loopCmd is work handed to the loop; done is closed once it has run and
+// the descriptors it closed are closed.
+type loopCmd struct {
+	f    func()
+	done chan struct{}
 }
 
 // loopHandler is told about epoll events on a socket it registered.
@@ -134,10 +142,21 @@ func (lp *eventLoop) register(fd int, events uint32, h loopHandler) error {
 	return nil
 }
 
-// unregister removes fd from the loop. The caller closes it.
-func (lp *eventLoop) unregister(fd int) {
-	_ = unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+// closeFD drops fd's handler and closes fd once the current batch of
+// events has been handled. Closing a descriptor that was never duplicated
+// takes it out of the epoll set, which saves an EPOLL_CTL_DEL; waiting for
+// the end of the batch keeps a later event of the batch, meant for this
+// fd, from reaching a new socket that reused its number.
+func (lp *eventLoop) closeFD(fd int) {
 	delete(lp.handlers, int32(fd))
+	lp.toClose = append(lp.toClose, fd)
+}
+
+func (lp *eventLoop) flushCloses() {
+	for _, fd := range lp.toClose {
+		unix.Close(fd)
+	}
+	lp.toClose = lp.toClose[:0]
 }
 
 // do runs f on the loop goroutine and waits for it. Once the loop has
@@ -149,7 +168,7 @@ func (lp *eventLoop) do(f func()) {
 		lp.mu.Unlock()
 		return
 	}
-	lp.cmds = append(lp.cmds, func() { f(); close(done) })
+	lp.cmds = append(lp.cmds, loopCmd{f: f, done: done})
 	lp.mu.Unlock()
 	var one [8]byte
 	one[0] = 1
@@ -198,11 +217,18 @@ func (lp *eventLoop) run() {
 			cmds := lp.cmds
 			lp.cmds = nil
 			lp.mu.Unlock()
-			for _, f := range cmds {
-				f()
+			for _, c := range cmds {
+				c.f()
+			}
+			// The batch's events are handled: close now, so a caller that
+			// closed a listener finds its port closed when do returns.
+			lp.flushCloses()
+			for _, c := range cmds {
+				close(c.done)
 			}
 		}
 		lp.fire(time.Now())
+		lp.flushCloses()
 	}
 	// Close what is left: connections that outlived their listeners, and
 	// anything Close did not reach.
@@ -211,6 +237,7 @@ func (lp *eventLoop) run() {
 			c.shut()
 		}
 	}
+	lp.flushCloses()
 	unix.Close(lp.epfd)
 	unix.Close(lp.wakefd)
 }

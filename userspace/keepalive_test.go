@@ -36,28 +36,20 @@ func TestAcceptedConnectionsKeepAlive(t *testing.T) {
 	defer c.Close()
 	b := <-accepted
 	defer b.Close()
-	var conns []*net.TCPConn
+	var fds []int
 	settle(t, "the connection is tracked", func() error {
-		p.connMu.Lock()
-		defer p.connMu.Unlock()
-		conns = conns[:0]
-		for tc := range p.conns {
-			conns = append(conns, tc.client, tc.backend)
-		}
-		if len(conns) != 2 {
-			return errorf("%d proxied sockets tracked, want 2", len(conns))
+		fds = p.connFDs()
+		if len(fds) != 2 {
+			return errorf("%d proxied sockets, want 2", len(fds))
 		}
 		return nil
 	})
-	for _, pc := range conns {
-		rc, _ := pc.SyscallConn()
-		var on, idle int
-		rc.Control(func(fd uintptr) {
-			on, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
-			idle, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
-		})
-		if on != 1 || idle != int(keepAlive.Idle.Seconds()) {
-			t.Errorf("socket %v: SO_KEEPALIVE=%d TCP_KEEPIDLE=%d, want 1 and %v", pc.LocalAddr(), on, idle, keepAlive.Idle)
+	for _, fd := range fds {
+		on, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+		idle, _ := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+		nodelay, _ := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY)
+		if on != 1 || idle != int(keepAlive.Idle.Seconds()) || nodelay != 1 {
+			t.Errorf("socket %d: SO_KEEPALIVE=%d TCP_KEEPIDLE=%d TCP_NODELAY=%d, want 1, %v and 1", fd, on, idle, nodelay, keepAlive.Idle)
 		}
 	}
 }

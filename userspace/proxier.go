@@ -130,8 +130,7 @@ type Proxier struct {
 	skipped  map[state.ServicePortName]bool // reported as unsupported
 	closed   bool
 
-	connMu sync.Mutex // guards conns
-	conns  map[*tcpConn]struct{}
+	connTracker // live TCP connections, where goroutines serve them
 
 	loopOnce sync.Once // starts the event loops on first use (Linux)
 	loops    []*eventLoop
@@ -152,7 +151,6 @@ func New(cfg Config) *Proxier {
 		cancel:   cancel,
 		services: make(map[state.ServicePortName]*servicePort),
 		skipped:  make(map[state.ServicePortName]bool),
-		conns:    make(map[*tcpConn]struct{}),
 	}
 }
 
@@ -235,11 +233,7 @@ func (p *Proxier) Close() error {
 			sp.close()
 			delete(p.services, name)
 		}
-		p.connMu.Lock()
-		for c := range p.conns {
-			c.abort()
-		}
-		p.connMu.Unlock()
+		p.abortAll()
 		p.shed.close()
 		p.stopLoops()
 	}
@@ -410,20 +404,4 @@ func interfaceAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
-}
-
-func (p *Proxier) track(c *tcpConn) bool {
-	p.connMu.Lock()
-	defer p.connMu.Unlock()
-	if p.ctx.Err() != nil {
-		return false
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-func (p *Proxier) untrack(c *tcpConn) {
-	p.connMu.Lock()
-	delete(p.conns, c)
-	p.connMu.Unlock()
 }

@@ -2,7 +2,6 @@ package userspace
 
 import (
 	"errors"
-	"net"
 	"os"
 	"sync"
 	"syscall"
@@ -37,17 +36,16 @@ func newShedder() *shedder {
 	return s
 }
 
-// shedTCP accepts and resets one pending connection from ln.
-func (s *shedder) shedTCP(ln *net.TCPListener) {
+// withSpare gives up the spare descriptor while f runs (f accepts and
+// resets one connection), then takes it back.
+func (s *shedder) withSpare(f func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.spare != nil {
 		s.spare.Close()
 		s.spare = nil
 	}
-	if c, err := ln.AcceptTCP(); err == nil {
-		resetTCP(c)
-	}
+	f()
 	s.spare, _ = os.Open(os.DevNull)
 }
 
@@ -71,11 +69,4 @@ func (s *shedder) close() {
 		s.spare.Close()
 		s.spare = nil
 	}
-}
-
-// resetTCP closes c with SO_LINGER 0, so the peer gets a RST instead of a
-// FIN and no socket lingers in the kernel.
-func resetTCP(c *net.TCPConn) {
-	_ = c.SetLinger(0)
-	_ = c.Close()
 }

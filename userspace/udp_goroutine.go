@@ -17,6 +17,8 @@ import (
 	"k8s.io/klog/v2"
 )
 
+var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
+
 // udpListener serves one UDP socket of a service port. One goroutine reads
 // the socket in batches and forwards each datagram on its client's session;
 // each session has a connected socket to its endpoint and a goroutine that

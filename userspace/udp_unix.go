@@ -4,7 +4,6 @@ package userspace
 
 import (
 	"net/netip"
-	"sync"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -19,8 +18,6 @@ const maxDatagram = 65535
 
 // udpBatch is how many datagrams one recvmmsg call may return.
 const udpBatch = 8
-
-var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
 
 func sockaddr(f family, ap netip.AddrPort) unix.Sockaddr {
 	if f == familyIPv6 {

@@ -108,8 +108,7 @@ func (l *udpListener) shut() {
 	for _, s := range l.sessions {
 		s.close()
 	}
-	l.lp.unregister(l.fd)
-	unix.Close(l.fd)
+	l.lp.closeFD(l.fd)
 	l.fd = -1
 }
 
@@ -305,8 +304,7 @@ func (s *udpSession) close() {
 		return
 	}
 	l := s.l
-	l.lp.unregister(s.fd)
-	unix.Close(s.fd)
+	l.lp.closeFD(s.fd)
 	s.fd = -1
 	l.lp.unschedule(&s.timer)
 	if l.sessions[s.client] == s {

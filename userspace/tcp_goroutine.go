@@ -1,3 +1,5 @@
+//go:build !linux
+
 package userspace
 
 import (
@@ -12,12 +14,6 @@ import (
 
 	"k8s.io/klog/v2"
 )
-
-// keepAlive turns TCP keep-alive on for both sides of every proxied
-// connection, so a peer that vanished without a FIN or RST is noticed and
-// its file descriptors freed. Only the idle time is set; the probe interval
-// and count stay the kernel's, which saves two setsockopt calls per socket.
-var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: -1, Count: -1}
 
 // tcpListener accepts connections for one socket of a service port and hands
 // each to its own goroutine, so a slow or dead endpoint never delays the
@@ -259,4 +255,54 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
 	return netip.AddrPort{}
+}
+
+// shedTCP accepts and resets one pending connection from ln, using the
+// shedder's spare descriptor.
+func (s *shedder) shedTCP(ln *net.TCPListener) {
+	s.withSpare(func() {
+		if c, err := ln.AcceptTCP(); err == nil {
+			resetTCP(c)
+		}
+	})
+}
+
+// resetTCP closes c with SO_LINGER 0, so the peer gets a RST instead of a
+// FIN and no socket lingers in the kernel.
+func resetTCP(c *net.TCPConn) {
+	_ = c.SetLinger(0)
+	_ = c.Close()
+}
+
+// connTracker lets Close find and end live connections.
+type connTracker struct {
+	connMu sync.Mutex // guards conns
+	conns  map[*tcpConn]struct{}
+}
+
+func (p *Proxier) track(c *tcpConn) bool {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	if p.ctx.Err() != nil {
+		return false
+	}
+	if p.conns == nil {
+		p.conns = make(map[*tcpConn]struct{})
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxier) untrack(c *tcpConn) {
+	p.connMu.Lock()
+	delete(p.conns, c)
+	p.connMu.Unlock()
+}
+
+func (t *connTracker) abortAll() {
+	t.connMu.Lock()
+	defer t.connMu.Unlock()
+	for c := range t.conns {
+		c.abort()
+	}
 }

@@ -1,0 +1,51 @@
+//go:build linux
+
+package userspace
+
+import "golang.org/x/sys/unix"
+
+// Go's io.Copy between two *net.TCPConn uses splice(2), but it takes a pipe
+// (two fds) before it waits for data and keeps it while the connection is
+// idle: six fds per idle proxied connection instead of two (DESIGN.md). The
+// event loop splices itself and takes a pipe from a small pool only while
+// data is in flight, so an idle connection holds no pipe and no buffer.
+
+const (
+	spliceChunk  = 256 << 10 // bytes moved per splice call, and the pipe size we ask for
+	maxIdlePipes = 64        // pipes kept for reuse; more are closed
+)
+
+type pipe struct{ r, w int }
+
+// idlePipes is shared by the event loops.
+var idlePipes = make(chan *pipe, maxIdlePipes)
+
+func getPipe() (*pipe, error) {
+	select {
+	case p := <-idlePipes:
+		return p, nil
+	default:
+	}
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return nil, err
+	}
+	// Best effort: a larger pipe means fewer splice calls for bulk
+	// transfers; the default (64 KiB) is fine too.
+	_, _ = unix.FcntlInt(uintptr(fds[1]), unix.F_SETPIPE_SZ, spliceChunk)
+	return &pipe{r: fds[0], w: fds[1]}, nil
+}
+
+// putPipe returns an empty pipe to the pool.
+func putPipe(p *pipe) {
+	select {
+	case idlePipes <- p:
+	default:
+		p.close()
+	}
+}
+
+func (p *pipe) close() {
+	unix.Close(p.r)
+	unix.Close(p.w)
+}

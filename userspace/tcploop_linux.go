@@ -1,0 +1,519 @@
+//go:build linux
+
+package userspace
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// On Linux TCP is served by the event loops (eventloop_linux.go): the loop
+// that owns a listening socket accepts, dials the endpoint without
+// blocking, and splices both directions through pooled pipes, with
+// edge-triggered epoll. A proxied connection is a small struct and two
+// file descriptors; nothing else is held while it is idle.
+
+// tcpListener is one listening TCP socket of a service port.
+type tcpListener struct {
+	lp    *eventLoop
+	sp    *servicePort
+	role  socketRole
+	fd    int
+	port_ uint16
+}
+
+func listenTCP(sp *servicePort, k sockKey) (socket, error) {
+	lp, err := sp.p.nextLoop()
+	if err != nil {
+		return nil, err
+	}
+	fam := familyOf(k.addr.Addr())
+	fd, err := unix.Socket(domainOf(fam), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	fail := func(op string, err error) (socket, error) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		return fail("setsockopt SO_REUSEADDR", err)
+	}
+	if fam == familyIPv6 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1); err != nil {
+			return fail("setsockopt IPV6_V6ONLY", err)
+		}
+	}
+	// Accepted sockets inherit these from the listener (the kernel clones
+	// the listener's socket), which saves three setsockopt calls per
+	// connection.
+	if err := setTCPOptions(fd); err != nil {
+		return fail("setsockopt", err)
+	}
+	if err := unix.Bind(fd, sockaddr(fam, k.addr)); err != nil {
+		return fail("bind", err)
+	}
+	if err := unix.Listen(fd, 4096); err != nil {
+		return fail("listen", err)
+	}
+	port, err := localPort(fd)
+	if err != nil {
+		return fail("getsockname", err)
+	}
+	l := &tcpListener{lp: lp, sp: sp, role: k.role, fd: fd, port_: port}
+	lp.do(func() { err = lp.register(fd, unix.EPOLLIN, l) })
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return l, nil
+}
+
+func domainOf(f family) int {
+	if f == familyIPv6 {
+		return unix.AF_INET6
+	}
+	return unix.AF_INET
+}
+
+// setTCPOptions turns on TCP_NODELAY (we forward what arrives at once) and
+// keep-alive (a peer that vanished is noticed and its fds freed).
+func setTCPOptions(fd int) error {
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		return err
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1); err != nil {
+		return err
+	}
+	return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle.Seconds()))
+}
+
+func (l *tcpListener) port() uint16 { return l.port_ }
+
+// close stops accepting; connections already accepted keep running.
+func (l *tcpListener) close() { l.lp.do(l.shut) }
+
+func (l *tcpListener) shut() {
+	if l.fd < 0 {
+		return
+	}
+	l.lp.closeFD(l.fd)
+	l.fd = -1
+}
+
+// event accepts pending connections, a bounded number per wake-up so other
+// sockets get their turn (the listener is level-triggered).
+func (l *tcpListener) event(uint32) {
+	p := l.sp.p
+	for range 64 {
+		nfd, sa, err := unix.Accept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		switch {
+		case err == nil:
+		case err == unix.EAGAIN:
+			return
+		case err == unix.EINTR || err == unix.ECONNABORTED:
+			continue
+		case isResourceExhausted(err):
+			p.stats.Shed.Add(1)
+			p.shed.log(err, l.sp.name.String())
+			p.shed.withSpare(func() {
+				if fd, _, err := unix.Accept4(l.fd, unix.SOCK_CLOEXEC); err == nil {
+					resetFD(fd)
+				}
+			})
+			continue
+		default:
+			p.stats.AcceptErrors.Add(1)
+			klog.V(2).InfoS("Accept failed", "service", l.sp.name, "err", err)
+			return
+		}
+		p.stats.TCPAccepted.Add(1)
+		startConn(l, nfd, addrPortFromSockaddr(sa))
+	}
+}
+
+func addrPortFromSockaddr(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// resetFD closes fd with SO_LINGER 0, so the peer gets a RST and nothing
+// lingers in the kernel.
+func resetFD(fd int) {
+	_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	unix.Close(fd)
+}
+
+// spliceDir is one direction of a proxied connection.
+type spliceDir struct {
+	p       *pipe // holds data in flight; nil when empty
+	pending int   // bytes in p
+	eof     bool  // the source has sent FIN
+	shut    bool  // the FIN has been passed on (or the connection is done)
+}
+
+// tcpConn is one proxied connection: a state machine driven by epoll
+// events and its timer. Bytes flow both ways until each side has finished
+// sending. A side that finishes (EOF) is passed on as a half-close
+// (shutdown SHUT_WR), so request-then-shutdown protocols keep their
+// replies; the other direction then runs under TCPHalfCloseTimeout, so no
+// socket is left in FIN_WAIT2 or CLOSE_WAIT for ever (the failure that made
+// the legacy proxier drop half-close: kubernetes/kubernetes#18354).
+type tcpConn struct {
+	l      *tcpListener
+	b      *balancer
+	client netip.AddrPort
+	cfd    int
+	bfd    int
+
+	endpoint netip.AddrPort
+	tried    []netip.AddrPort
+	attempt  int
+	dialing  bool
+	active   bool // counted in TCPActive
+	closed   bool
+
+	dirs         [2]spliceDir // 0: client to endpoint; 1: endpoint to client
+	halfClosed   bool
+	lastProgress time.Time
+	dialDeadline time.Time
+	timer        timerEntry
+
+	clientSide, backendSide connSide
+}
+
+// connSide is the epoll handler of one of a connection's two sockets.
+type connSide struct {
+	c       *tcpConn
+	backend bool
+}
+
+func (s *connSide) event(ev uint32) {
+	c := s.c
+	if c.closed {
+		return
+	}
+	if c.dialing {
+		if s.backend {
+			c.dialProgress(ev)
+		}
+		return // client data waits until the endpoint is connected
+	}
+	c.pump()
+}
+
+func (s *connSide) shut() { s.c.abort() }
+
+const connEvents = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
+
+// startConn takes over an accepted socket and dials an endpoint for it.
+func startConn(l *tcpListener, cfd int, client netip.AddrPort) {
+	p := l.sp.p
+	c := &tcpConn{l: l, b: l.sp.balancer(l.role), client: client, cfd: cfd, bfd: -1}
+	c.timer = timerEntry{index: -1, owner: c}
+	c.clientSide = connSide{c: c}
+	c.backendSide = connSide{c: c, backend: true}
+	ep, err := c.b.pick(client.Addr(), nil)
+	if err != nil {
+		p.stats.TCPNoEndpoints.Add(1)
+		if klog.V(4).Enabled() {
+			klog.InfoS("No endpoints; resetting connection", "service", l.sp.name, "client", client)
+		}
+		resetFD(cfd)
+		return
+	}
+	if err := l.lp.register(cfd, connEvents, &c.clientSide); err != nil {
+		resetFD(cfd)
+		return
+	}
+	c.dial(ep)
+}
+
+// dial starts a non-blocking connect to ep with the timeout of this
+// attempt.
+func (c *tcpConn) dial(ep netip.AddrPort) {
+	p := c.l.sp.p
+	c.endpoint = ep
+	fam := familyOf(ep.Addr())
+	fd, err := unix.Socket(domainOf(fam), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		if isResourceExhausted(err) {
+			p.stats.Shed.Add(1)
+			p.shed.log(err, c.l.sp.name.String())
+		}
+		c.abort()
+		return
+	}
+	_ = setTCPOptions(fd)
+	c.bfd = fd
+	err = unix.Connect(fd, sockaddr(fam, ep))
+	if err != nil && err != unix.EINPROGRESS {
+		c.dialFailed(err)
+		return
+	}
+	if err := c.l.lp.register(fd, connEvents, &c.backendSide); err != nil {
+		c.dialFailed(err)
+		return
+	}
+	if err == nil {
+		c.connected()
+		return
+	}
+	c.dialing = true
+	c.dialDeadline = time.Now().Add(p.cfg.DialTimeouts[c.attempt])
+	c.l.lp.schedule(&c.timer, c.dialDeadline)
+}
+
+// dialProgress looks at the endpoint socket while connecting.
+func (c *tcpConn) dialProgress(ev uint32) {
+	soErr, err := unix.GetsockoptInt(c.bfd, unix.SOL_SOCKET, unix.SO_ERROR)
+	switch {
+	case err != nil:
+		c.dialFailed(err)
+	case soErr != 0:
+		c.dialFailed(unix.Errno(soErr))
+	case ev&unix.EPOLLOUT != 0:
+		c.connected()
+	}
+}
+
+// dialFailed moves on to another endpoint with the next, longer timeout
+// (the failed one is passed over for a while and the client's affinity
+// replaced), or resets the client once every attempt has failed.
+func (c *tcpConn) dialFailed(err error) {
+	p := c.l.sp.p
+	c.closeBackend()
+	c.dialing = false
+	if isResourceExhausted(err) {
+		p.stats.Shed.Add(1)
+		p.shed.log(err, c.l.sp.name.String())
+		c.abort()
+		return
+	}
+	p.stats.TCPDialFailures.Add(1)
+	c.b.penalize(c.endpoint, p.cfg.EndpointPenalty)
+	klog.V(3).InfoS("Dial to endpoint failed; trying another", "service", c.l.sp.name, "endpoint", c.endpoint, "client", c.client, "err", err)
+	c.tried = append(c.tried, c.endpoint)
+	c.attempt++
+	if c.attempt >= len(p.cfg.DialTimeouts) {
+		p.stats.TCPDialGiveUps.Add(1)
+		klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", c.l.sp.name, "client", c.client, "tried", len(c.tried), "err", err)
+		c.abort()
+		return
+	}
+	ep, perr := c.b.pick(c.client.Addr(), c.tried)
+	if perr != nil {
+		p.stats.TCPNoEndpoints.Add(1)
+		c.abort()
+		return
+	}
+	c.dial(ep)
+}
+
+func (c *tcpConn) closeBackend() {
+	if c.bfd >= 0 {
+		c.l.lp.closeFD(c.bfd)
+		c.bfd = -1
+	}
+}
+
+func (c *tcpConn) connected() {
+	p := c.l.sp.p
+	c.dialing = false
+	c.l.lp.unschedule(&c.timer)
+	c.active = true
+	p.stats.TCPActive.Add(1)
+	if klog.V(4).Enabled() {
+		klog.InfoS("Proxying connection", "service", c.l.sp.name, "client", c.client, "endpoint", c.endpoint)
+	}
+	c.pump()
+}
+
+// pump moves whatever can move in both directions without blocking.
+func (c *tcpConn) pump() {
+	for i := range c.dirs {
+		if !c.pumpDir(i) {
+			return // the connection was aborted
+		}
+	}
+	if c.dirs[0].shut && c.dirs[1].shut {
+		c.finish()
+	}
+}
+
+// pumpDir moves data from one socket to the other until either would
+// block. It reports false if it aborted the connection.
+func (c *tcpConn) pumpDir(i int) bool {
+	p := c.l.sp.p
+	src, dst := c.cfd, c.bfd
+	counter := &p.stats.BytesToBackend
+	if i == 1 {
+		src, dst = c.bfd, c.cfd
+		counter = &p.stats.BytesToClient
+	}
+	d := &c.dirs[i]
+	for {
+		if d.pending > 0 {
+			n, err := unix.Splice(d.p.r, nil, dst, nil, d.pending, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+			switch err {
+			case nil:
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return true // dst is full: EPOLLOUT will bring us back
+			default:
+				c.abort()
+				return false
+			}
+			d.pending -= int(n)
+			counter.Add(uint64(n))
+			if c.halfClosed {
+				c.lastProgress = time.Now()
+			}
+			continue
+		}
+		if d.p != nil {
+			putPipe(d.p)
+			d.p = nil
+		}
+		if d.eof {
+			if !d.shut {
+				d.shut = true
+				if !c.dirs[1-i].shut {
+					// Pass the FIN on and bound the other direction. When
+					// both sides are done, finish closes both sockets
+					// instead, which sends the FIN without a shutdown.
+					if err := unix.Shutdown(dst, unix.SHUT_WR); err != nil {
+						c.abort()
+						return false
+					}
+					c.halfClosed = true
+					c.lastProgress = time.Now()
+					c.l.lp.schedule(&c.timer, c.lastProgress.Add(p.cfg.TCPHalfCloseTimeout))
+				}
+			}
+			return true
+		}
+		var err error
+		if d.p, err = getPipe(); err != nil {
+			// Out of descriptors for a pipe: shed this connection rather
+			// than stall it.
+			p.stats.Shed.Add(1)
+			p.shed.log(err, c.l.sp.name.String())
+			c.abort()
+			return false
+		}
+		n, err := unix.Splice(src, nil, d.p.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			putPipe(d.p) // nothing to read: hold no pipe while idle
+			d.p = nil
+			return true
+		case err != nil:
+			c.abort() // e.g. a reset: pass it on as a reset
+			return false
+		case n == 0:
+			d.eof = true
+		default:
+			d.pending = int(n)
+		}
+	}
+}
+
+// expired handles the connection's timer: a dial that took too long, or a
+// half-closed connection that stayed silent too long.
+func (c *tcpConn) expired(now time.Time) time.Time {
+	p := c.l.sp.p
+	switch {
+	case c.closed:
+		return time.Time{}
+	case c.dialing:
+		if now.Before(c.dialDeadline) {
+			return c.dialDeadline
+		}
+		c.dialFailed(unix.ETIMEDOUT)
+		if c.dialing && !c.closed {
+			return c.dialDeadline
+		}
+		return time.Time{}
+	case c.halfClosed:
+		if d := c.lastProgress.Add(p.cfg.TCPHalfCloseTimeout); d.After(now) {
+			return d
+		}
+		p.stats.HalfCloseTimeouts.Add(1)
+		c.abort()
+	}
+	return time.Time{}
+}
+
+// finish closes a connection both sides have finished with.
+func (c *tcpConn) finish() { c.release(false) }
+
+// abort ends both sides at once with a reset, so an error on one side
+// reaches the other and nothing lingers.
+func (c *tcpConn) abort() { c.release(true) }
+
+func (c *tcpConn) release(reset bool) {
+	if c.closed {
+		return
+	}
+	c.closed = true
+	lp := c.l.lp
+	lp.unschedule(&c.timer)
+	for _, fd := range []int{c.cfd, c.bfd} {
+		if fd < 0 {
+			continue
+		}
+		if reset {
+			_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+		}
+		lp.closeFD(fd)
+	}
+	c.cfd, c.bfd = -1, -1
+	for i := range c.dirs {
+		if d := &c.dirs[i]; d.p != nil {
+			if d.pending > 0 {
+				d.p.close() // data left in it; never reuse
+			} else {
+				putPipe(d.p)
+			}
+			d.p = nil
+		}
+	}
+	if c.active {
+		c.active = false
+		c.l.sp.p.stats.TCPActive.Add(-1)
+	}
+}
+
+// connFDs lists the sockets of the proxied connections (for tests).
+func (p *Proxier) connFDs() []int {
+	var fds []int
+	for _, lp := range p.loops {
+		lp.do(func() {
+			for fd, h := range lp.handlers {
+				if _, ok := h.(*connSide); ok {
+					fds = append(fds, int(fd))
+				}
+			}
+		})
+	}
+	return fds
+}
+
+// connTracker is what the goroutine data plane uses to find live
+// connections; the event loops own theirs.
+type connTracker struct{}
+
+func (connTracker) abortAll() {}
