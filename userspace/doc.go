@@ -4,23 +4,32 @@
 //
 // What it owns:
 //   - listeners: a proxy port per service port (from Config.PortRange, or
-//     kernel-chosen), one socket per IP family on the same port; optionally
-//     the NodePort itself (Config.ServeNodePorts) and the service addresses
-//     themselves (Config.ServeFrontends);
+//     kernel-chosen), one socket per IP family on the same port, and a
+//     second proxy port for redirected external traffic when a Local
+//     traffic policy gives it other endpoints; optionally the NodePort
+//     itself (Config.ServeNodePorts) and the service addresses themselves
+//     (Config.ServeFrontends);
 //   - endpoint choice: round robin over the current endpoints, ClientIP
 //     affinity with a timeout that follows the Service, and connect-time
-//     failover to another endpoint when a dial fails;
-//   - TCP copy loops with half-close, a bound on half-closed connections,
-//     resets on errors and on "no endpoints", and splice(2) that holds no
-//     pipe while a connection is idle (two fds per idle connection);
+//     failover to another endpoint when a dial fails (the failed endpoint
+//     is passed over for a moment);
+//   - TCP: half-close passed on, a bound on half-closed connections, resets
+//     passed on, a reset for "no endpoints", and splice(2) through pipes
+//     taken from a pool only while data is in flight;
 //   - UDP sessions: batched reads, 64 KiB datagrams passed whole, an idle
 //     timeout and a longer wait for replies, a cap per service port, and
-//     replies sent from the address the client sent to. On Linux every UDP
-//     socket is served by one epoll event loop (udploop_linux.go), with no
-//     goroutine or timer per session; elsewhere each listener and session
-//     has a goroutine (udp_goroutine.go);
+//     replies sent from the address the client sent to;
 //   - shedding on resource exhaustion (EMFILE and friends): a connection is
 //     reset and counted, and the proxy carries on.
+//
+// How it runs: on Linux, a few event loops (eventloop_linux.go, one per
+// core up to four) own every socket, nginx-style: a loop is a goroutine
+// blocked in epoll_wait that accepts, dials, splices and forwards itself,
+// with deadlines in a heap. A proxied TCP connection then costs two file
+// descriptors and about half a KiB, and no goroutine; a UDP session one
+// descriptor. Apply hands sockets to the loops through eventLoop.do.
+// Elsewhere (macOS, BSDs, Windows) goroutines serve each listener,
+// connection direction and session (tcp_goroutine.go, udp_goroutine.go).
 //
 // What it leaves to others: turning Kubernetes objects into a Snapshot
 // (package source), steering service addresses to the listeners (package
