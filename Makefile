@@ -41,13 +41,20 @@ fmt:
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./integration/...
+	$(GO) vet -tags goroutines ./userspace
+	GOOS=darwin $(GO) vet ./userspace ./proxyserver ./portal ./conntrack
+	GOOS=windows $(GO) build ./...
 
 staticcheck:
 	$(GO) tool staticcheck ./...
 	$(GO) tool staticcheck -tags integration ./integration/...
+	$(GO) tool staticcheck -tags goroutines ./userspace
 
+## unit: the unit tests under the race detector; the data plane also with
+## its portable goroutine implementation (what macOS and Windows run).
 unit:
 	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -tags goroutines ./userspace
 
 ## integration: end-to-end tests of the real binary with real clients.
 integration: build
