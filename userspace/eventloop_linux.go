@@ -8,6 +8,7 @@ import (
 	"maps"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -66,6 +67,14 @@ type timerEntry struct {
 	owner    timed
 }
 
+// loopSet is the proxier's event loops.
+type loopSet struct {
+	loopOnce sync.Once // starts the loops on first use
+	loops    []*eventLoop
+	loopErr  error
+	loopNext atomic.Uint64 // round robin of sockets over loops
+}
+
 // loops returns the proxier's event loops, starting them on first use.
 func (p *Proxier) eventLoops() ([]*eventLoop, error) {
 	p.loopOnce.Do(func() {
@@ -96,8 +105,8 @@ func (p *Proxier) nextLoop() (*eventLoop, error) {
 
 // stopLoops ends every event loop; Close calls it once the listeners are
 // closed.
-func (p *Proxier) stopLoops() {
-	for _, lp := range p.loops {
+func (s *loopSet) stopLoops() {
+	for _, lp := range s.loops {
 		lp.stop()
 	}
 }

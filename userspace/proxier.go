@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -132,10 +131,7 @@ type Proxier struct {
 
 	connTracker // live TCP connections, where goroutines serve them
 
-	loopOnce sync.Once // starts the event loops on first use (Linux)
-	loops    []*eventLoop
-	loopErr  error
-	loopNext atomic.Uint64 // round robin of sockets over loops
+	loopSet // the event loops, where they serve the sockets (Linux)
 }
 
 // New returns a Proxier serving nothing. Call Apply to serve a Snapshot and

@@ -11,6 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// udpBatch is how many datagrams one recvmmsg call may return.
+const udpBatch = 8
+
 // datagram is one received datagram: its payload, its sender and the
 // address it was sent to.
 type datagram struct {

@@ -16,9 +16,6 @@ import (
 // 4 KiB).
 const maxDatagram = 65535
 
-// udpBatch is how many datagrams one recvmmsg call may return.
-const udpBatch = 8
-
 func sockaddr(f family, ap netip.AddrPort) unix.Sockaddr {
 	if f == familyIPv6 {
 		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}

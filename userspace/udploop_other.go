@@ -2,7 +2,7 @@
 
 package userspace
 
-// eventLoop exists on Linux only; elsewhere each socket has goroutines.
-type eventLoop struct{}
+// loopSet is empty where goroutines serve the sockets.
+type loopSet struct{}
 
-func (p *Proxier) stopLoops() {}
+func (*loopSet) stopLoops() {}
