@@ -69,9 +69,10 @@ fuzz:
 	  done; \
 	done
 
-## bench: the proxy against no proxy, HAProxy, nginx, socat and a Go io.Copy proxy.
+## bench: the proxy against no proxy, HAProxy, nginx, socat and a Go io.Copy proxy
+## (BENCHFLAGS=-short for a 30-second smoke run; see bench/README.md).
 bench: build
-	./bench/run.sh
+	./bench/run.sh $(BENCHFLAGS)
 
 clean:
 	rm -rf $(BIN)
