@@ -127,6 +127,9 @@ func sameAddrs(s *endpointSet, eps []state.Endpoint) bool {
 	return true
 }
 
+// has reports whether ep is one of the current endpoints.
+func (b *balancer) has(ep netip.AddrPort) bool { return b.set.Load().has(ep) }
+
 // pick returns the endpoint for a new connection or session from client.
 // Endpoints in avoid (already tried and failed for this connection) are
 // skipped while others remain; a non-empty avoid also replaces the client's

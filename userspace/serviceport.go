@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"syscall"
 
@@ -107,9 +108,23 @@ func (sp *servicePort) setExternal(spec *state.ServicePort) {
 // update swaps in a new spec: endpoints and affinity take effect for the
 // next connection.
 func (sp *servicePort) update(spec *state.ServicePort) {
+	old := sp.spec
 	sp.internal.update(spec.InternalEndpoints(), spec.Affinity)
 	sp.setExternal(spec)
 	sp.spec = spec
+	if sp.proto == state.UDP && (!slices.Equal(old.ClusterEndpoints, spec.ClusterEndpoints) || !slices.Equal(old.LocalEndpoints, spec.LocalEndpoints)) {
+		// A UDP session has no end the client shows us: one to an endpoint
+		// that is gone would carry on into the void until it idles out.
+		// End it, so the client's next datagram picks a live endpoint (what
+		// conntrack cleanup does for the kernel proxies).
+		for _, s := range sp.sockets {
+			if u, ok := s.(interface{ dropStale() int }); ok {
+				if n := u.dropStale(); n > 0 {
+					klog.V(2).InfoS("Ended UDP sessions to removed endpoints", "service", sp.name, "sessions", n)
+				}
+			}
+		}
+	}
 }
 
 // sweep drops expired affinity entries.

@@ -89,6 +89,20 @@ func (l *udpListener) close() {
 	l.sessWG.Wait()
 }
 
+// dropStale ends the sessions whose endpoint its balancer no longer has.
+func (l *udpListener) dropStale() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.sessions {
+		if !s.b.has(s.endpoint) {
+			s.conn.Close()
+			n++
+		}
+	}
+	return n
+}
+
 func (l *udpListener) readLoop() {
 	p := l.sp.p
 	defer p.wg.Done()

@@ -225,3 +225,21 @@ func TestUDPReplyFromDeliveredAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestUDPSessionMovesOffRemovedEndpoint: a client that keeps one source
+// port reaches a live endpoint as soon as its endpoint is removed, not
+// after its session idles out.
+func TestUDPSessionMovesOffRemovedEndpoint(t *testing.T) {
+	a, b := startUDPBackend(t, "a"), startUDPBackend(t, "b")
+	p := newTestProxier(t, Config{UDPIdleTimeout: time.Hour, UDPReplyTimeout: time.Hour})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(a.addr())})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	if got, err := udpExchange(t, c, []byte("who")); err != nil || string(got) != "a" {
+		t.Fatalf("before: %q, %v", got, err)
+	}
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(b.addr())})
+	if got, err := udpExchange(t, c, []byte("who")); err != nil || string(got) != "b" {
+		t.Fatalf("after the endpoint moved: %q, %v; want b at once", got, err)
+	}
+}

@@ -114,6 +114,20 @@ func (l *udpListener) shut() {
 
 func (l *udpListener) event(uint32) { l.readable() }
 
+// dropStale ends the sessions whose endpoint its balancer no longer has.
+func (l *udpListener) dropStale() int {
+	n := 0
+	l.lp.do(func() {
+		for _, s := range l.sessions {
+			if !s.b.has(s.endpoint) {
+				s.close()
+				n++
+			}
+		}
+	})
+	return n
+}
+
 // readable forwards the queued datagrams, at most one batch per wake-up so
 // that one busy socket cannot starve the others (epoll is level-triggered:
 // the rest is read next time round).
