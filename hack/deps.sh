@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests use as real clients (curl, nc)
-# when they are missing. As root it installs them; otherwise it says what is
-# missing. Under CI=true a missing package it cannot install is an error.
+# Installs the Debian packages the tests use as real clients (curl, nc) and
+# kernel tools (iproute2, iptables, conntrack) when they are missing. As
+# root it installs them; otherwise it says what is missing. Under CI=true a
+# missing package it cannot install is an error.
 set -euo pipefail
 
 need=()
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v nc >/dev/null 2>&1 || need+=(netcat-openbsd)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# The portal and conntrack tests: iptables (both backends) and conntrack.
+command -v iptables-legacy >/dev/null 2>&1 || need+=(iptables)
+command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

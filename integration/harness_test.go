@@ -37,6 +37,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	stopAPIServer() // started by the first test that needed it
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -177,11 +177,13 @@ func TestBadInputFailsClearly(t *testing.T) {
 		wantCode int
 		want     []string
 	}{
-		{name: "no source", args: nil, wantCode: 2, want: []string{"--manifests"}},
+		{name: "no source", args: nil, wantCode: 1, want: []string{"no source of services", "--manifests"}},
+		{name: "two sources", args: []string{"--manifests", good, "--kubeconfig", good}, wantCode: 2, want: []string{"give one"}},
 		{name: "bad bind address", args: []string{"--manifests", good, "--bind-address", "localhost:80"}, wantCode: 2, want: []string{"--bind-address", "localhost:80"}},
 		{name: "bad port range", args: []string{"--manifests", good, "--proxy-port-range", "9-1"}, wantCode: 2, want: []string{"--proxy-port-range", "end is before begin"}},
 		{name: "bad nodeport CIDR", args: []string{"--manifests", good, "--nodeport-addresses", "127.0.0.1"}, wantCode: 2, want: []string{"--nodeport-addresses", "not a CIDR"}},
-		{name: "bad portal", args: []string{"--manifests", good, "--portal", "ipvs"}, wantCode: 2, want: []string{"--portal", "ipvs"}},
+		{name: "bad portal", args: []string{"--manifests", good, "--portal=ipvs"}, wantCode: 2, want: []string{"--portal", "ipvs"}},
+		{name: "bad content type", args: []string{"--manifests", good, "--kube-api-content-type", "yaml"}, wantCode: 2, want: []string{"--kube-api-content-type"}},
 		{name: "bad udp timeout", args: []string{"--manifests", good, "--udp-timeout", "0s"}, wantCode: 2, want: []string{"--udp-timeout"}},
 		{name: "unknown flag", args: []string{"--manifests", good, "--no-such-flag"}, wantCode: 2, want: []string{"no-such-flag"}},
 		{name: "missing file", args: []string{"--manifests", filepath.Join(dir, "absent.yaml")}, wantCode: 1, want: []string{"absent.yaml"}},
@@ -189,7 +191,8 @@ func TestBadInputFailsClearly(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(proxyBin, tc.args...)
+			// Never let a failing case program the host: no portal.
+			cmd := exec.Command(proxyBin, append([]string{"--portal=none"}, tc.args...)...)
 			done := make(chan struct{})
 			var out []byte
 			var err error

@@ -14,17 +14,42 @@ import (
 
 // Portal modes accepted by --portal.
 const (
-	PortalAuto = "auto"
-	PortalNone = "none"
+	PortalAuto     = "auto"
+	PortalIPTables = "iptables"
+	PortalBind     = "bind"
+	PortalNone     = "none"
+)
+
+// Content types the API client may ask for.
+const (
+	contentTypeProtobuf = "application/vnd.kubernetes.protobuf"
+	contentTypeJSON     = "application/json"
 )
 
 // Config is every option of the proxy, as flags set it. Validate fills the
 // parsed fields.
 type Config struct {
 	// Manifests is a file of Service and EndpointSlice manifests to serve.
+	// If empty, the proxy follows a cluster.
 	Manifests string
-	// Portal selects the kernel redirection: auto or none.
+	// Kubeconfig and Master reach the cluster; both empty means the
+	// in-cluster configuration.
+	Kubeconfig string
+	Master     string
+	// KubeAPIQPS, KubeAPIBurst and KubeAPIContentType tune the API client.
+	KubeAPIQPS         float32
+	KubeAPIBurst       int
+	KubeAPIContentType string
+	// ConfigSyncPeriod is how often the informers redeliver every object.
+	ConfigSyncPeriod time.Duration
+	// Portal selects the kernel redirection: auto, iptables, bind or none.
 	Portal string
+	// BindInterface is the interface the bind portal adds service
+	// addresses to; empty means a dummy interface of its own.
+	BindInterface string
+	// Cleanup removes every rule, chain and address the proxy owns, then
+	// exits.
+	Cleanup bool
 	// BindAddress is where proxy ports listen (kube-proxy's legacy
 	// userspace meaning of --bind-address).
 	BindAddress string
@@ -56,6 +81,10 @@ type Config struct {
 func NewConfig() *Config {
 	return &Config{
 		Portal:              PortalAuto,
+		KubeAPIQPS:          5,
+		KubeAPIBurst:        10,
+		KubeAPIContentType:  contentTypeProtobuf,
+		ConfigSyncPeriod:    15 * time.Minute,
 		BindAddress:         "0.0.0.0",
 		UDPIdleTimeout:      userspace.DefaultUDPIdleTimeout,
 		UDPReplyTimeout:     userspace.DefaultUDPReplyTimeout,
@@ -70,7 +99,15 @@ func NewConfig() *Config {
 // kube-proxy has them.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Manifests, "manifests", c.Manifests, "Serve the Services and EndpointSlices in this YAML or JSON file (what 'kubectl apply -f' takes) instead of a cluster's. The file is watched: edits apply within a second, and a broken edit is reported while the last good state keeps serving.")
-	fs.StringVar(&c.Portal, "portal", c.Portal, "How service traffic reaches the proxy: 'none' (clients use the proxy ports and node ports directly) or 'auto' (the best this host supports; today that is none).")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "Path to a kubeconfig file with the cluster and credentials. With --master empty too, the in-cluster configuration is used.")
+	fs.StringVar(&c.Master, "master", c.Master, "The address of the Kubernetes API server (overrides the kubeconfig's).")
+	fs.Float32Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, "Queries per second to the API server.")
+	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, "Burst of queries to the API server.")
+	fs.StringVar(&c.KubeAPIContentType, "kube-api-content-type", c.KubeAPIContentType, "Content type of requests to the API server: application/vnd.kubernetes.protobuf or application/json.")
+	fs.DurationVar(&c.ConfigSyncPeriod, "config-sync-period", c.ConfigSyncPeriod, "How often the informers redeliver every Service and EndpointSlice (e.g. '15m'); redelivered objects cause no work.")
+	fs.StringVar(&c.Portal, "portal", c.Portal, "How service traffic reaches the proxy: 'iptables' (nat REDIRECT rules to the proxy ports), 'bind' (no netfilter: service addresses are added to an interface and served directly), 'none' (clients use the proxy ports and node ports directly) or 'auto' (iptables when usable, else bind when addresses may be changed, else none).")
+	fs.StringVar(&c.BindInterface, "bind-interface", c.BindInterface, "With --portal=bind: the interface service addresses are added to. Empty means a dummy interface the proxy creates (kube-ups0), or lo where the kernel has no dummy driver.")
+	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "Remove every iptables rule and chain and every service address the proxy owns, in both IP families, then exit.")
 	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "The IP address proxy ports listen on; 0.0.0.0 or :: listen on every address of each IP family a service uses.")
 	fs.StringVar(&c.ProxyPortRange, "proxy-port-range", c.ProxyPortRange, "Host ports for proxy ports: 'begin-end', 'begin+offset' or a single port. Empty, 0 or 0-0 lets the kernel choose.")
 	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses, "Comma-separated CIDRs of the node addresses that serve NodePorts, e.g. 127.0.0.0/8,10.0.0.0/8. Empty means every address.")
@@ -90,13 +127,27 @@ func (c *Config) Validate() error {
 	bad := func(flag, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
 	}
-	if c.Manifests == "" {
-		errs = append(errs, errors.New("no source of services: give --manifests FILE (following a cluster is not built yet)"))
-	}
 	switch c.Portal {
-	case PortalAuto, PortalNone:
+	case PortalAuto, PortalIPTables, PortalBind, PortalNone:
 	default:
-		bad("portal", "%q is not a portal mode (want auto or none)", c.Portal)
+		bad("portal", "%q is not a portal mode (want auto, iptables, bind or none)", c.Portal)
+	}
+	if c.Manifests != "" && (c.Kubeconfig != "" || c.Master != "") {
+		errs = append(errs, errors.New("--manifests and --kubeconfig/--master both name a source of services: give one"))
+	}
+	switch c.KubeAPIContentType {
+	case contentTypeProtobuf, contentTypeJSON:
+	default:
+		bad("kube-api-content-type", "%q is not %s or %s", c.KubeAPIContentType, contentTypeProtobuf, contentTypeJSON)
+	}
+	if c.KubeAPIQPS < 0 {
+		bad("kube-api-qps", "must not be negative, got %v", c.KubeAPIQPS)
+	}
+	if c.KubeAPIBurst < 0 {
+		bad("kube-api-burst", "must not be negative, got %d", c.KubeAPIBurst)
+	}
+	if c.ConfigSyncPeriod < 0 {
+		bad("config-sync-period", "must not be negative, got %v", c.ConfigSyncPeriod)
 	}
 	var err error
 	if c.bindAddr, err = netip.ParseAddr(strings.TrimSpace(c.BindAddress)); err != nil {
@@ -139,12 +190,19 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// proxierConfig turns the options into the data plane's Config.
-func (c *Config) proxierConfig() userspace.Config {
+// proxierConfig turns the options into the data plane's Config for a
+// portal mode.
+func (c *Config) proxierConfig(portalMode string) userspace.Config {
 	return userspace.Config{
-		BindAddress:         c.bindAddr,
-		PortRange:           c.portRange,
-		ServeNodePorts:      true, // portal none: nothing redirects node ports
+		BindAddress: c.bindAddr,
+		PortRange:   c.portRange,
+		// iptables redirects node ports to the proxy ports; otherwise the
+		// data plane listens on them itself.
+		ServeNodePorts: portalMode != PortalIPTables,
+		// bind puts the service addresses on the host and listens on them,
+		// so it needs no proxy ports.
+		ServeFrontends:      portalMode == PortalBind,
+		DisableProxyPorts:   portalMode == PortalBind,
 		NodePortAddresses:   c.nodePorts,
 		UDPIdleTimeout:      c.UDPIdleTimeout,
 		UDPReplyTimeout:     c.UDPReplyTimeout,

@@ -17,7 +17,7 @@ func TestValidate(t *testing.T) {
 		{name: "defaults with a file", args: []string{"--manifests", "x.yaml"}},
 		{name: "all good", args: []string{"--manifests", "x.yaml", "--bind-address", "::", "--proxy-port-range", "30000+99",
 			"--nodeport-addresses", "127.0.0.0/8, 10.0.0.0/8", "--udp-max-sessions", "-1", "--portal", "none"}},
-		{name: "no source", args: nil, want: "--manifests"},
+		{name: "two sources", args: []string{"--manifests", "x", "--kubeconfig", "k"}, want: "give one"},
 		{name: "bind address", args: []string{"--manifests", "x", "--bind-address", "0.0.0.0:1"}, want: "--bind-address"},
 		{name: "port range", args: []string{"--manifests", "x", "--proxy-port-range", "1-2-3"}, want: "--proxy-port-range"},
 		{name: "cidr", args: []string{"--manifests", "x", "--nodeport-addresses", "10.0.0.0/33"}, want: "--nodeport-addresses"},
@@ -25,6 +25,7 @@ func TestValidate(t *testing.T) {
 		{name: "udp sessions", args: []string{"--manifests", "x", "--udp-max-sessions", "0"}, want: "--udp-max-sessions"},
 		{name: "sync period", args: []string{"--manifests", "x", "--iptables-sync-period", "0s"}, want: "--iptables-sync-period"},
 		{name: "several at once", args: []string{"--bind-address", "nope", "--udp-timeout", "-1s"}, want: "--udp-timeout"},
+		{name: "content type", args: []string{"--kube-api-content-type", "text/plain"}, want: "--kube-api-content-type"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -57,7 +58,7 @@ func TestValidateParses(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	pc := c.proxierConfig()
+	pc := c.proxierConfig(PortalNone)
 	if got := pc.NodePortAddresses[0].String(); got != "127.0.0.0/8" {
 		t.Errorf("node port prefix = %s, want it masked to 127.0.0.0/8", got)
 	}
@@ -83,7 +84,7 @@ func FuzzValidate(f *testing.F) {
 		if err := c.Validate(); err != nil {
 			return
 		}
-		pc := c.proxierConfig()
+		pc := c.proxierConfig(PortalNone)
 		if !pc.BindAddress.IsValid() {
 			t.Fatalf("accepted bind address %q parsed to nothing", bind)
 		}

@@ -8,8 +8,11 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/hashicorp/go-multierror"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/conntrack"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/source"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
@@ -18,23 +21,45 @@ import (
 // Run serves until ctx is done. It returns an error at once if the source
 // cannot be read at start; later failures are logged and retried.
 func Run(ctx context.Context, cfg *Config) error {
+	if cfg.Cleanup {
+		return cleanup(ctx, cfg)
+	}
 	node, err := nodeName(cfg.HostnameOverride)
 	if err != nil {
 		return err
 	}
-	if cfg.Portal == PortalAuto {
-		klog.InfoS("Portal chosen", "portal", PortalNone, "reason", "only the none portal is built so far: clients use the proxy ports and node ports directly")
+	pt, mode, err := choosePortal(ctx, cfg)
+	if err != nil {
+		return err
 	}
-	klog.InfoS("Starting kube-userspace-proxy", "node", node, "manifests", cfg.Manifests,
+	klog.InfoS("Starting kube-userspace-proxy", "node", node, "portal", mode, "manifests", cfg.Manifests,
 		"bindAddress", cfg.BindAddress, "proxyPortRange", cfg.ProxyPortRange, "nodePortAddresses", cfg.NodePortAddresses)
 
-	p := userspace.New(cfg.proxierConfig())
+	p := userspace.New(cfg.proxierConfig(mode))
 	defer p.Close()
+	ks := &kernelSync{pt: pt, minPeriod: cfg.MinSyncPeriod, resync: cfg.SyncPeriod}
+	if mode == PortalIPTables {
+		// REDIRECTed UDP flows live in conntrack; clear them when their
+		// portal goes or moves to another proxy port.
+		if ks.ct, err = conntrack.New(); err != nil {
+			klog.ErrorS(err, "Conntrack cleanup unavailable; UDP clients may keep a removed mapping until it times out")
+			ks.ct = nil
+		}
+	}
 	rep := &listenerReport{}
 	loop := newSyncLoop(func(s state.Snapshot) error {
-		err := p.Apply(s)
+		var errs []error
+		if mode == PortalBind {
+			// Addresses first: listeners bind to them.
+			errs = append(errs, ks.sync(ctx, portal.FromSnapshot(s, nil)))
+		}
+		errs = append(errs, p.Apply(s))
+		if mode == PortalIPTables {
+			// Rules after listeners: they point at the proxy ports.
+			errs = append(errs, ks.sync(ctx, redirectPortals(s, p)))
+		}
 		rep.report(p.Listeners())
-		return err
+		return joinErrors(errs...)
 	}, cfg.MinSyncPeriod, cfg.SyncPeriod)
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -49,18 +74,66 @@ func Run(ctx context.Context, cfg *Config) error {
 		wg.Wait()
 	}()
 
-	src := &source.Manifests{
-		Path: cfg.Manifests,
-		Options: source.Options{
-			NodeName:         node,
-			AllowLoopback:    true, // the manifest's author owns this host
-			AllowNoClusterIP: true, // no cluster allocates ClusterIPs here
-		},
-	}
-	if err := src.Run(ctx, loop.offer); err != nil {
-		return fmt.Errorf("manifests: %w", err)
+	if cfg.Manifests != "" {
+		src := &source.Manifests{
+			Path: cfg.Manifests,
+			Options: source.Options{
+				NodeName:         node,
+				AllowLoopback:    true, // the manifest's author owns this host
+				AllowNoClusterIP: true, // no cluster allocates ClusterIPs here
+			},
+		}
+		if err := src.Run(ctx, loop.offer); err != nil {
+			return fmt.Errorf("manifests: %w", err)
+		}
+	} else {
+		client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType)
+		if err != nil && cfg.Kubeconfig == "" && cfg.Master == "" {
+			return fmt.Errorf("no source of services: give --manifests FILE or --kubeconfig/--master, or run inside a cluster (%w)", err)
+		}
+		if err != nil {
+			return fmt.Errorf("connect to the cluster: %w", err)
+		}
+		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod}
+		if err := src.Run(ctx, loop.offer); err != nil {
+			return fmt.Errorf("cluster: %w", err)
+		}
 	}
 	klog.InfoS("Shutting down")
+	return nil
+}
+
+// redirectPortals lists the portals of s pointing at p's proxy ports: node
+// ports, external IPs and load-balancer IPs go to the external proxy port,
+// which differs from the proxy port when a Local traffic policy gives
+// external traffic other endpoints.
+func redirectPortals(s state.Snapshot, p *userspace.Proxier) []portal.Portal {
+	ps := portal.FromSnapshot(s, p.ProxyPort)
+	for i := range ps {
+		if ps[i].Kind != portal.ClusterIP {
+			ps[i].ProxyPort = p.ExternalProxyPort(ps[i].Service)
+		}
+	}
+	return ps
+}
+
+// cleanup removes what every portal may have left, in both families.
+func cleanup(ctx context.Context, cfg *Config) error {
+	var errs *multierror.Error
+	if ipt, err := portal.NewIPTables(ctx, portal.IPTablesConfig{}); err != nil {
+		klog.InfoS("No iptables to clean up", "reason", err.Error())
+	} else if err := ipt.Cleanup(ctx); err != nil {
+		errs = multierror.Append(errs, err)
+	}
+	if b, err := portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface}); err != nil {
+		klog.InfoS("No addresses to clean up", "reason", err.Error())
+	} else if err := b.Cleanup(ctx); err != nil {
+		errs = multierror.Append(errs, err)
+	}
+	if err := errs.ErrorOrNil(); err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	klog.InfoS("Cleanup done")
 	return nil
 }
 

@@ -2,6 +2,7 @@ package proxyserver
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -71,6 +72,11 @@ func (l *syncLoop) run(ctx context.Context) {
 		err := l.apply(snap)
 		took := time.Since(start)
 		next := l.resync
+		var deferred errDeferred
+		if errors.As(err, &deferred) {
+			// Part of the work waits for a rate limit: come back then.
+			next, err = deferred.after, nil
+		}
 		if err != nil {
 			backoff = min(max(2*backoff, l.retryMin), l.resync)
 			next = backoff
@@ -86,12 +92,16 @@ func (l *syncLoop) run(ctx context.Context) {
 			backoff, lastErr = 0, ""
 			klog.V(2).InfoS("Synced", "servicePorts", snap.Len(), "version", version, "took", took)
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		timer.Reset(next)
+		resetTimer(timer, next)
 	}
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+	t.Reset(d)
 }

@@ -1,0 +1,100 @@
+package conntrack
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// StaleUDP returns the filters of the UDP conntrack entries that a change
+// of portals from old to new leaves pointing at a dead mapping. Pass the
+// portals of the previous and the new sync (portal.FromSnapshot of each
+// snapshot with the proxy ports of the time); after a restart, the
+// portals an earlier run left (IPTables.Existing).
+//
+// What keeps a UDP client on a dead mapping is its own entry: the kernel
+// decides NAT on a flow's first datagram only, and every later datagram of
+// the same 5-tuple refreshes the entry, so a client that keeps talking
+// (DNS resolvers reuse their socket) never meets the new rules. The
+// entries that matter are the clients' entries to a frontend (ClusterIP,
+// ExternalIP, load-balancer IP, or a node port on any local address):
+//   - a frontend that went away: its entries are REDIRECTed to a proxy
+//     port that is closed, or soon reused by another service;
+//   - a frontend whose proxy port changed (the listener was re-opened, or
+//     the proxy restarted and got another port): entries still go to the
+//     old port;
+//   - a frontend that is new: datagrams sent before the rule existed made
+//     unredirected entries that would go on being routed away.
+//
+// Each of those gives one filter on the original destination (address and
+// port; port only for a node port, as kube-proxy does). Endpoint changes
+// give none: in a userspace proxy a client's entry ends at the proxy port,
+// which an endpoint change does not move, and the proxy's own entries to
+// endpoints carry no NAT, so deleting them moves nothing; it would only
+// make a strict INPUT policy (ESTABLISHED only) drop the endpoint's next
+// reply. Moving sessions off a dead endpoint is the data plane's job.
+// Portals without a proxy port (the bind portal) involve no NAT and give
+// no filter unless they gain or lose a proxy port.
+func StaleUDP(old, new []portal.Portal) []Filter {
+	type key struct {
+		nodePort bool
+		fam      portal.Family
+		ip       netip.Addr
+		port     uint16
+	}
+	mapping := func(ps []portal.Portal) map[key]uint16 {
+		m := make(map[key]uint16)
+		for _, p := range ps {
+			if p.Protocol() != state.UDP {
+				continue
+			}
+			k := key{nodePort: p.Kind == portal.NodePort, fam: p.Family, port: p.Port}
+			if !k.nodePort {
+				k.ip = p.IP.Unmap()
+			}
+			if p.ProxyPort != 0 || m[k] == 0 {
+				m[k] = p.ProxyPort
+			}
+		}
+		return m
+	}
+	before, after := mapping(old), mapping(new)
+	var out []Filter
+	stale := func(k key) {
+		f := Filter{Family: k.fam, OrigDstPort: k.port}
+		if !k.nodePort {
+			f.OrigDst = k.ip
+		}
+		out = append(out, f)
+	}
+	for k, pp := range before {
+		if after[k] != pp {
+			stale(k)
+		}
+	}
+	for k, pp := range after {
+		if _, ok := before[k]; !ok && pp != 0 {
+			stale(k)
+		}
+	}
+	slices.SortFunc(out, compareFilters)
+	return slices.Compact(out)
+}
+
+func compareFilters(a, b Filter) int {
+	if c := int(a.Family) - int(b.Family); c != 0 {
+		return c
+	}
+	if c := a.OrigDst.Compare(b.OrigDst); c != 0 {
+		return c
+	}
+	if c := int(a.OrigDstPort) - int(b.OrigDstPort); c != 0 {
+		return c
+	}
+	if c := a.ReplySrc.Compare(b.ReplySrc); c != 0 {
+		return c
+	}
+	return int(a.ReplySrcPort) - int(b.ReplySrcPort)
+}

@@ -1,0 +1,122 @@
+package conntrack
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+var (
+	dns = state.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns", Protocol: state.UDP}
+	web = state.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: state.TCP}
+)
+
+func ips(s ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range s {
+		out = append(out, netip.MustParseAddr(a))
+	}
+	return out
+}
+
+func portals(ports []state.ServicePort, proxy map[state.ServicePortName]uint16) []portal.Portal {
+	return portal.FromSnapshot(state.NewSnapshot(ports), func(n state.ServicePortName) uint16 { return proxy[n] })
+}
+
+func TestStaleUDP(t *testing.T) {
+	dnsPort := state.ServicePort{Name: dns, Port: 53, ClusterIPs: ips("198.18.0.53", "fd5e:b1b5::53"), ExternalIPs: ips("198.19.0.53"),
+		LoadBalancerIPs: ips("198.19.1.53"), NodePort: 30053,
+		ClusterEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.2.1:53")}, {Addr: netip.MustParseAddrPort("198.18.2.2:53")}}}
+	webPort := state.ServicePort{Name: web, Port: 80, ClusterIPs: ips("198.18.0.10"), NodePort: 30080}
+	fewerEndpoints := dnsPort
+	fewerEndpoints.ClusterEndpoints = dnsPort.ClusterEndpoints[:1]
+	noExternal := dnsPort
+	noExternal.ExternalIPs = nil
+	pp := map[state.ServicePortName]uint16{dns: 41235, web: 41234}
+	movedPP := map[state.ServicePortName]uint16{dns: 42000, web: 41234}
+	all := func() []Filter { // every frontend of dnsPort
+		return []Filter{
+			{Family: portal.IPv4, OrigDstPort: 30053},
+			{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.18.0.53"), OrigDstPort: 53},
+			{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.19.0.53"), OrigDstPort: 53},
+			{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.19.1.53"), OrigDstPort: 53},
+			{Family: portal.IPv6, OrigDstPort: 30053},
+			{Family: portal.IPv6, OrigDst: netip.MustParseAddr("fd5e:b1b5::53"), OrigDstPort: 53},
+		}
+	}
+	tests := []struct {
+		name     string
+		old, new []portal.Portal
+		want     []Filter
+	}{
+		{name: "nothing changes", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{dnsPort}, pp)},
+		{name: "UDP service removed: every frontend", old: portals([]state.ServicePort{dnsPort, webPort}, pp), new: portals([]state.ServicePort{webPort}, pp), want: all()},
+		{name: "UDP service added: every frontend", old: nil, new: portals([]state.ServicePort{dnsPort}, pp), want: all()},
+		{name: "proxy port moved: every frontend", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{dnsPort}, movedPP), want: all()},
+		{name: "one frontend removed", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{noExternal}, pp),
+			want: []Filter{{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.19.0.53"), OrigDstPort: 53}}},
+		{name: "endpoint removed: nothing (see StaleUDP)", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{fewerEndpoints}, pp)},
+		{name: "TCP changes: nothing", old: portals([]state.ServicePort{webPort}, pp), new: nil},
+		{name: "bind portal (no proxy ports): nothing", old: portals([]state.ServicePort{dnsPort}, nil), new: nil},
+		{name: "service loses its proxy port", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{dnsPort}, nil), want: all()},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := StaleUDP(tc.old, tc.new)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("StaleUDP =\n%v\nwant\n%v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFilterMatch(t *testing.T) {
+	// A pod's DNS flow REDIRECTed to the proxy port, and the proxy's own
+	// flow to the endpoint.
+	client := Flow{Family: portal.IPv4, Protocol: ProtocolUDP,
+		OrigSrc: netip.MustParseAddrPort("198.18.3.2:5353"), OrigDst: netip.MustParseAddrPort("198.18.0.53:53"),
+		ReplySrc: netip.MustParseAddrPort("198.18.3.1:41235"), ReplyDst: netip.MustParseAddrPort("198.18.3.2:5353")}
+	proxied := Flow{Family: portal.IPv4, Protocol: ProtocolUDP,
+		OrigSrc: netip.MustParseAddrPort("198.18.2.254:40000"), OrigDst: netip.MustParseAddrPort("198.18.2.1:53"),
+		ReplySrc: netip.MustParseAddrPort("198.18.2.1:53"), ReplyDst: netip.MustParseAddrPort("198.18.2.254:40000")}
+	tcp := client
+	tcp.Protocol = 6
+	tests := []struct {
+		name string
+		f    Filter
+		fl   Flow
+		want bool
+	}{
+		{"frontend", Filter{OrigDst: netip.MustParseAddr("198.18.0.53"), OrigDstPort: 53}, client, true},
+		{"frontend, other port", Filter{OrigDst: netip.MustParseAddr("198.18.0.53"), OrigDstPort: 54}, client, false},
+		{"node port by port", Filter{Family: portal.IPv4, OrigDstPort: 53}, client, true},
+		{"node port, wrong family", Filter{Family: portal.IPv6, OrigDstPort: 53}, client, false},
+		{"reply from the proxy port", Filter{ReplySrcPort: 41235}, client, true},
+		{"reply from the endpoint", Filter{ReplySrc: netip.MustParseAddr("198.18.2.1")}, proxied, true},
+		{"reply from the endpoint: not the client's", Filter{ReplySrc: netip.MustParseAddr("198.18.2.1")}, client, false},
+		{"TCP never", Filter{OrigDstPort: 53}, tcp, false},
+		{"empty filter matches nothing", Filter{}, client, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.f.Match(tc.fl); got != tc.want {
+				t.Errorf("%v.Match = %v, want %v", tc.f, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFake(t *testing.T) {
+	f := &Fake{}
+	f.Add(Flow{Family: portal.IPv4, Protocol: ProtocolUDP, OrigDst: netip.MustParseAddrPort("198.18.0.53:53")},
+		Flow{Family: portal.IPv4, Protocol: ProtocolUDP, OrigDst: netip.MustParseAddrPort("198.18.0.54:53")})
+	n, err := f.ClearUDP(context.Background(), Filter{OrigDst: netip.MustParseAddr("198.18.0.53"), OrigDstPort: 53})
+	if err != nil || n != 1 || len(f.Flows()) != 1 || len(f.Calls()) != 1 {
+		t.Errorf("ClearUDP = %d, %v; flows %v; calls %v", n, err, f.Flows(), f.Calls())
+	}
+	var _ Interface = Noop{}
+}

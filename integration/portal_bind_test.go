@@ -1,0 +1,98 @@
+//go:build integration
+
+package integration
+
+import (
+	"strings"
+	"testing"
+)
+
+// lo addresses in 198.18.0.0/15 or fd5e:b1b5::/32 on the node.
+func serviceAddrsOn(t *testing.T, ns netns, dev string) []string {
+	t.Helper()
+	var out []string
+	for _, l := range strings.Split(ns.mustRun(t, "ip", "-o", "addr", "show", "dev", dev), "\n") {
+		f := strings.Fields(l)
+		for i, w := range f {
+			if (w == "inet" || w == "inet6") && i+1 < len(f) && (strings.HasPrefix(f[i+1], "198.1") || strings.HasPrefix(f[i+1], "fd5e:b1b5:")) {
+				out = append(out, f[i+1])
+			}
+		}
+	}
+	return out
+}
+
+// bindDevice is where the bind portal puts addresses in this kernel: its
+// dummy interface if the kernel has the driver, else lo.
+func bindDevice(t *testing.T, ns netns) string {
+	if _, err := ns.run("ip", "link", "show", "kube-ups0"); err == nil {
+		return "kube-ups0"
+	}
+	return "lo"
+}
+
+func TestPortalBindTraffic(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	px := startProxyHelper(t, w, "bind", true)
+	px.do(proxyReq{Op: "apply", Ports: servicePorts()})
+	dev := bindDevice(t, w.node)
+	t.Logf("bind portal uses %s", dev)
+	got := serviceAddrsOn(t, w.node, dev)
+	for _, want := range []string{"198.18.0.10/32", "198.18.0.53/32", "198.19.0.5/32", "198.19.1.1/32", "fd5e:b1b5::10/128", "fd5e:b1b5::80/128"} {
+		if !strings.Contains(strings.Join(got, " "), want) {
+			t.Errorf("%s missing on %s (have %v)", want, dev, got)
+		}
+	}
+	if out := w.node.mustRun(t, "iptables-save"); strings.Contains(out, "KUBE-") {
+		t.Errorf("bind portal wrote iptables rules:\n%s", out)
+	}
+
+	t.Run("TCP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping") })
+	t.Run("TCP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "tcp", "198.18.0.10:80", "be1:ping") })
+	t.Run("UDP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "udp", "198.18.0.53:53", "be1:ping") })
+	t.Run("UDP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "udp", "198.18.0.53:53", "be1:ping") })
+	t.Run("ExternalIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.19.0.5:80", "be1:ping") })
+	t.Run("LB IP from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", "198.19.1.1:80", "be1:ping") })
+	t.Run("IPv6 ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "[fd5e:b1b5::80]:8080", "be6:ping") })
+	t.Run("NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping") })
+	t.Run("UDP NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "udp", nodeOutSide+":30053", "be1:ping") })
+
+	// A deleted service stops answering and its addresses go.
+	px.do(proxyReq{Op: "apply", Ports: servicePorts()[:1]})
+	got = serviceAddrsOn(t, w.node, dev)
+	if s := strings.Join(got, " "); strings.Contains(s, "198.18.0.53/32") || strings.Contains(s, "fd5e:b1b5::80/128") || !strings.Contains(s, "198.18.0.10/32") {
+		t.Errorf("addresses after deleting two services: %v", got)
+	}
+	expectNoReply(t, w.pod, "udp", "198.18.0.53:53")
+	expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+
+	// Cleanup removes our addresses (and nothing else: lo keeps its own).
+	px.do(proxyReq{Op: "cleanup"})
+	if left := serviceAddrsOn(t, w.node, "lo"); len(left) > 0 {
+		t.Errorf("addresses left on lo: %v", left)
+	}
+	if _, err := w.node.run("ip", "link", "show", "kube-ups0"); err == nil {
+		t.Error("dummy interface left after cleanup")
+	}
+	if lo := w.node.mustRun(t, "ip", "addr", "show", "dev", "lo"); !strings.Contains(lo, "127.0.0.1/8") || !strings.Contains(lo, "::1/128") {
+		t.Errorf("cleanup removed lo's own addresses:\n%s", lo)
+	}
+	px.do(proxyReq{Op: "cleanup"})
+}
+
+// TestPortalBindLeavesForeignAddresses: addresses someone else put on lo
+// in the service range are not ours to remove.
+func TestPortalBindLeavesForeignAddresses(t *testing.T) {
+	w := newWorld(t)
+	w.node.mustRun(t, "ip", "addr", "add", "198.18.0.200/32", "dev", "lo")
+	w.node.mustRun(t, "ip", "-6", "addr", "add", "fd5e:b1b5::200/128", "dev", "lo")
+	px := startProxyHelper(t, w, "bind", false)
+	px.do(proxyReq{Op: "apply", Ports: servicePorts()})
+	px.do(proxyReq{Op: "apply"})
+	px.do(proxyReq{Op: "cleanup"})
+	got := strings.Join(serviceAddrsOn(t, w.node, "lo"), " ")
+	if got != "198.18.0.200/32 fd5e:b1b5::200/128" {
+		t.Errorf("lo service-range addresses after cleanup = %q, want only the foreign ones", got)
+	}
+}

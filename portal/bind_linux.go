@@ -1,0 +1,244 @@
+package portal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+
+	"github.com/hashicorp/go-multierror"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// bindLabelSuffix marks IPv4 addresses we add to an interface we do not
+// own ("lo:kup"). IPv6 has no labels: there our addresses are the /128s
+// that carry both IFA_F_NODAD and IFA_F_NOPREFIXROUTE, which we always set
+// and the kernel never sets by itself.
+const bindLabelSuffix = ":kup"
+
+const ownIPv6Flags = unix.IFA_F_NODAD | unix.IFA_F_NOPREFIXROUTE
+
+// Bind is the netfilter-free portal: it adds every service address as a
+// /32 or /128 to an interface, so the data plane can listen on
+// serviceIP:port itself (userspace.Config.ServeFrontends), and removes the
+// addresses that are no longer wanted.
+type Bind struct {
+	cfg BindConfig
+	h   *netlink.Handle // bound to the network namespace NewBind ran in
+
+	mu    sync.Mutex // serializes Sync and Cleanup; guards the fields below
+	link  netlink.Link
+	owned bool // link is our dummy interface: every address on it is ours
+}
+
+var _ Interface = (*Bind)(nil)
+
+// NewBind returns the bind portal for the current network namespace. It
+// changes nothing until the first Sync.
+func NewBind(_ context.Context, cfg BindConfig) (*Bind, error) {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("portal: bind: open netlink: %w", err)
+	}
+	return &Bind{cfg: cfg, h: h}, nil
+}
+
+// Interface returns the interface addresses go to, once a Sync found or
+// created it.
+func (b *Bind) Interface() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.link == nil {
+		return ""
+	}
+	return b.link.Attrs().Name
+}
+
+// ensureLink finds or creates the interface service addresses go to.
+func (b *Bind) ensureLink() error {
+	if b.link != nil {
+		return nil
+	}
+	name := b.cfg.Interface
+	if name != "" && name != DefaultBindInterface {
+		l, err := b.h.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("portal: bind: interface %s: %w", name, err)
+		}
+		b.link, b.owned = l, false
+		klog.InfoS("Bind portal adds service addresses", "interface", name)
+		return nil
+	}
+	l, err := b.h.LinkByName(DefaultBindInterface)
+	if err == nil && l.Type() == "dummy" {
+		b.link, b.owned = l, true
+	} else {
+		d := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: DefaultBindInterface}}
+		switch err := b.h.LinkAdd(d); {
+		case err == nil:
+			if l, err = b.h.LinkByName(DefaultBindInterface); err != nil {
+				return fmt.Errorf("portal: bind: find %s: %w", DefaultBindInterface, err)
+			}
+			b.link, b.owned = l, true
+		case name == "" && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EEXIST)):
+			// No dummy driver (the kernel answers "Unknown device type"),
+			// or a non-dummy link took the name: use the loopback.
+			l, lerr := b.h.LinkByName("lo")
+			if lerr != nil {
+				return fmt.Errorf("portal: bind: no dummy interface (%v) and no lo: %w", err, lerr)
+			}
+			klog.InfoS("Bind portal adds service addresses to lo", "reason", "cannot create a dummy interface", "err", err)
+			b.link, b.owned = l, false
+			return nil
+		default:
+			return fmt.Errorf("portal: bind: create dummy interface %s: %w", DefaultBindInterface, err)
+		}
+	}
+	if err := b.h.LinkSetUp(b.link); err != nil {
+		return fmt.Errorf("portal: bind: set %s up: %w", DefaultBindInterface, err)
+	}
+	klog.InfoS("Bind portal adds service addresses", "interface", DefaultBindInterface, "dummy", true)
+	return nil
+}
+
+// Sync makes the interface hold exactly the service addresses of portals
+// among the addresses we own.
+func (b *Bind) Sync(_ context.Context, portals []Portal) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.ensureLink(); err != nil {
+		return err
+	}
+	have, err := b.ownedAddrs(b.link, b.owned)
+	if err != nil {
+		return err
+	}
+	want := make(map[netip.Addr]bool)
+	var errs *multierror.Error
+	for _, ip := range bindAddrs(portals) {
+		want[ip] = true
+		if _, ok := have[ip]; ok {
+			continue
+		}
+		if err := b.h.AddrAdd(b.link, b.newAddr(ip)); err != nil && !errors.Is(err, unix.EEXIST) {
+			errs = multierror.Append(errs, fmt.Errorf("portal: bind: add %s to %s: %w", ip, b.link.Attrs().Name, err))
+			continue
+		}
+		klog.V(2).InfoS("Added service address", "addr", ip, "interface", b.link.Attrs().Name)
+	}
+	for ip, a := range have {
+		if want[ip] {
+			continue
+		}
+		if err := b.h.AddrDel(b.link, a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			errs = multierror.Append(errs, fmt.Errorf("portal: bind: remove %s from %s: %w", ip, b.link.Attrs().Name, err))
+			continue
+		}
+		klog.V(2).InfoS("Removed service address", "addr", ip, "interface", b.link.Attrs().Name)
+	}
+	return errs.ErrorOrNil()
+}
+
+func (b *Bind) newAddr(ip netip.Addr) *netlink.Addr {
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}}
+	if ip.Is4() {
+		if !b.owned {
+			a.Label = ownLabel(b.link.Attrs().Name)
+		}
+	} else {
+		// No duplicate address detection, or the address stays
+		// "tentative" and listeners cannot bind it for a while.
+		a.Flags = ownIPv6Flags
+	}
+	return a
+}
+
+// ownLabel is the IPv4 label we give addresses on a link we do not own;
+// the kernel wants labels to start with the link name, within 15 bytes.
+func ownLabel(link string) string {
+	if l := link + bindLabelSuffix; len(l) <= unix.IFNAMSIZ-1 {
+		return l
+	}
+	return ""
+}
+
+// ownedAddrs lists the addresses on link that we added.
+func (b *Bind) ownedAddrs(link netlink.Link, all bool) (map[netip.Addr]*netlink.Addr, error) {
+	list, err := b.h.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("portal: bind: list addresses of %s: %w", link.Attrs().Name, err)
+	}
+	out := make(map[netip.Addr]*netlink.Addr)
+	for i := range list {
+		a := &list[i]
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := a.Mask.Size()
+		if isOwnedAddr(ip.Unmap(), ones, a.Label, a.Flags, ownLabel(link.Attrs().Name), all) {
+			out[ip.Unmap()] = a
+		}
+	}
+	return out, nil
+}
+
+// isOwnedAddr decides whether an address on an interface is one we added:
+// a host address, not loopback or link-local, and on an interface we do not
+// own, marked by our label (IPv4) or flags (IPv6).
+func isOwnedAddr(ip netip.Addr, ones int, label string, flags int, ownLabel string, ownedLink bool) bool {
+	if ones != ip.BitLen() || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() {
+		return false
+	}
+	if ownedLink {
+		return true
+	}
+	if ip.Is4() {
+		return ownLabel != "" && label == ownLabel
+	}
+	return flags&ownIPv6Flags == ownIPv6Flags
+}
+
+// Cleanup removes the addresses we added and our dummy interface.
+func (b *Bind) Cleanup(_ context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs *multierror.Error
+	if l, err := b.h.LinkByName(DefaultBindInterface); err == nil && l.Type() == "dummy" {
+		if err := b.h.LinkDel(l); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("portal: bind: delete %s: %w", DefaultBindInterface, err))
+		}
+	}
+	names := []string{"lo"}
+	if n := b.cfg.Interface; n != "" && n != "lo" && n != DefaultBindInterface {
+		names = append(names, n)
+	}
+	for _, n := range names {
+		l, err := b.h.LinkByName(n)
+		if err != nil {
+			continue
+		}
+		have, err := b.ownedAddrs(l, false)
+		if err != nil {
+			errs = multierror.Append(errs, err)
+			continue
+		}
+		for ip, a := range have {
+			if err := b.h.AddrDel(l, a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+				errs = multierror.Append(errs, fmt.Errorf("portal: bind: remove %s from %s: %w", ip, n, err))
+			}
+		}
+	}
+	b.link = nil
+	return errs.ErrorOrNil()
+}
+
+// Close releases the netlink socket. The addresses stay.
+func (b *Bind) Close() error {
+	b.h.Close()
+	return nil
+}

@@ -1,0 +1,64 @@
+//go:build !linux
+
+package portal
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"strings"
+)
+
+// Bind is the bind portal. Off Linux it cannot add addresses: Sync only
+// checks that every service address is already on the host, so the data
+// plane can listen on it, and says how to add the missing ones.
+type Bind struct{}
+
+var _ Interface = (*Bind)(nil)
+
+// NewBind returns the checking bind portal.
+func NewBind(_ context.Context, _ BindConfig) (*Bind, error) { return &Bind{}, nil }
+
+// Sync reports the service addresses missing from the host.
+func (*Bind) Sync(_ context.Context, portals []Portal) error {
+	have := make(map[netip.Addr]bool)
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return fmt.Errorf("portal: bind: list addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+				have[ip.Unmap()] = true
+			}
+		}
+	}
+	var missing []string
+	for _, ip := range bindAddrs(portals) {
+		if !have[ip] {
+			missing = append(missing, ip.String())
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	how := "add them to a loopback interface"
+	switch runtime.GOOS {
+	case "darwin":
+		how = "add each with: sudo ifconfig lo0 alias ADDRESS"
+	case "windows":
+		how = `add each with: netsh interface ip add address "Loopback" ADDRESS 255.255.255.255 (IPv4) or netsh interface ipv6 add address "Loopback" ADDRESS (IPv6), on a loopback adapter`
+	}
+	return fmt.Errorf("portal: bind: service addresses %s are not on this host (%s)", strings.Join(missing, ", "), how)
+}
+
+// Cleanup does nothing: this portal adds no addresses.
+func (*Bind) Cleanup(context.Context) error { return nil }
+
+// Close does nothing.
+func (*Bind) Close() error { return nil }
+
+// Interface is empty: this portal adds addresses nowhere.
+func (*Bind) Interface() string { return "" }

@@ -1,0 +1,20 @@
+package portal
+
+import "net/netip"
+
+// IPTablesConfig configures the iptables portal.
+type IPTablesConfig struct {
+	// NodePortAddresses restricts NodePort rules to node addresses in
+	// these prefixes (--nodeport-addresses). If empty, every local
+	// address answers a NodePort ("-m addrtype --dst-type LOCAL").
+	NodePortAddresses []netip.Prefix
+	// Backend forces the iptables backend. If empty, the backend holding
+	// the host's existing rules is detected.
+	Backend Backend
+	// Families are the IP families to program. If nil, IPv4, and IPv6
+	// when the kernel has it.
+	Families []Family
+	// LockWaitSeconds is how long to wait for the xtables lock. If zero,
+	// 5.
+	LockWaitSeconds int
+}

@@ -1,0 +1,412 @@
+package portal
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-iptables/iptables"
+	"github.com/hashicorp/go-multierror"
+	"k8s.io/klog/v2"
+)
+
+// iptablesCmd is the part of go-iptables the portal calls, so tests can
+// fake it.
+type iptablesCmd interface {
+	Exists(table, chain string, rulespec ...string) (bool, error)
+	List(table, chain string) ([]string, error)
+	Insert(table, chain string, pos int, rulespec ...string) error
+	Append(table, chain string, rulespec ...string) error
+	DeleteIfExists(table, chain string, rulespec ...string) error
+	ChainExists(table, chain string) (bool, error)
+	ClearAndDeleteChain(table, chain string) error
+}
+
+// runFunc runs a program with stdin and returns its stdout; the error
+// carries its stderr.
+type runFunc func(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error)
+
+// famTables drives one IP family of one backend.
+type famTables struct {
+	fam     Family
+	ipt     iptablesCmd
+	bin     string // iptables binary
+	restore string // iptables-restore binary
+	save    string // iptables-save binary
+}
+
+// IPTables is the iptables portal: nat REDIRECT rules to the proxy ports in
+// the legacy userspace chains, for IPv4 through iptables and IPv6 through
+// ip6tables, in the backend (nft or legacy) the host uses.
+type IPTables struct {
+	cfg      IPTablesConfig
+	backend  Backend
+	run      runFunc
+	lookPath func(string) (string, error)
+
+	mu       sync.Mutex   // serializes Sync and Cleanup; guards the fields below
+	fams     []*famTables // the chosen backend, one per family
+	leftover []*famTables // the other backend, where our chains were found
+}
+
+var _ Interface = (*IPTables)(nil)
+
+// NewIPTables detects the iptables backend and returns the portal. It
+// changes nothing in the kernel: the first Sync reconciles whatever an
+// earlier run left, so a restart keeps serving until then.
+func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
+	if cfg.LockWaitSeconds <= 0 {
+		cfg.LockWaitSeconds = 5
+	}
+	explicit := cfg.Families != nil
+	if !explicit {
+		cfg.Families = []Family{IPv4}
+		if _, err := os.Stat("/proc/net/if_inet6"); err == nil {
+			cfg.Families = append(cfg.Families, IPv6)
+		} else {
+			klog.InfoS("IPv6 is not available; programming IPv4 portals only")
+		}
+	}
+	p := &IPTables{cfg: cfg, run: execRun, lookPath: exec.LookPath}
+	backend, reason, leftovers := p.detect(ctx)
+	p.backend = backend
+	var errs *multierror.Error
+	var families []Family
+	for _, fam := range cfg.Families {
+		ft, err := p.newFamTables(backend, fam)
+		if err == nil {
+			// Usable means we may read the nat table: no netfilter, no
+			// nat support or no privilege all fail here, not at Sync.
+			if _, lerr := ft.ipt.List(tableNAT, "PREROUTING"); lerr != nil {
+				err = fmt.Errorf("%s cannot read the nat table: %w", ft.bin, lerr)
+			}
+		}
+		if err != nil {
+			if fam == IPv6 && !explicit && len(cfg.Families) > 1 {
+				klog.InfoS("ip6tables is not usable; programming IPv4 portals only", "err", err)
+				continue
+			}
+			errs = multierror.Append(errs, err)
+			continue
+		}
+		p.fams = append(p.fams, ft)
+		families = append(families, fam)
+		if leftovers[fam] {
+			other := BackendNFT
+			if backend == BackendNFT {
+				other = BackendLegacy
+			}
+			if ot, err := p.newFamTables(other, fam); err == nil {
+				p.leftover = append(p.leftover, ot)
+			}
+		}
+	}
+	if err := errs.ErrorOrNil(); err != nil {
+		return nil, fmt.Errorf("portal: iptables: %w", err)
+	}
+	p.cfg.Families = families
+	klog.InfoS("Using iptables portal", "backend", backend, "reason", reason, "families", families)
+	if len(p.leftover) > 0 {
+		klog.InfoS("Found portal chains in the other iptables backend; --cleanup removes them", "command", p.leftover[0].bin)
+	}
+	return p, nil
+}
+
+// Backend reports the backend in use.
+func (p *IPTables) Backend() Backend { return p.backend }
+
+// binaries returns the program names of a backend and family: the
+// backend-specific ones when installed, else the plain names.
+func (p *IPTables) binaries(b Backend, fam Family) (ipt, restore, save string) {
+	base := "iptables"
+	if fam == IPv6 {
+		base = "ip6tables"
+	}
+	suffix := "-" + string(b)
+	if _, err := p.lookPath(base + suffix); err != nil {
+		return base, base + "-restore", base + "-save"
+	}
+	return base + suffix, base + suffix + "-restore", base + suffix + "-save"
+}
+
+func (p *IPTables) newFamTables(b Backend, fam Family) (*famTables, error) {
+	bin, restore, save := p.binaries(b, fam)
+	proto := iptables.ProtocolIPv4
+	if fam == IPv6 {
+		proto = iptables.ProtocolIPv6
+	}
+	ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Path(bin), iptables.Timeout(5))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", bin, err)
+	}
+	return &famTables{fam: fam, ipt: ipt, bin: bin, restore: restore, save: save}, nil
+}
+
+// detect picks the backend holding the host's rules, the way
+// kubernetes-sigs/iptables-wrappers does: count the rules each one shows.
+// It also reports the families whose other backend holds our chains.
+func (p *IPTables) detect(ctx context.Context) (Backend, string, map[Family]bool) {
+	saves := map[Backend]map[Family]string{BackendLegacy: {}, BackendNFT: {}}
+	for b := range saves {
+		for _, fam := range p.cfg.Families {
+			_, _, save := p.binaries(b, fam)
+			if !strings.HasSuffix(save, "-"+string(b)+"-save") {
+				continue // this backend's tools are not installed
+			}
+			out, err := p.run(ctx, nil, save)
+			if err != nil {
+				klog.V(2).InfoS("Reading iptables rules failed", "command", save, "err", err)
+			}
+			saves[b][fam] = string(out)
+		}
+	}
+	join := func(m map[Family]string) string { return m[IPv4] + m[IPv6] }
+	backend, reason := p.cfg.Backend, "set by configuration"
+	if backend == "" {
+		backend, reason = chooseBackend(join(saves[BackendLegacy]), join(saves[BackendNFT]))
+		if _, _, save := p.binaries(backend, IPv4); !strings.HasSuffix(save, "-"+string(backend)+"-save") {
+			backend, reason = plainBackend(ctx, p.run), "the only iptables installed"
+		}
+	}
+	other := BackendNFT
+	if backend == BackendNFT {
+		other = BackendLegacy
+	}
+	leftovers := make(map[Family]bool)
+	for fam, save := range saves[other] {
+		leftovers[fam] = ownsAnything(save)
+	}
+	return backend, reason, leftovers
+}
+
+// plainBackend reads the backend of the plain iptables binary from its
+// version ("iptables v1.8.9 (nf_tables)").
+func plainBackend(ctx context.Context, run runFunc) Backend {
+	out, err := run(ctx, nil, "iptables", "--version")
+	if err == nil && strings.Contains(string(out), "legacy") {
+		return BackendLegacy
+	}
+	if err == nil && !strings.Contains(string(out), "nf_tables") {
+		return BackendLegacy // iptables before 1.8 knows only legacy
+	}
+	return BackendNFT
+}
+
+func execRun(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.Bytes(), fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+// Sync writes our chains so they hold exactly the rules of portals: one
+// iptables-restore --noflush per table and family, which replaces our
+// chains atomically and touches nothing else, then makes sure the jumps
+// into them are in place. Invalid portals are reported and left out.
+func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs *multierror.Error
+	valid := portals[:0:0]
+	for _, pt := range portals {
+		if err := pt.validate(); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: %s %s: %w", pt.Service, pt.Kind, err))
+			continue
+		}
+		valid = append(valid, pt)
+	}
+	for _, ft := range p.fams {
+		start := time.Now()
+		r := render(valid, ft.fam, p.cfg.NodePortAddresses)
+		for _, tbl := range []struct {
+			name string
+			data []byte
+		}{{tableNAT, r.nat}, {tableFilter, r.filter}} {
+			if err := p.restore(ctx, ft, tbl.data); err != nil {
+				errs = multierror.Append(errs, fmt.Errorf("portal: iptables: restore %s table (%s): %w", tbl.name, ft.fam, err))
+			}
+		}
+		if err := ensureJumps(ft.ipt); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: jumps (%s): %w", ft.fam, err))
+		}
+		klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
+	}
+	return errs.ErrorOrNil()
+}
+
+func (p *IPTables) restore(ctx context.Context, ft *famTables, data []byte) error {
+	_, err := p.run(ctx, data, ft.restore, "--noflush", "--wait="+strconv.Itoa(p.cfg.LockWaitSeconds))
+	return err
+}
+
+// ensureJumps adds each missing jump into our chains. A jump that is
+// already there stays where it is. It lists each built-in chain once
+// ("-S", a few ms even next to thousands of rules in nft) rather than
+// checking each jump with "-C", which makes iptables-nft load the whole
+// table (60 ms each at 17,000 rules); "-C" is the fallback when the listing
+// prints a jump in a form we do not recognise, so it is never duplicated.
+func ensureJumps(ipt iptablesCmd) error {
+	var errs error
+	listed := make(map[string][]string)
+	for _, j := range jumps {
+		key := j.table + "/" + j.from
+		rules, ok := listed[key]
+		if !ok {
+			var err error
+			if rules, err = ipt.List(j.table, j.from); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("list %s: %w", j.from, err))
+				continue
+			}
+			listed[key] = rules
+		}
+		if hasRule(rules, j.from, j.spec()) {
+			continue
+		}
+		if ok, err := ipt.Exists(j.table, j.from, j.spec()...); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("check %s -> %s: %w", j.from, j.to, err))
+			continue
+		} else if ok {
+			continue
+		}
+		var err error
+		if j.prepend {
+			err = ipt.Insert(j.table, j.from, 1, j.spec()...)
+		} else {
+			err = ipt.Append(j.table, j.from, j.spec()...)
+		}
+		if err != nil {
+			errs = errors.Join(errs, fmt.Errorf("add %s -> %s: %w", j.from, j.to, err))
+		}
+	}
+	return errs
+}
+
+// hasRule reports whether "iptables -S chain" output holds the rule spec.
+func hasRule(lines []string, chain string, spec []string) bool {
+	for _, l := range lines {
+		args, ok := strings.CutPrefix(l, "-A "+chain+" ")
+		if !ok {
+			continue
+		}
+		if words, err := splitArgs(args); err == nil && slices.Equal(words, spec) {
+			return true
+		}
+	}
+	return false
+}
+
+// Cleanup removes every jump and chain we own, in both families, and in
+// the other backend where NewIPTables found our chains there too.
+func (p *IPTables) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs *multierror.Error
+	for _, ft := range append(p.fams[:len(p.fams):len(p.fams)], p.leftover...) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := cleanupFamily(ft.ipt); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: cleanup (%s): %w", ft.bin, err))
+		}
+	}
+	return errs.ErrorOrNil()
+}
+
+// cleanupFamily deletes every rule of the built-in chains that jumps into
+// one of ours, whatever its comment (an old kube-proxy in userspace mode
+// used the same chain names), then our chains.
+func cleanupFamily(ipt iptablesCmd) error {
+	var errs error
+	done := make(map[string]bool)
+	for _, j := range jumps {
+		key := j.table + "/" + j.from
+		if done[key] {
+			continue
+		}
+		done[key] = true
+		lines, err := ipt.List(j.table, j.from)
+		if err != nil {
+			if !isNotExist(err) {
+				errs = errors.Join(errs, fmt.Errorf("list %s: %w", j.from, err))
+			}
+			continue
+		}
+		for _, l := range lines {
+			args, ok := strings.CutPrefix(l, "-A "+j.from+" ")
+			if !ok {
+				continue
+			}
+			words, err := splitArgs(args)
+			if err != nil || len(words) < 2 || words[len(words)-2] != "-j" || !slices.Contains(ownedChains[j.table], words[len(words)-1]) {
+				continue
+			}
+			if err := ipt.DeleteIfExists(j.table, j.from, words...); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("delete %s -> %s: %w", j.from, words[len(words)-1], err))
+			}
+		}
+	}
+	for _, table := range []string{tableNAT, tableFilter} {
+		for _, c := range ownedChains[table] {
+			ok, err := ipt.ChainExists(table, c)
+			if err != nil {
+				errs = errors.Join(errs, fmt.Errorf("check chain %s: %w", c, err))
+				continue
+			}
+			if !ok {
+				continue
+			}
+			if err := ipt.ClearAndDeleteChain(table, c); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("delete chain %s: %w", c, err))
+			}
+		}
+	}
+	return errs
+}
+
+func isNotExist(err error) bool {
+	var e *iptables.Error
+	return errors.As(err, &e) && e.IsNotExist()
+}
+
+// Existing returns the portals our chains hold now, as an earlier run left
+// them: the proxy ports a restarted proxy may keep, and the old mappings
+// whose conntrack entries a change makes stale. Address portals come back
+// as ClusterIP; rules that are not ours are skipped.
+func (p *IPTables) Existing(ctx context.Context) ([]Portal, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Portal
+	var errs *multierror.Error
+	for _, ft := range p.fams {
+		save, err := p.run(ctx, nil, ft.save, "-t", tableNAT)
+		if err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: read rules (%s): %w", ft.fam, err))
+			continue
+		}
+		tables, err := parseSave(string(save))
+		if err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: parse %s: %w", ft.save, err))
+			continue
+		}
+		got, bad := portalsInSave(tables, ft.fam)
+		if bad > 0 {
+			klog.InfoS("Skipped unreadable rules in portal chains", "family", ft.fam, "count", bad)
+		}
+		out = append(out, got...)
+	}
+	return out, errs.ErrorOrNil()
+}

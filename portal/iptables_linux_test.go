@@ -1,0 +1,308 @@
+package portal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// fakeIPT is an in-memory iptables for one family: chains with rules kept
+// as joined arguments.
+type fakeIPT struct {
+	mu     sync.Mutex
+	chains map[string][]string // "table/chain" -> rules
+	calls  []string
+}
+
+func newFakeIPT() *fakeIPT {
+	f := &fakeIPT{chains: make(map[string][]string)}
+	for _, c := range []string{"nat/PREROUTING", "nat/OUTPUT", "filter/INPUT"} {
+		f.chains[c] = nil
+	}
+	return f
+}
+
+func (f *fakeIPT) record(format string, args ...any) {
+	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+}
+
+func (f *fakeIPT) Exists(table, chain string, spec ...string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rules, ok := f.chains[table+"/"+chain]
+	if !ok {
+		return false, fmt.Errorf("no chain %s", chain)
+	}
+	return slices.Contains(rules, quoteSpec(spec)), nil
+}
+
+func (f *fakeIPT) List(table, chain string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("list %s %s", table, chain)
+	rules, ok := f.chains[table+"/"+chain]
+	if !ok {
+		return nil, fmt.Errorf("no chain %s", chain)
+	}
+	out := []string{"-P " + chain + " ACCEPT"}
+	for _, r := range rules {
+		out = append(out, "-A "+chain+" "+r)
+	}
+	return out, nil
+}
+
+// quoteSpec joins a rule as iptables -S prints it.
+func quoteSpec(spec []string) string {
+	var b []string
+	for _, s := range spec {
+		if strings.ContainsAny(s, " ;") {
+			s = `"` + s + `"`
+		}
+		b = append(b, s)
+	}
+	return strings.Join(b, " ")
+}
+
+func (f *fakeIPT) Insert(table, chain string, pos int, spec ...string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("insert %s %s %d %s", table, chain, pos, spec[len(spec)-1])
+	k := table + "/" + chain
+	f.chains[k] = slices.Insert(f.chains[k], pos-1, quoteSpec(spec))
+	return nil
+}
+
+func (f *fakeIPT) Append(table, chain string, spec ...string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("append %s %s %s", table, chain, spec[len(spec)-1])
+	k := table + "/" + chain
+	f.chains[k] = append(f.chains[k], quoteSpec(spec))
+	return nil
+}
+
+func (f *fakeIPT) DeleteIfExists(table, chain string, spec ...string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("delete %s %s %s", table, chain, spec[len(spec)-1])
+	k := table + "/" + chain
+	if i := slices.Index(f.chains[k], quoteSpec(spec)); i >= 0 {
+		f.chains[k] = slices.Delete(f.chains[k], i, i+1)
+	}
+	return nil
+}
+
+func (f *fakeIPT) ChainExists(table, chain string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.chains[table+"/"+chain]
+	return ok, nil
+}
+
+func (f *fakeIPT) ClearAndDeleteChain(table, chain string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("delete-chain %s %s", table, chain)
+	delete(f.chains, table+"/"+chain)
+	return nil
+}
+
+// restoreLog records iptables-restore input and creates the declared
+// chains in the family's fakeIPT, as the real one does.
+type restoreLog struct {
+	mu     sync.Mutex
+	inputs map[string][]string // binary -> inputs
+	fail   map[string]bool     // binary -> fail
+	byBin  map[string]*fakeIPT
+}
+
+func (r *restoreLog) run(_ context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail[name] {
+		return nil, errors.New("exit status 1: iptables-restore: line 7 failed")
+	}
+	if !slices.Contains(args, "--noflush") {
+		return nil, fmt.Errorf("restore without --noflush: %v", args)
+	}
+	r.inputs[name] = append(r.inputs[name], string(stdin))
+	if ipt := r.byBin[name]; ipt != nil {
+		tables, err := parseSave(string(stdin))
+		if err != nil {
+			return nil, err
+		}
+		for tn, tbl := range tables {
+			for _, c := range tbl.chains {
+				ipt.chains[tn+"/"+c] = nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+func newTestIPTables(cfg IPTablesConfig) (*IPTables, *restoreLog, map[Family]*fakeIPT) {
+	rl := &restoreLog{inputs: map[string][]string{}, fail: map[string]bool{}, byBin: map[string]*fakeIPT{}}
+	p := &IPTables{cfg: cfg, run: rl.run}
+	fakes := map[Family]*fakeIPT{}
+	for _, fam := range []Family{IPv4, IPv6} {
+		f := newFakeIPT()
+		fakes[fam] = f
+		bin := fmt.Sprintf("ip%stables-nft-restore", map[Family]string{IPv4: "", IPv6: "6"}[fam])
+		rl.byBin[bin] = f
+		p.fams = append(p.fams, &famTables{fam: fam, ipt: f, restore: bin, save: strings.Replace(bin, "restore", "save", 1)})
+	}
+	return p, rl, fakes
+}
+
+func TestIPTablesSync(t *testing.T) {
+	p, rl, fakes := newTestIPTables(IPTablesConfig{LockWaitSeconds: 5})
+	ctx := t.Context()
+	if err := p.Sync(ctx, fixedPortals()); err != nil {
+		t.Fatal(err)
+	}
+	r4 := render(fixedPortals(), IPv4, nil)
+	if got := rl.inputs["iptables-nft-restore"]; !slices.Equal(got, []string{string(r4.nat), string(r4.filter)}) {
+		t.Errorf("IPv4 restores = %q", got)
+	}
+	if got := len(rl.inputs["ip6tables-nft-restore"]); got != 2 {
+		t.Errorf("IPv6 restores = %d, want one per table", got)
+	}
+	wantCalls := []string{
+		"insert nat PREROUTING 1 KUBE-PORTALS-CONTAINER",
+		"insert nat OUTPUT 1 KUBE-PORTALS-HOST",
+		"append nat PREROUTING KUBE-NODEPORT-CONTAINER",
+		"append nat OUTPUT KUBE-NODEPORT-HOST",
+		"insert filter INPUT 1 KUBE-NODEPORT-NON-LOCAL",
+	}
+	if !slices.Equal(mutations(fakes[IPv4].calls), wantCalls) {
+		t.Errorf("jump calls =\n%q\nwant\n%q", fakes[IPv4].calls, wantCalls)
+	}
+	// A second sync finds the jumps and adds none; the chains are
+	// rewritten again (an empty set empties them).
+	fakes[IPv4].calls = nil
+	if err := p.Sync(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"list nat PREROUTING", "list nat OUTPUT", "list filter INPUT"}; !slices.Equal(fakes[IPv4].calls, want) {
+		t.Errorf("second sync made calls %q, want only one listing per built-in chain", fakes[IPv4].calls)
+	}
+	if last := rl.inputs["iptables-nft-restore"][2]; strings.Contains(last, "-A ") {
+		t.Errorf("empty sync wrote rules:\n%s", last)
+	}
+}
+
+func mutations(calls []string) []string {
+	return slices.DeleteFunc(slices.Clone(calls), func(c string) bool { return strings.HasPrefix(c, "list ") })
+}
+
+func TestIPTablesSyncCarriesOn(t *testing.T) {
+	p, rl, _ := newTestIPTables(IPTablesConfig{})
+	rl.fail["iptables-nft-restore"] = true
+	bad := Portal{Service: webHTTP, Kind: ClusterIP, Family: IPv4, Port: 80, ProxyPort: 1} // no address
+	err := p.Sync(t.Context(), append(fixedPortals(), bad))
+	if err == nil {
+		t.Fatal("Sync succeeded with a failing restore and an invalid portal")
+	}
+	for _, want := range []string{"no frontend address", "restore nat table (IPv4)", "restore filter table (IPv4)"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if got := rl.inputs["ip6tables-nft-restore"]; len(got) != 2 || !strings.Contains(got[0], "fd5e:b1b5::10/128") {
+		t.Errorf("IPv6 was not programmed after the IPv4 failure: %q", got)
+	}
+}
+
+func TestIPTablesCleanup(t *testing.T) {
+	p, _, fakes := newTestIPTables(IPTablesConfig{})
+	ctx := t.Context()
+	// Nothing there: harmless.
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatalf("cleanup of nothing: %v", err)
+	}
+	if err := p.Sync(ctx, fixedPortals()); err != nil {
+		t.Fatal(err)
+	}
+	// A duplicate jump, as a race or a hand might leave, and the legacy
+	// kube-proxy's jump with its own comment.
+	j := jumps[0]
+	fakes[IPv4].Append(j.table, j.from, j.spec()...)
+	fakes[IPv4].Append(j.table, j.from, "-m", "comment", "--comment", "handle ClusterIPs; NOTE: this must be before the NodePort rules", "-j", j.to)
+	fakes[IPv4].Append(j.table, j.from, "-j", "SOMEONE-ELSE")
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for fam, f := range fakes {
+		for k, rules := range f.chains {
+			if strings.Contains(k, "KUBE-") {
+				t.Errorf("%s: chain %s left", fam, k)
+			}
+			for _, r := range rules {
+				if strings.Contains(r, "KUBE-") {
+					t.Errorf("%s: jump %q left in %s", fam, r, k)
+				}
+			}
+			if k == "nat/PREROUTING" && fam == IPv4 && !slices.Equal(rules, []string{"-j SOMEONE-ELSE"}) {
+				t.Errorf("PREROUTING after cleanup = %q, want only the other tool's rule", rules)
+			}
+		}
+	}
+}
+
+func TestDetect(t *testing.T) {
+	saves := map[string]string{
+		"iptables-legacy-save":  "*filter\n-A INPUT -j ACCEPT\n-A INPUT -j DROP\nCOMMIT\n",
+		"ip6tables-legacy-save": "",
+		"iptables-nft-save":     "*nat\n:KUBE-PORTALS-HOST - [0:0]\n-A OUTPUT -j KUBE-PORTALS-HOST\nCOMMIT\n",
+		"ip6tables-nft-save":    "",
+	}
+	p := &IPTables{
+		cfg: IPTablesConfig{Families: []Family{IPv4, IPv6}},
+		run: func(_ context.Context, _ []byte, name string, _ ...string) ([]byte, error) {
+			return []byte(saves[name]), nil
+		},
+		lookPath: func(s string) (string, error) { return "/usr/sbin/" + s, nil },
+	}
+	b, reason, leftovers := p.detect(t.Context())
+	if b != BackendLegacy || !strings.Contains(reason, "2 legacy, 1 nft") {
+		t.Errorf("detect = %s (%s), want legacy", b, reason)
+	}
+	if !leftovers[IPv4] || leftovers[IPv6] {
+		t.Errorf("leftovers = %v, want our IPv4 chains found in nft", leftovers)
+	}
+	// Only plain iptables installed: its version decides.
+	p.lookPath = func(s string) (string, error) { return "", errors.New("not found") }
+	p.run = func(_ context.Context, _ []byte, name string, args ...string) ([]byte, error) {
+		if name == "iptables" && slices.Equal(args, []string{"--version"}) {
+			return []byte("iptables v1.8.9 (legacy)\n"), nil
+		}
+		return nil, errors.New("unexpected " + name)
+	}
+	if b, _, _ := p.detect(t.Context()); b != BackendLegacy {
+		t.Errorf("plain legacy iptables detected as %s", b)
+	}
+}
+
+// TestHasRule reads jumps as "iptables -S" prints them (nft and legacy
+// print the same), so Sync needs no "-C" when they are in place.
+func TestHasRule(t *testing.T) {
+	listing := []string{
+		"-P PREROUTING ACCEPT",
+		`-A PREROUTING -m comment --comment "kube-userspace-proxy service portals; keep before the node port jump" -j KUBE-PORTALS-CONTAINER`,
+		`-A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER`,
+		`-A PREROUTING -m addrtype --dst-type LOCAL -m comment --comment "kube-userspace-proxy node ports; keep as the last rule" -j KUBE-NODEPORT-CONTAINER`,
+	}
+	for _, j := range jumps[:4] {
+		want := j.from == "PREROUTING"
+		if got := hasRule(listing, j.from, j.spec()); got != want {
+			t.Errorf("hasRule(%s -> %s) = %v, want %v", j.from, j.to, got, want)
+		}
+	}
+	if hasRule([]string{`-A PREROUTING -m comment --comment "other" -j KUBE-PORTALS-CONTAINER`}, "PREROUTING", jumps[0].spec()) {
+		t.Error("a jump with another comment counts as ours")
+	}
+}

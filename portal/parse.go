@@ -1,0 +1,221 @@
+package portal
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// savedTable is one table of iptables-save output.
+type savedTable struct {
+	chains []string            // declared chains, in order
+	rules  map[string][]string // chain -> rule arguments after "-A CHAIN "
+}
+
+// parseSave reads iptables-save output into its tables. It accepts what
+// both backends print, including their comments and counters, and returns
+// an error for a line it cannot place.
+func parseSave(text string) (map[string]*savedTable, error) {
+	tables := make(map[string]*savedTable)
+	var cur *savedTable
+	for n, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+		case strings.HasPrefix(line, "*"):
+			name := line[1:]
+			if name == "" {
+				return nil, fmt.Errorf("line %d: table without a name", n+1)
+			}
+			cur = tables[name]
+			if cur == nil {
+				cur = &savedTable{rules: make(map[string][]string)}
+				tables[name] = cur
+			}
+		case line == "COMMIT":
+			cur = nil
+		case cur == nil:
+			return nil, fmt.Errorf("line %d: %q outside a table", n+1, line)
+		case strings.HasPrefix(line, ":"):
+			name, _, _ := strings.Cut(line[1:], " ")
+			if name == "" {
+				return nil, fmt.Errorf("line %d: chain without a name", n+1)
+			}
+			cur.chains = append(cur.chains, name)
+		case strings.HasPrefix(line, "[") || strings.HasPrefix(line, "-A "):
+			if strings.HasPrefix(line, "[") { // iptables-save -c counters
+				_, rest, ok := strings.Cut(line, "] ")
+				if !ok {
+					return nil, fmt.Errorf("line %d: bad counters", n+1)
+				}
+				line = rest
+			}
+			rest, ok := strings.CutPrefix(line, "-A ")
+			if !ok {
+				return nil, fmt.Errorf("line %d: %q is not a rule", n+1, line)
+			}
+			chain, args, _ := strings.Cut(rest, " ")
+			if chain == "" {
+				return nil, fmt.Errorf("line %d: rule without a chain", n+1)
+			}
+			cur.rules[chain] = append(cur.rules[chain], args)
+		default:
+			return nil, fmt.Errorf("line %d: unknown line %q", n+1, line)
+		}
+	}
+	return tables, nil
+}
+
+// countRules counts the rules in iptables-save output, ignoring what it
+// cannot parse (a backend that is not there prints nothing or an error).
+func countRules(text string) int {
+	n := 0
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "-A ") {
+			n++
+		}
+	}
+	return n
+}
+
+// splitArgs splits rule arguments as iptables-save quotes them: double
+// quotes group words, and a backslash escapes the next character.
+func splitArgs(s string) ([]string, error) {
+	var out []string
+	var cur strings.Builder
+	inWord, quoted, escaped := false, false, false
+	for _, r := range s {
+		switch {
+		case escaped:
+			cur.WriteRune(r)
+			escaped = false
+		case r == '\\':
+			escaped, inWord = true, true
+		case r == '"':
+			quoted, inWord = !quoted, true
+		case (r == ' ' || r == '\t') && !quoted:
+			if inWord {
+				out = append(out, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quoted || escaped {
+		return nil, fmt.Errorf("unterminated quote in %q", s)
+	}
+	if inWord {
+		out = append(out, cur.String())
+	}
+	return out, nil
+}
+
+// parseRule reads one of our portal rules (the arguments after
+// "-A CHAIN ") back into a Portal. Address rules come back as ClusterIP:
+// the rules do not tell the address kinds apart.
+func parseRule(chain, args string) (Portal, error) {
+	words, err := splitArgs(args)
+	if err != nil {
+		return Portal{}, err
+	}
+	vals := make(map[string]string)
+	for i := 0; i < len(words); i++ {
+		switch w := words[i]; w {
+		case "-d", "-p", "--comment", "--dport", "--to-ports":
+			if i+1 >= len(words) {
+				return Portal{}, fmt.Errorf("%s without a value", w)
+			}
+			i++
+			vals[w] = words[i]
+		}
+	}
+	var p Portal
+	dst := vals["-d"]
+	for _, f := range []struct {
+		flag string
+		to   *uint16
+	}{{"--dport", &p.Port}, {"--to-ports", &p.ProxyPort}} {
+		n, err := strconv.ParseUint(vals[f.flag], 10, 16)
+		if err != nil || n == 0 {
+			return Portal{}, fmt.Errorf("bad %s %q", f.flag, vals[f.flag])
+		}
+		*f.to = uint16(n)
+	}
+	if p.Service, err = parseComment(vals["--comment"], vals["-p"]); err != nil {
+		return Portal{}, err
+	}
+	switch chain {
+	case ChainPortalsContainer, ChainPortalsHost:
+		pfx, err := netip.ParsePrefix(dst)
+		if err != nil || !pfx.IsSingleIP() {
+			return Portal{}, fmt.Errorf("bad destination %q", dst)
+		}
+		p.Kind, p.IP, p.Family = ClusterIP, pfx.Addr(), FamilyOf(pfx.Addr())
+	case ChainNodePortContainer, ChainNodePortHost:
+		p.Kind, p.Family = NodePort, IPv4
+		if dst != "" {
+			pfx, err := netip.ParsePrefix(dst)
+			if err != nil {
+				return Portal{}, fmt.Errorf("bad destination %q", dst)
+			}
+			p.Family = FamilyOf(pfx.Addr())
+		}
+	default:
+		return Portal{}, fmt.Errorf("chain %s is not a portal chain", chain)
+	}
+	return p, nil
+}
+
+// parseComment reads "ns/name:port" (or "ns/name") and a lower-case
+// protocol back into a service port name.
+func parseComment(comment, proto string) (state.ServicePortName, error) {
+	pr, err := state.ParseProtocol(proto)
+	if err != nil {
+		return state.ServicePortName{}, err
+	}
+	ns, rest, ok := strings.Cut(comment, "/")
+	if !ok || ns == "" || rest == "" {
+		return state.ServicePortName{}, fmt.Errorf("comment %q is not ns/name:port", comment)
+	}
+	name, port, _ := strings.Cut(rest, ":")
+	if name == "" {
+		return state.ServicePortName{}, fmt.Errorf("comment %q is not ns/name:port", comment)
+	}
+	return state.ServicePortName{Namespace: ns, Name: name, Port: port, Protocol: pr}, nil
+}
+
+// portalsInSave returns the portals our container chains hold in nat-table
+// iptables-save output of family fam, sorted; the host chains mirror them.
+// Rules it cannot read are skipped and counted.
+func portalsInSave(tables map[string]*savedTable, fam Family) (out []Portal, unreadable int) {
+	nat := tables[tableNAT]
+	if nat == nil {
+		return nil, 0
+	}
+	seen := make(map[Portal]bool)
+	for _, chain := range []string{ChainPortalsContainer, ChainNodePortContainer} {
+		for _, args := range nat.rules[chain] {
+			p, err := parseRule(chain, args)
+			if err != nil {
+				unreadable++
+				continue
+			}
+			if p.Kind == NodePort {
+				p.Family = fam
+			}
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	slices.SortFunc(out, Portal.Compare)
+	return out, unreadable
+}

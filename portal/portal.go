@@ -1,0 +1,178 @@
+package portal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// Interface makes the kernel steer service traffic to the proxy. It is
+// declarative: each Sync states the whole wanted set, and the
+// implementation adds what is missing and removes what is no longer wanted.
+type Interface interface {
+	// Sync makes the kernel's redirection match portals exactly. It
+	// carries on past a portal it cannot program and returns every
+	// failure; calling it again retries them.
+	Sync(ctx context.Context, portals []Portal) error
+	// Cleanup removes everything the implementation owns in the kernel. It
+	// is harmless when there is nothing to remove.
+	Cleanup(ctx context.Context) error
+}
+
+// ErrNotSupported is returned by constructors of portals that this
+// operating system cannot run.
+var ErrNotSupported = errors.New("not supported on this OS")
+
+// Kind is the kind of address a portal catches.
+type Kind string
+
+// The kinds of frontend a service port has.
+const (
+	ClusterIP      Kind = "ClusterIP"
+	ExternalIP     Kind = "ExternalIP"
+	LoadBalancerIP Kind = "LoadBalancerIP"
+	NodePort       Kind = "NodePort"
+)
+
+// Family is an IP family.
+type Family int
+
+// The IP families.
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// FamilyOf returns the family of a.
+func FamilyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// Portal is one redirection: traffic of Protocol to IP:Port (or, for a
+// NodePort, to Port on the node's own addresses of Family) goes to the
+// proxy's ProxyPort on this host.
+type Portal struct {
+	// Service is the service port served; its Comment() names the rules.
+	Service state.ServicePortName
+	Kind    Kind
+	// Family is the IP family; for all kinds but NodePort it is IP's.
+	Family Family
+	// IP is the frontend address. It is the zero Addr for a NodePort.
+	IP netip.Addr
+	// Port is the service port, or the node port for a NodePort.
+	Port uint16
+	// ProxyPort is where the proxy listens for this service port. Zero
+	// means the proxy has no proxy port for it (it is not served, or it
+	// binds the frontend itself): redirecting portals skip it.
+	ProxyPort uint16
+}
+
+// Protocol is the portal's transport protocol.
+func (p Portal) Protocol() state.Protocol { return p.Service.Protocol }
+
+// String describes the portal as "198.18.0.10:80/TCP -> :41234" or
+// "NodePort(IPv4) 30080/UDP -> :41235".
+func (p Portal) String() string {
+	if p.Kind == NodePort {
+		return fmt.Sprintf("NodePort(%s) %d/%s -> :%d", p.Family, p.Port, p.Protocol(), p.ProxyPort)
+	}
+	return fmt.Sprintf("%s/%s -> :%d", netip.AddrPortFrom(p.IP, p.Port), p.Protocol(), p.ProxyPort)
+}
+
+// Compare orders portals by service, kind, family, address and port.
+func (p Portal) Compare(o Portal) int {
+	if c := p.Service.Compare(o.Service); c != 0 {
+		return c
+	}
+	if c := kindRank(p.Kind) - kindRank(o.Kind); c != 0 {
+		return c
+	}
+	if c := int(p.Family) - int(o.Family); c != 0 {
+		return c
+	}
+	if c := p.IP.Compare(o.IP); c != 0 {
+		return c
+	}
+	if c := int(p.Port) - int(o.Port); c != 0 {
+		return c
+	}
+	return int(p.ProxyPort) - int(o.ProxyPort)
+}
+
+func kindRank(k Kind) int {
+	switch k {
+	case ClusterIP:
+		return 0
+	case ExternalIP:
+		return 1
+	case LoadBalancerIP:
+		return 2
+	case NodePort:
+		return 3
+	}
+	return 4
+}
+
+// FromSnapshot lists the portals of every service port in snap, sorted.
+// proxyPort gives each service port's proxy port (pass the data plane's
+// Proxier.ProxyPort); a zero result is kept as ProxyPort 0, which
+// redirecting portals skip and binding portals do not need. A NodePort
+// gets one portal per IP family of the service's frontends (IPv4 when it
+// has none), as the data plane listens.
+func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uint16) []Portal {
+	var out []Portal
+	for sp := range snap.All {
+		pp := uint16(0)
+		if proxyPort != nil {
+			pp = proxyPort(sp.Name)
+		}
+		add := func(kind Kind, ips []netip.Addr) {
+			for _, ip := range ips {
+				ip = ip.Unmap()
+				out = append(out, Portal{Service: sp.Name, Kind: kind, Family: FamilyOf(ip), IP: ip, Port: sp.Port, ProxyPort: pp})
+			}
+		}
+		add(ClusterIP, sp.ClusterIPs)
+		add(ExternalIP, sp.ExternalIPs)
+		add(LoadBalancerIP, sp.LoadBalancerIPs)
+		if sp.NodePort != 0 {
+			for _, f := range families(sp) {
+				out = append(out, Portal{Service: sp.Name, Kind: NodePort, Family: f, Port: sp.NodePort, ProxyPort: pp})
+			}
+		}
+	}
+	slices.SortFunc(out, Portal.Compare)
+	return slices.CompactFunc(out, func(a, b Portal) bool { return a == b })
+}
+
+func families(sp *state.ServicePort) []Family {
+	var has4, has6 bool
+	for _, fe := range sp.Frontends() {
+		if FamilyOf(fe.Addr()) == IPv4 {
+			has4 = true
+		} else {
+			has6 = true
+		}
+	}
+	switch {
+	case has4 && has6:
+		return []Family{IPv4, IPv6}
+	case has6:
+		return []Family{IPv6}
+	}
+	return []Family{IPv4}
+}

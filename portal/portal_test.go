@@ -1,0 +1,130 @@
+package portal
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+var (
+	webHTTP = state.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: state.TCP}
+	dnsUDP  = state.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns", Protocol: state.UDP}
+	sigSCTP = state.ServicePortName{Namespace: "tel", Name: "sig", Protocol: state.SCTP}
+	v6Only  = state.ServicePortName{Namespace: "default", Name: "six", Port: "http", Protocol: state.TCP}
+)
+
+func addrs(s ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range s {
+		out = append(out, netip.MustParseAddr(a))
+	}
+	return out
+}
+
+// fixedSnapshot is the snapshot of the golden tests: every kind of
+// frontend, both families and all three protocols.
+func fixedSnapshot() state.Snapshot {
+	return state.NewSnapshot([]state.ServicePort{
+		{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10", "fd5e:b1b5::10"), NodePort: 30080,
+			ExternalIPs: addrs("198.19.0.5"), LoadBalancerIPs: addrs("198.19.1.1")},
+		{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), NodePort: 30053},
+		{Name: sigSCTP, Port: 3868, ClusterIPs: addrs("198.18.0.99")},
+		{Name: v6Only, Port: 8080, ClusterIPs: addrs("fd5e:b1b5::80"), NodePort: 30081},
+	})
+}
+
+var fixedProxyPorts = map[state.ServicePortName]uint16{webHTTP: 41234, dnsUDP: 41235, sigSCTP: 41236, v6Only: 41237}
+
+func fixedPortals() []Portal {
+	return FromSnapshot(fixedSnapshot(), func(n state.ServicePortName) uint16 { return fixedProxyPorts[n] })
+}
+
+func TestFromSnapshot(t *testing.T) {
+	tests := []struct {
+		name  string
+		ports []state.ServicePort
+		proxy map[state.ServicePortName]uint16
+		want  []string
+	}{
+		{
+			name:  "every kind",
+			ports: []state.ServicePort{{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10"), ExternalIPs: addrs("198.19.0.5"), LoadBalancerIPs: addrs("198.19.1.1"), NodePort: 30080}},
+			proxy: map[state.ServicePortName]uint16{webHTTP: 41234},
+			want: []string{
+				"ClusterIP 198.18.0.10:80/TCP -> :41234",
+				"ExternalIP 198.19.0.5:80/TCP -> :41234",
+				"LoadBalancerIP 198.19.1.1:80/TCP -> :41234",
+				"NodePort NodePort(IPv4) 30080/TCP -> :41234",
+			},
+		},
+		{
+			name:  "dual stack node port gets both families",
+			ports: []state.ServicePort{{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10", "fd5e:b1b5::10"), NodePort: 30080}},
+			proxy: map[state.ServicePortName]uint16{webHTTP: 41234},
+			want: []string{
+				"ClusterIP 198.18.0.10:80/TCP -> :41234",
+				"ClusterIP [fd5e:b1b5::10]:80/TCP -> :41234",
+				"NodePort NodePort(IPv4) 30080/TCP -> :41234",
+				"NodePort NodePort(IPv6) 30080/TCP -> :41234",
+			},
+		},
+		{
+			name:  "no frontends: node port on IPv4",
+			ports: []state.ServicePort{{Name: dnsUDP, Port: 53, NodePort: 30053}},
+			proxy: map[state.ServicePortName]uint16{dnsUDP: 41235},
+			want:  []string{"NodePort NodePort(IPv4) 30053/UDP -> :41235"},
+		},
+		{
+			name:  "no proxy port kept as zero",
+			ports: []state.ServicePort{{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53")}},
+			want:  []string{"ClusterIP 198.18.0.53:53/UDP -> :0"},
+		},
+		{
+			name:  "mapped IPv4 is unmapped, duplicates collapse",
+			ports: []state.ServicePort{{Name: dnsUDP, Port: 53, ClusterIPs: addrs("::ffff:198.18.0.53", "198.18.0.53")}},
+			proxy: map[state.ServicePortName]uint16{dnsUDP: 41235},
+			want:  []string{"ClusterIP 198.18.0.53:53/UDP -> :41235"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := FromSnapshot(state.NewSnapshot(tc.ports), func(n state.ServicePortName) uint16 { return tc.proxy[n] })
+			var s []string
+			for _, p := range got {
+				s = append(s, string(p.Kind)+" "+p.String())
+			}
+			if !slices.Equal(s, tc.want) {
+				t.Errorf("FromSnapshot =\n%q\nwant\n%q", s, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	good := Portal{Service: webHTTP, Kind: ClusterIP, Family: IPv4, IP: netip.MustParseAddr("198.18.0.10"), Port: 80, ProxyPort: 1}
+	tests := []struct {
+		name   string
+		mutate func(*Portal)
+		ok     bool
+	}{
+		{"good", func(*Portal) {}, true},
+		{"no port", func(p *Portal) { p.Port = 0 }, false},
+		{"bad protocol", func(p *Portal) { p.Service.Protocol = "ICMP" }, false},
+		{"family mismatch", func(p *Portal) { p.Family = IPv6 }, false},
+		{"no address", func(p *Portal) { p.IP = netip.Addr{} }, false},
+		{"node port with address", func(p *Portal) { p.Kind = NodePort }, false},
+		{"node port", func(p *Portal) { p.Kind, p.IP = NodePort, netip.Addr{} }, true},
+		{"unknown kind", func(p *Portal) { p.Kind = "Magic" }, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := good
+			tc.mutate(&p)
+			if err := p.validate(); (err == nil) != tc.ok {
+				t.Errorf("validate(%v) = %v, want ok=%v", p, err, tc.ok)
+			}
+		})
+	}
+}

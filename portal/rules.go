@@ -1,0 +1,204 @@
+package portal
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// The tables and chains of the iptables portal: the legacy userspace names,
+// so old documentation still teaches (DESIGN.md, "Portal chains").
+const (
+	tableNAT    = "nat"
+	tableFilter = "filter"
+
+	ChainPortalsContainer  = "KUBE-PORTALS-CONTAINER"
+	ChainPortalsHost       = "KUBE-PORTALS-HOST"
+	ChainNodePortContainer = "KUBE-NODEPORT-CONTAINER"
+	ChainNodePortHost      = "KUBE-NODEPORT-HOST"
+	ChainNodePortNonLocal  = "KUBE-NODEPORT-NON-LOCAL"
+)
+
+// natChains are our nat chains in the order they are declared.
+var natChains = []string{ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost}
+
+// jump is a rule in a built-in chain that enters one of ours.
+type jump struct {
+	table, from, to string
+	// prepend puts the jump first in from; otherwise it is appended. The
+	// portal jumps must come before the node-port ones: on clouds that
+	// install load-balancer IPs as local routes, "--dst-type LOCAL" would
+	// otherwise catch them.
+	prepend bool
+	match   []string // matches before the comment
+	comment string
+}
+
+// spec is the rule as go-iptables takes it (no quoting).
+func (j jump) spec() []string {
+	return slices.Concat(j.match, []string{"-m", "comment", "--comment", j.comment, "-j", j.to})
+}
+
+const (
+	jumpPortalsComment  = "kube-userspace-proxy service portals; keep before the node port jump"
+	jumpNodePortComment = "kube-userspace-proxy node ports; keep as the last rule"
+	jumpNonLocalComment = "kube-userspace-proxy: accept new connections to proxy ports"
+)
+
+var localOnly = []string{"-m", "addrtype", "--dst-type", "LOCAL"}
+
+// jumps lists our jump rules, in the order Sync ensures them.
+var jumps = []jump{
+	{table: tableNAT, from: "PREROUTING", to: ChainPortalsContainer, prepend: true, comment: jumpPortalsComment},
+	{table: tableNAT, from: "OUTPUT", to: ChainPortalsHost, prepend: true, comment: jumpPortalsComment},
+	{table: tableNAT, from: "PREROUTING", to: ChainNodePortContainer, match: localOnly, comment: jumpNodePortComment},
+	{table: tableNAT, from: "OUTPUT", to: ChainNodePortHost, match: localOnly, comment: jumpNodePortComment},
+	{table: tableFilter, from: "INPUT", to: ChainNodePortNonLocal, prepend: true, comment: jumpNonLocalComment},
+}
+
+// ownedChains lists every chain we own, by table.
+var ownedChains = map[string][]string{
+	tableNAT:    natChains,
+	tableFilter: {ChainNodePortNonLocal},
+}
+
+// validate reports why a portal cannot be written as a rule.
+func (p Portal) validate() error {
+	switch p.Protocol() {
+	case state.TCP, state.UDP, state.SCTP:
+	default:
+		return fmt.Errorf("unknown protocol %q", p.Protocol())
+	}
+	if p.Port == 0 {
+		return fmt.Errorf("no port")
+	}
+	if p.Family != IPv4 && p.Family != IPv6 {
+		return fmt.Errorf("unknown IP family %d", p.Family)
+	}
+	switch p.Kind {
+	case NodePort:
+		if p.IP.IsValid() {
+			return fmt.Errorf("a node port has no frontend address")
+		}
+	case ClusterIP, ExternalIP, LoadBalancerIP:
+		if !p.IP.IsValid() || p.IP.IsUnspecified() {
+			return fmt.Errorf("no frontend address")
+		}
+		if FamilyOf(p.IP) != p.Family {
+			return fmt.Errorf("address %s is not %s", p.IP, p.Family)
+		}
+	default:
+		return fmt.Errorf("unknown kind %q", p.Kind)
+	}
+	return nil
+}
+
+// rules is what one family's restore writes: the text for each table.
+type rules struct {
+	nat, filter []byte
+	count       int // rules written
+}
+
+// render writes the iptables-restore input of our chains for one family.
+// Portals of the other family, without a proxy port or invalid are left
+// out (Sync reports the invalid ones). Rules follow iptables-save's
+// argument order so that a save of our chains reads the same.
+func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
+	var chains [4]bytes.Buffer // natChains order
+	var filter bytes.Buffer
+	var r rules
+	accepted := make(map[string]bool)
+	for _, p := range portals {
+		if p.Family != fam || p.ProxyPort == 0 || p.validate() != nil {
+			continue
+		}
+		proto := strings.ToLower(string(p.Protocol()))
+		comment := quoteComment(p.Service.Comment())
+		target := "-j REDIRECT --to-ports " + strconv.Itoa(int(p.ProxyPort))
+		match := func(dst string) string {
+			s := ""
+			if dst != "" {
+				s = "-d " + dst + " "
+			}
+			return s + "-p " + proto + " -m comment --comment " + comment +
+				" -m " + proto + " --dport " + strconv.Itoa(int(p.Port)) + " " + target + "\n"
+		}
+		if p.Kind == NodePort {
+			dsts := []string{""}
+			if len(nodePortAddrs) > 0 {
+				dsts = dsts[:0]
+				for _, pfx := range nodePortAddrs {
+					if FamilyOf(pfx.Addr()) == fam {
+						dsts = append(dsts, pfx.Masked().String())
+					}
+				}
+			}
+			for _, d := range dsts {
+				chains[2].WriteString("-A " + ChainNodePortContainer + " " + match(d))
+				chains[3].WriteString("-A " + ChainNodePortHost + " " + match(d))
+				r.count += 2
+			}
+			if len(dsts) == 0 {
+				continue
+			}
+		} else {
+			dst := netip.PrefixFrom(p.IP, p.IP.BitLen()).String()
+			chains[0].WriteString("-A " + ChainPortalsContainer + " " + match(dst))
+			chains[1].WriteString("-A " + ChainPortalsHost + " " + match(dst))
+			r.count += 2
+		}
+		// INPUT sees the packet after REDIRECT, so the filter rule matches
+		// the proxy port: one per service port and protocol.
+		key := proto + "/" + strconv.Itoa(int(p.ProxyPort)) + "/" + comment
+		if !accepted[key] {
+			accepted[key] = true
+			fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j ACCEPT\n",
+				ChainNodePortNonLocal, proto, comment, proto, p.ProxyPort)
+			r.count++
+		}
+	}
+	var nat bytes.Buffer
+	nat.WriteString("*nat\n")
+	for _, c := range natChains {
+		nat.WriteString(":" + c + " - [0:0]\n")
+	}
+	for i := range chains {
+		nat.Write(chains[i].Bytes())
+	}
+	nat.WriteString("COMMIT\n")
+	r.nat = nat.Bytes()
+	r.filter = slices.Concat([]byte("*filter\n:"+ChainNodePortNonLocal+" - [0:0]\n"), filter.Bytes(), []byte("COMMIT\n"))
+	return r
+}
+
+// quoteComment quotes a rule comment for iptables-restore. Anything but
+// the characters of Kubernetes names and our separators becomes '_', so a
+// name can never end the quote and smuggle in a rule.
+func quoteComment(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c == '-', c == '.', c == '_', c == '/', c == ':':
+		default:
+			b[i] = '_'
+		}
+	}
+	if len(b) > 250 { // the comment match holds at most 255 bytes
+		b = b[:250]
+	}
+	return `"` + string(b) + `"`
+}
+
+// Render returns the iptables-restore input the iptables portal writes for
+// portals in family fam, nat table then filter table. It is what Sync
+// feeds to iptables-restore --noflush, for golden tests and debugging.
+func Render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) string {
+	r := render(portals, fam, nodePortAddrs)
+	return string(r.nat) + string(r.filter)
+}

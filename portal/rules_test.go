@@ -1,0 +1,99 @@
+package portal
+
+import (
+	"context"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the golden file (run go test -update to accept):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+func TestRenderGolden(t *testing.T) {
+	tests := []struct {
+		name      string
+		fam       Family
+		nodePorts []netip.Prefix
+	}{
+		{"ipv4", IPv4, nil},
+		{"ipv6", IPv6, nil},
+		{"ipv4-nodeport-addresses", IPv4, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("fd5e:b1b5:1::/64")}},
+		{"ipv6-nodeport-addresses", IPv6, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Render(fixedPortals(), tc.fam, tc.nodePorts)
+			golden(t, tc.name, got)
+
+			// The fake renders the same text for the same snapshot.
+			f := &Fake{NodePortAddresses: tc.nodePorts}
+			if err := f.Sync(context.Background(), fixedPortals()); err != nil {
+				t.Fatal(err)
+			}
+			if fr := f.Rules(tc.fam); fr != got {
+				t.Errorf("fake rules differ from Render:\n%s\nvs\n%s", fr, got)
+			}
+		})
+	}
+}
+
+func TestRenderEmptyDeclaresChains(t *testing.T) {
+	got := Render(nil, IPv4, nil)
+	want := "*nat\n:KUBE-PORTALS-CONTAINER - [0:0]\n:KUBE-PORTALS-HOST - [0:0]\n:KUBE-NODEPORT-CONTAINER - [0:0]\n:KUBE-NODEPORT-HOST - [0:0]\nCOMMIT\n" +
+		"*filter\n:KUBE-NODEPORT-NON-LOCAL - [0:0]\nCOMMIT\n"
+	if got != want {
+		t.Errorf("Render(nil) =\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestRenderSkips(t *testing.T) {
+	ps := fixedPortals()
+	for i := range ps {
+		if ps[i].IP == netip.MustParseAddr("198.18.0.10") {
+			ps[i].ProxyPort = 0 // not served: no rule
+		}
+	}
+	ps = append(ps, Portal{Kind: "bad"}) // invalid: no rule
+	got := Render(ps, IPv4, nil)
+	if strings.Contains(got, "198.18.0.10/32") {
+		t.Errorf("portal without a proxy port was rendered:\n%s", got)
+	}
+	if strings.Count(got, "-A ") != strings.Count(Render(fixedPortals(), IPv4, nil), "-A ")-2 {
+		t.Errorf("want exactly the two nat rules of the unserved portal left out (its filter rule stays for the other frontends):\n%s", got)
+	}
+}
+
+func TestQuoteComment(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"default/web:http", `"default/web:http"`},
+		{`evil" -j ACCEPT`, `"evil__-j_ACCEPT"`},
+		{"a\nb", `"a_b"`},
+		{strings.Repeat("x", 300), `"` + strings.Repeat("x", 250) + `"`},
+	}
+	for _, tc := range tests {
+		if got := quoteComment(tc.in); got != tc.want {
+			t.Errorf("quoteComment(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,140 @@
+package proxyserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/conntrack"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
+)
+
+// choosePortal builds the portal for mode; auto picks iptables when it can
+// be used, else bind when we may change addresses, else none, and says why.
+func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, error) {
+	ipt := func() (portal.Interface, error) {
+		return portal.NewIPTables(ctx, portal.IPTablesConfig{NodePortAddresses: cfg.nodePorts})
+	}
+	bind := func() (portal.Interface, error) {
+		return portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface})
+	}
+	switch cfg.Portal {
+	case PortalNone:
+		return portal.Noop{}, PortalNone, nil
+	case PortalIPTables:
+		p, err := ipt()
+		if err != nil {
+			return nil, "", fmt.Errorf("--portal=iptables: %w", err)
+		}
+		return p, PortalIPTables, nil
+	case PortalBind:
+		p, err := bind()
+		if err != nil {
+			return nil, "", fmt.Errorf("--portal=bind: %w", err)
+		}
+		return p, PortalBind, nil
+	}
+	p, err := ipt()
+	if err == nil {
+		klog.InfoS("Portal chosen", "portal", PortalIPTables, "reason", "iptables is usable")
+		return p, PortalIPTables, nil
+	}
+	iptErr := err
+	if os.Geteuid() == 0 {
+		if bp, err := bind(); err == nil {
+			klog.InfoS("Portal chosen", "portal", PortalBind, "reason", "iptables is not usable and we may change addresses", "iptablesError", iptErr.Error())
+			return bp, PortalBind, nil
+		}
+	}
+	klog.InfoS("Portal chosen", "portal", PortalNone, "reason", "iptables is not usable and we may not change addresses: clients use the proxy ports and node ports directly", "iptablesError", iptErr.Error())
+	return portal.Noop{}, PortalNone, nil
+}
+
+// errDeferred asks the sync loop to call again after a while, without
+// treating it as a failure.
+type errDeferred struct{ after time.Duration }
+
+func (e errDeferred) Error() string { return fmt.Sprintf("kernel sync deferred %v", e.after) }
+
+// kernelSync rate-limits portal syncs: the rules are rewritten only when the
+// portals changed (endpoint changes never touch the kernel) or a full
+// resync is due, and never more often than minPeriod. After a sync that
+// removed or moved UDP portals it deletes the conntrack entries that would
+// keep clients on the dead mapping.
+type kernelSync struct {
+	pt        portal.Interface
+	ct        conntrack.Interface // nil: no conntrack cleanup
+	minPeriod time.Duration
+	resync    time.Duration
+
+	last     []portal.Portal // nil before the first sync: a restart clears every UDP frontend
+	lastTime time.Time
+	synced   bool
+	stale    []conntrack.Filter // conntrack entries still to delete
+}
+
+func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
+	now := time.Now()
+	same := k.synced && slices.Equal(portals, k.last)
+	if same && now.Sub(k.lastTime) < k.resync {
+		return nil
+	}
+	if wait := k.minPeriod - now.Sub(k.lastTime); k.synced && wait > 0 {
+		return errDeferred{after: wait}
+	}
+	start := time.Now()
+	if err := k.pt.Sync(ctx, portals); err != nil {
+		k.synced = false // retry even if nothing changes
+		k.lastTime = now
+		return err
+	}
+	if k.ct != nil {
+		k.stale = append(k.stale, conntrack.StaleUDP(k.last, portals)...)
+	}
+	k.last, k.lastTime, k.synced = portals, now, true
+	klog.V(2).InfoS("Portals synced", "portals", len(portals), "took", time.Since(start))
+	return k.clearStale(ctx)
+}
+
+// clearStale deletes the conntrack entries of removed UDP portals; on
+// failure they are tried again on the next sync.
+func (k *kernelSync) clearStale(ctx context.Context) error {
+	if len(k.stale) == 0 {
+		return nil
+	}
+	n, err := k.ct.ClearUDP(ctx, k.stale...)
+	if err != nil {
+		k.synced = false // come back to retry
+		return fmt.Errorf("conntrack: %w", err)
+	}
+	klog.V(2).InfoS("Deleted stale UDP conntrack entries", "entries", n, "filters", len(k.stale))
+	k.stale = nil
+	return nil
+}
+
+// joinErrors combines the errors of one sync; an errDeferred is kept only
+// when nothing failed.
+func joinErrors(errs ...error) error {
+	var m *multierror.Error
+	var deferred error
+	for _, err := range errs {
+		var d errDeferred
+		switch {
+		case err == nil:
+		case errors.As(err, &d):
+			deferred = err
+		default:
+			m = multierror.Append(m, err)
+		}
+	}
+	if err := m.ErrorOrNil(); err != nil {
+		return err
+	}
+	return deferred
+}

@@ -1,0 +1,48 @@
+package source
+
+import (
+	"fmt"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/klog/v2"
+)
+
+// userAgent names the proxy in the API server's audit log and metrics.
+const userAgent = "kube-userspace-proxy"
+
+// NewClient returns a client of the API server, as kube-proxy builds its
+// own: from the kubeconfig file and/or master URL (--kubeconfig, --master;
+// the URL overrides the file's server), or, when both are empty, from the
+// service account of the pod it runs in. qps and burst limit its request
+// rate (--kube-api-qps, --kube-api-burst; zero means client-go's 5 and 10);
+// contentType is the encoding it sends and asks for
+// (--kube-api-content-type, e.g. "application/vnd.kubernetes.protobuf"); if
+// empty, JSON.
+func NewClient(kubeconfig, master string, qps float32, burst int, contentType string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig == "" && master == "" {
+		klog.InfoS("Neither --kubeconfig nor --master was given, using the in-cluster configuration")
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig},
+			&clientcmd.ConfigOverrides{ClusterInfo: clientcmdapi.Cluster{Server: master}},
+		).ClientConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("api client: %w", err)
+	}
+	cfg.ContentType = contentType
+	cfg.QPS = qps
+	cfg.Burst = burst
+	rest.AddUserAgent(cfg, userAgent)
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("api client: %w", err)
+	}
+	return client, nil
+}

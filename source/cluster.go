@@ -1,0 +1,225 @@
+package source
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// DefaultConfigSyncPeriod is how often the informers redeliver every object
+// when Cluster.ConfigSyncPeriod is zero, as kube-proxy's --config-sync-period.
+const DefaultConfigSyncPeriod = 15 * time.Minute
+
+// Cluster serves the Services and EndpointSlices of a live cluster, read
+// through client-go informers, with the same rules as the manifest source
+// (both call BuildSnapshot).
+type Cluster struct {
+	// Client reaches the API server. Required; see NewClient.
+	Client kubernetes.Interface
+	// NodeName is this node's Node object, watched (alone, by field
+	// selector) for its labels: its topology zone selects zone hints.
+	// Endpoints whose nodeName equals it are local. If empty, no Node is
+	// watched, no endpoint is local and topology hints are ignored.
+	NodeName string
+	// ConfigSyncPeriod is how often the informers redeliver every object
+	// they hold (kube-proxy's --config-sync-period). Redelivered objects
+	// cause no work. If zero, DefaultConfigSyncPeriod. Negative disables.
+	ConfigSyncPeriod time.Duration
+	// Options are passed to BuildSnapshot, except NodeName and NodeLabels,
+	// which Run sets from the fields above and the Node. Leave
+	// AllowLoopback and AllowNoClusterIP false in a cluster: loopback
+	// endpoints would reach the node's own daemons. ServiceProxyName also
+	// narrows what the informers list.
+	Options Options
+
+	// built, if set, is told after every snapshot built once the caches
+	// synced whether apply was called; tests wait on it instead of
+	// sleeping.
+	built func(applied bool)
+}
+
+// Run lists and watches Services, EndpointSlices and this node's Node, and
+// calls apply with a snapshot once Services and EndpointSlices have both
+// synced (and the Node informer, when NodeName is set), then again after
+// every change that alters the snapshot. It never calls apply with what it
+// has before that, so a proxy starting against a slow API server does not
+// drop every service first.
+//
+// Informer handlers only note which Services changed; one goroutine, Run's
+// own, rebuilds those from the caches with BuildSnapshot, assembles the
+// snapshot and calls apply, so a burst of changes produces one snapshot and
+// one change costs about the same in a small cluster as in a large one (a
+// change of the Node's labels rebuilds every Service). Resyncs (objects
+// redelivered with an unchanged resourceVersion) cause no work; updates
+// that do not change the snapshot (status, annotations, an unrelated label)
+// never call apply. While
+// the API server is unreachable the informers keep their caches, so nothing
+// is applied until it answers again; they list again and resume by
+// themselves. What BuildSnapshot reports is logged once per distinct
+// message for as long as it persists.
+//
+// apply is called from Run's goroutine, one call at a time, and must not
+// block for long: changes queue up behind it. Run returns nil when ctx is
+// done, after the informers have stopped.
+func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
+	if c.Client == nil {
+		return errors.New("cluster: no API client")
+	}
+	selector, err := listSelector(c.Options.ServiceProxyName)
+	if err != nil {
+		return fmt.Errorf("cluster: label selector: %w", err)
+	}
+	resync := cmp.Or(c.ConfigSyncPeriod, DefaultConfigSyncPeriod)
+	if resync < 0 {
+		resync = 0 // client-go: no resync
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	t := newTracker()
+	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+	var nodeFactory informers.SharedInformerFactory
+	defer func() {
+		cancel()
+		factory.Shutdown() // waits for the informers' goroutines
+		if nodeFactory != nil {
+			nodeFactory.Shutdown()
+		}
+	}()
+
+	services := factory.Core().V1().Services().Informer()
+	slices := factory.Discovery().V1().EndpointSlices().Informer()
+	if err := slices.AddIndexers(cache.Indexers{serviceIndex: sliceServiceIndex}); err != nil {
+		return fmt.Errorf("cluster: index EndpointSlices: %w", err)
+	}
+	svcReg, err := services.AddEventHandler(t.serviceHandler())
+	if err != nil {
+		return fmt.Errorf("cluster: watch Services: %w", err)
+	}
+	sliceReg, err := slices.AddEventHandler(t.sliceHandler())
+	if err != nil {
+		return fmt.Errorf("cluster: watch EndpointSlices: %w", err)
+	}
+	synced := []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced}
+	if c.NodeName != "" {
+		nodeFactory = informers.NewSharedInformerFactoryWithOptions(c.Client, resync,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, c.NodeName).String()
+			}))
+		nodeReg, err := nodeFactory.Core().V1().Nodes().Informer().AddEventHandler(t.nodeHandler(c.NodeName))
+		if err != nil {
+			return fmt.Errorf("cluster: watch Node %s: %w", c.NodeName, err)
+		}
+		synced = append(synced, nodeReg.HasSynced)
+		nodeFactory.Start(ctx.Done())
+	}
+	factory.Start(ctx.Done())
+
+	klog.InfoS("Waiting for the API server's Services and EndpointSlices", "node", c.NodeName, "labelSelector", selector)
+	start := time.Now()
+	if !cache.WaitForNamedCacheSync("kube-userspace-proxy", ctx.Done(), synced...) {
+		return nil // ctx is done
+	}
+	klog.InfoS("Informer caches synced", "took", time.Since(start).Round(time.Millisecond))
+
+	view := indexerView{services: services.GetIndexer(), slices: slices.GetIndexer()}
+	cur := newServed()
+	var problems problemLog
+	for first := true; ; first = false {
+		// What woke us is in the caches now; a change from here on wakes
+		// us again.
+		select {
+		case <-t.poke:
+		default:
+		}
+		dirty, all := t.take()
+		opts := c.Options
+		opts.NodeName = c.NodeName
+		opts.NodeLabels = t.nodeLabels()
+		if first || all {
+			dirty = cur.keys(view)
+		}
+		changed, err := cur.update(view, dirty, opts)
+		if err != nil {
+			// Only a broken indexer fails; every object is marked again.
+			klog.ErrorS(err, "Reading the informer caches")
+			t.markAll()
+		}
+		for _, e := range problems.fresh(cur.problemList()) {
+			klog.ErrorS(e, "Ignoring part of an object from the API server", logValues(e)...)
+		}
+		applied := first || changed
+		if applied {
+			snap := cur.snapshot()
+			klog.V(2).InfoS("Applying a new snapshot from the API server", "servicePorts", snap.Len(), "services", len(dirty), "initial", first)
+			apply(snap)
+		}
+		if c.built != nil {
+			c.built(applied)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.poke:
+		}
+	}
+}
+
+// listSelector is the label selector of kube-proxy's informers: Services
+// (and, since the EndpointSlice controller copies their labels, their
+// slices) that another proxy owns, or that are headless, are not listed.
+// With a proxy name, only the Services labelled with it are.
+func listSelector(proxyName string) (string, error) {
+	proxy, err := labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
+	if proxyName != "" {
+		proxy, err = labels.NewRequirement(LabelServiceProxyName, selection.Equals, []string{proxyName})
+	}
+	if err != nil {
+		return "", err
+	}
+	headless, err := labels.NewRequirement(corev1.IsHeadlessService, selection.DoesNotExist, nil)
+	if err != nil {
+		return "", err
+	}
+	return labels.NewSelector().Add(*proxy, *headless).String(), nil
+}
+
+// problemLog remembers the problems BuildSnapshot reported, so that each
+// is logged once for as long as it keeps being reported: every snapshot is
+// built from every object, so the same problems come back on every change.
+type problemLog struct {
+	seen map[string]bool
+}
+
+// fresh returns the problems not reported by the previous build, each
+// message once.
+func (p *problemLog) fresh(problems []error) []error {
+	now := make(map[string]bool, len(problems))
+	var out []error
+	for _, e := range problems {
+		msg := e.Error()
+		if now[msg] {
+			continue
+		}
+		now[msg] = true
+		if !p.seen[msg] {
+			out = append(out, e)
+		}
+	}
+	p.seen = now
+	return out
+}
