@@ -35,9 +35,20 @@ func Run(ctx context.Context, cfg *Config) error {
 	klog.InfoS("Starting kube-userspace-proxy", "node", node, "portal", mode, "manifests", cfg.Manifests,
 		"bindAddress", cfg.BindAddress, "proxyPortRange", cfg.ProxyPortRange, "nodePortAddresses", cfg.NodePortAddresses)
 
-	p := userspace.New(cfg.proxierConfig(mode))
+	pcfg := cfg.proxierConfig(mode)
+	var previous []portal.Portal
+	if ipt, ok := pt.(*portal.IPTables); ok {
+		// Keep the proxy ports a previous run's rules point at: the rules
+		// keep working through the restart, and the first sync rewrites
+		// them unchanged.
+		if previous, err = ipt.Existing(ctx); err != nil {
+			klog.ErrorS(err, "Could not read the portals a previous run left; taking new proxy ports")
+		}
+		pcfg.PreferredProxyPort = preferredPorts(previous)
+	}
+	p := userspace.New(pcfg)
 	defer p.Close()
-	ks := &kernelSync{pt: pt, minPeriod: cfg.MinSyncPeriod, resync: cfg.SyncPeriod}
+	ks := &kernelSync{pt: pt, last: previous, minPeriod: cfg.MinSyncPeriod, resync: cfg.SyncPeriod}
 	if mode == PortalIPTables {
 		// REDIRECTed UDP flows live in conntrack; clear them when their
 		// portal goes or moves to another proxy port.
@@ -115,6 +126,27 @@ func redirectPortals(s state.Snapshot, p *userspace.Proxier) []portal.Portal {
 		}
 	}
 	return ps
+}
+
+// preferredPorts maps the portals of a previous run to the proxy ports
+// each service port used: NodePort portals give the external port (which
+// differs when a Local traffic policy split the two).
+func preferredPorts(previous []portal.Portal) func(state.ServicePortName, bool) uint16 {
+	internal := map[state.ServicePortName]uint16{}
+	external := map[state.ServicePortName]uint16{}
+	for _, pp := range previous {
+		if pp.Kind == portal.NodePort {
+			external[pp.Service] = pp.ProxyPort
+		} else if _, ok := internal[pp.Service]; !ok {
+			internal[pp.Service] = pp.ProxyPort
+		}
+	}
+	return func(name state.ServicePortName, ext bool) uint16 {
+		if ext {
+			return external[name]
+		}
+		return internal[name]
+	}
 }
 
 // cleanup removes what every portal may have left, in both families.

@@ -79,6 +79,13 @@ type Config struct {
 	// DefaultTCPHalfCloseTimeout.
 	TCPHalfCloseTimeout time.Duration
 
+	// PreferredProxyPort, if set, names the proxy port a service port had
+	// before (for example in the rules a previous run left), so a restarted
+	// proxy keeps serving its redirections without a gap. external asks for
+	// the port of redirected external traffic. The port is used when it is
+	// free (and inside PortRange, if one is set); 0 means no preference.
+	PreferredProxyPort func(name state.ServicePortName, external bool) uint16
+
 	// Clock is used for session-affinity expiry. If nil, the real clock.
 	Clock Clock
 	// LocalAddrs lists this host's addresses, to match NodePortAddresses.

@@ -366,3 +366,37 @@ func TestUnsupportedProtocolIsSkipped(t *testing.T) {
 		t.Fatalf("TCP port beside the SCTP one reached %q", got)
 	}
 }
+
+// TestPreferredProxyPorts: a restarted proxy takes the proxy ports the
+// previous run used, when they are free.
+func TestPreferredProxyPorts(t *testing.T) {
+	a := startTCPBackend(t, "a")
+	want := freeTCPPort(t)
+	name := spn("keep", "", state.TCP)
+	p := newTestProxier(t, Config{PreferredProxyPort: func(n state.ServicePortName, external bool) uint16 {
+		if n == name && !external {
+			return want
+		}
+		return 0
+	}})
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(a.addr())})
+	if got := p.ProxyPort(name); got != want {
+		t.Fatalf("proxy port %d, want the previous one, %d", got, want)
+	}
+	if got := tcpWho(t, proxyAddr(t, p, name)); got != "a" {
+		t.Fatalf("reached %q", got)
+	}
+	// Taken by someone else: another port, no error.
+	busy, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	want = uint16(busy.Addr().(*net.TCPAddr).Port)
+	other := spn("other", "", state.TCP)
+	p2 := newTestProxier(t, Config{PreferredProxyPort: func(state.ServicePortName, bool) uint16 { return want }})
+	mustApply(t, p2, state.ServicePort{Name: other, Port: 80, ClusterEndpoints: eps(a.addr())})
+	if got := p2.ProxyPort(other); got == 0 || got == want {
+		t.Fatalf("proxy port %d with the preferred %d busy", got, want)
+	}
+}

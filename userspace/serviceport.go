@@ -202,6 +202,19 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 		return nil
 	}
 	addrs := sp.p.proxyPortAddrs(sp.spec)
+	if pref := sp.preferredPort(role); pref != 0 {
+		opened, _, err := sp.listenAll(addrs, pref, role)
+		if err == nil {
+			*port = pref
+			for k, s := range opened {
+				sp.sockets[k] = s
+			}
+			klog.V(1).InfoS("Serving service port on its previous proxy port", "service", sp.name, "proxyPort", pref, "role", role)
+			return nil
+		}
+		sp.p.ports.release(pref)
+		klog.V(2).InfoS("Previous proxy port not available; taking another", "service", sp.name, "proxyPort", pref, "err", err)
+	}
 	const attempts = 16
 	var lastErr error
 	for range attempts {
@@ -228,6 +241,23 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 		}
 	}
 	return fmt.Errorf("userspace: service %s: open proxy port: %w", sp.name, lastErr)
+}
+
+// preferredPort returns the configured previous proxy port of a role, once
+// it is claimed from the range (or the range is kernel-chosen); else 0.
+func (sp *servicePort) preferredPort(role socketRole) uint16 {
+	f := sp.p.cfg.PreferredProxyPort
+	if f == nil {
+		return 0
+	}
+	pref := f(sp.name, role == roleExternalProxyPort)
+	if pref == 0 || pref == sp.proxyPort || pref == sp.extProxyPort {
+		return 0
+	}
+	if r := sp.p.cfg.PortRange; r.Size > 0 && !sp.p.ports.claim(pref) {
+		return 0 // outside the range now, or taken by another service port
+	}
+	return pref
 }
 
 // listenAll opens a proxy-port socket on each address, all with the same

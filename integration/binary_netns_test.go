@@ -1,0 +1,234 @@
+//go:build integration
+
+package integration
+
+import (
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The real binary, run in the node namespace of a test world (see
+// netns_test.go) with the iptables and bind portals, reached by real
+// clients from the pod, the outside host and the node itself.
+
+// netnsManifest is what the node serves: a TCP service with a ClusterIP,
+// NodePort, ExternalIP and load-balancer IP; a UDP service; and an IPv6
+// service. Every endpoint is the backend namespace's echo server.
+const netnsManifest = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: e2e}
+spec:
+  type: LoadBalancer
+  clusterIP: 198.18.0.10
+  externalIPs: [198.19.0.5]
+  ports: [{name: http, protocol: TCP, port: 80, nodePort: 30080}]
+status:
+  loadBalancer:
+    ingress: [{ip: 198.19.1.1}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: e2e, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 198.18.0.53
+  ports: [{name: dns, protocol: UDP, port: 53, nodePort: 30053}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, namespace: e2e, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports: [{name: dns, protocol: UDP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web6, namespace: e2e}
+spec:
+  clusterIP: fd5e:b1b5::10
+  ipFamilies: [IPv6]
+  ports: [{name: http, protocol: TCP, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web6-1, namespace: e2e, labels: {kubernetes.io/service-name: web6}}
+addressType: IPv6
+ports: [{name: http, protocol: TCP, port: 8081}]
+endpoints: [{addresses: ["fd5e:b1b5:12::2"]}]
+`
+
+// startNodeProxy runs the real binary in the node namespace.
+func startNodeProxy(t *testing.T, w *world, file string, args ...string) *proxyProc {
+	t.Helper()
+	full := append([]string{"netns", "exec", string(w.node), proxyBin, "--manifests", file, "--hostname-override=node", "-v=2"}, args...)
+	return startCommand(t, "ip", full...)
+}
+
+func TestBinaryIPTablesPortal(t *testing.T) {
+	top := t // the restarted proxy lives as long as the test, not a subtest
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6", "8082=be2")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+
+	check := func(t *testing.T) {
+		t.Run("TCP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping") })
+		t.Run("TCP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "tcp", "198.18.0.10:80", "be1:ping") })
+		t.Run("UDP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "udp", "198.18.0.53:53", "be1:ping") })
+		t.Run("UDP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "udp", "198.18.0.53:53", "be1:ping") })
+		t.Run("TCP NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping") })
+		t.Run("UDP NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "udp", nodeOutSide+":30053", "be1:ping") })
+		t.Run("NodePort on the node's own address", func(t *testing.T) { expectReply(t, w.node, "tcp", nodePodSide+":30080", "be1:ping") })
+		t.Run("ExternalIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.19.0.5:80", "be1:ping") })
+		t.Run("LB IP from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", "198.19.1.1:80", "be1:ping") })
+		t.Run("IPv6 ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "[fd5e:b1b5::10]:80", "be6:ping") })
+	}
+	t.Run("serves", check)
+	before := ourRules(t, w.node, "nft")
+
+	t.Run("kill -9 and restart", func(t *testing.T) {
+		px.cmd.Process.Kill()
+		<-px.done
+		start := time.Now()
+		px = startNodeProxy(top, w, file, "--portal=iptables")
+		// Clients succeed again within 2 s: the rules were kept and the
+		// new process took the same proxy ports.
+		var r clientResult
+		for time.Since(start) < 5*time.Second {
+			if r = dial(t, w.pod, "tcp", "198.18.0.10:80", "ping", 0); r.Err == "" && strings.HasPrefix(r.Reply, "be1:") {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		took := time.Since(start)
+		if r.Err != "" || took > 2*time.Second {
+			t.Fatalf("after restart: %+v after %v, want a reply within 2s", r, took)
+		}
+		t.Logf("served again %v after the restart", took)
+		px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+		if after := ourRules(t, w.node, "nft"); !slices.Equal(before, after) {
+			t.Fatalf("rules changed across the restart:\nbefore:\n%s\nafter:\n%s", strings.Join(before, "\n"), strings.Join(after, "\n"))
+		}
+		check(t)
+	})
+
+	t.Run("a UDP client keeping its port follows endpoint and service changes", func(t *testing.T) {
+		const port = 40053 // the client's source port: its conntrack entry stays the same flow
+		expectFrom := func(prefix string) {
+			t.Helper()
+			var r clientResult
+			for range 20 { // changes apply asynchronously; bounded
+				if r = dial(t, w.pod, "udp", "198.18.0.53:53", "ping", port); r.Err == "" && strings.HasPrefix(r.Reply, prefix) {
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Fatalf("UDP from port %d: %+v, want a reply from %s", port, r, prefix)
+		}
+		expectFrom("be1:")
+		// The endpoint moves: the proxy ends the session at once.
+		from := px.lineCount()
+		writeFile(t, file, strings.Replace(netnsManifest, "ports: [{name: dns, protocol: UDP, port: 8080}]", "ports: [{name: dns, protocol: UDP, port: 8082}]", 1))
+		px.waitLog(from, `"Applying edited manifests"`, 1, 10*time.Second)
+		expectFrom("be2:")
+		// The service goes and comes back on a new proxy port: the
+		// client's conntrack entry to the old port is deleted, so its next
+		// datagram is redirected afresh.
+		from = px.lineCount()
+		withoutDNS := strings.Replace(netnsManifest, "name: dns, namespace: e2e}", "name: dns-gone, namespace: e2e}", 1)
+		writeFile(t, file, withoutDNS)
+		px.waitLog(from, `"Portals synced"`, 1, 10*time.Second)
+		from = px.lineCount()
+		writeFile(t, file, netnsManifest)
+		px.waitLog(from, `"Portals synced"`, 1, 10*time.Second)
+		expectFrom("be1:")
+	})
+
+	t.Run("a deleted service stops answering and its rules go", func(t *testing.T) {
+		from := px.lineCount()
+		cut := netnsManifest[:strings.Index(netnsManifest, "---\napiVersion: v1\nkind: Service\nmetadata: {name: dns")]
+		writeFile(t, file, cut)
+		px.waitLog(from, `"Portals synced"`, 1, 10*time.Second)
+		expectNoReply(t, w.pod, "udp", "198.18.0.53:53")
+		for _, r := range ourRules(t, w.node, "nft") {
+			if strings.Contains(r, "e2e/dns") || strings.Contains(r, "e2e/web6") {
+				t.Errorf("rule of a deleted service left: %s", r)
+			}
+		}
+		expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+	})
+
+	t.Run("--cleanup removes everything", func(t *testing.T) {
+		px.cmd.Process.Kill()
+		<-px.done
+		for range 2 { // harmless the second time
+			out, err := exec.Command("ip", "netns", "exec", string(w.node), proxyBin, "--cleanup").CombinedOutput()
+			if err != nil {
+				t.Fatalf("--cleanup: %v\n%s", err, out)
+			}
+		}
+		if left := ourRules(t, w.node, "nft"); len(left) > 0 {
+			t.Fatalf("left after --cleanup:\n%s", strings.Join(left, "\n"))
+		}
+	})
+}
+
+func TestBinaryBindPortal(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=bind")
+	px.waitLog(0, `"Serving".*198.18.0.53:53`, 1, 30*time.Second)
+	if out, _ := w.node.run("iptables-nft-save"); strings.Contains(out, "KUBE-") {
+		t.Fatalf("the bind portal wrote iptables rules:\n%s", out)
+	}
+	dev := bindDevice(t, w.node)
+
+	t.Run("TCP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping") })
+	t.Run("TCP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "tcp", "198.18.0.10:80", "be1:ping") })
+	t.Run("UDP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "udp", "198.18.0.53:53", "be1:ping") })
+	t.Run("UDP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "udp", "198.18.0.53:53", "be1:ping") })
+	t.Run("TCP NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping") })
+	t.Run("UDP NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "udp", nodeOutSide+":30053", "be1:ping") })
+	t.Run("ExternalIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.19.0.5:80", "be1:ping") })
+	t.Run("LB IP from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", "198.19.1.1:80", "be1:ping") })
+	t.Run("IPv6 ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "[fd5e:b1b5::10]:80", "be6:ping") })
+
+	t.Run("a deleted service stops answering and its address goes", func(t *testing.T) {
+		from := px.lineCount()
+		cut := netnsManifest[:strings.Index(netnsManifest, "---\napiVersion: v1\nkind: Service\nmetadata: {name: dns")]
+		writeFile(t, file, cut)
+		px.waitLog(from, `"Stopped serving".*198.18.0.53:53`, 1, 10*time.Second)
+		expectNoReply(t, w.pod, "udp", "198.18.0.53:53")
+		if addrs := strings.Join(serviceAddrsOn(t, w.node, dev), " "); strings.Contains(addrs, "198.18.0.53/32") || strings.Contains(addrs, "fd5e:b1b5::10/128") {
+			t.Fatalf("addresses of deleted services left on %s: %s", dev, addrs)
+		}
+		expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+	})
+
+	t.Run("--cleanup removes the addresses", func(t *testing.T) {
+		px.cmd.Process.Kill()
+		<-px.done
+		out, err := exec.Command("ip", "netns", "exec", string(w.node), proxyBin, "--cleanup").CombinedOutput()
+		if err != nil {
+			t.Fatalf("--cleanup: %v\n%s", err, out)
+		}
+		if addrs := serviceAddrsOn(t, w.node, dev); len(addrs) > 0 {
+			t.Fatalf("addresses left on %s after --cleanup: %v", dev, addrs)
+		}
+	})
+}
