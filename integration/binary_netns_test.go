@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -187,6 +188,7 @@ func TestBinaryIPTablesPortal(t *testing.T) {
 }
 
 func TestBinaryBindPortal(t *testing.T) {
+	top := t
 	w := newWorld(t)
 	startBackend(t, w.backend, "8080=be1", "8081=be6")
 	file := filepath.Join(t.TempDir(), "services.yaml")
@@ -207,6 +209,29 @@ func TestBinaryBindPortal(t *testing.T) {
 	t.Run("ExternalIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.19.0.5:80", "be1:ping") })
 	t.Run("LB IP from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", "198.19.1.1:80", "be1:ping") })
 	t.Run("IPv6 ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "[fd5e:b1b5::10]:80", "be6:ping") })
+
+	t.Run("kill -9 and restart", func(t *testing.T) {
+		before := serviceAddrsOn(t, w.node, dev)
+		px.cmd.Process.Kill()
+		<-px.done
+		start := time.Now()
+		px = startNodeProxy(top, w, file, "--portal=bind")
+		var r clientResult
+		for time.Since(start) < 5*time.Second {
+			if r = dial(t, w.pod, "udp", "198.18.0.53:53", "ping", 0); r.Err == "" && strings.HasPrefix(r.Reply, "be1:") {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if took := time.Since(start); r.Err != "" || took > 2*time.Second {
+			t.Fatalf("after restart: %+v after %v, want a reply within 2s", r, took)
+		}
+		px.waitLog(0, `"Serving".*198.18.0.53:53`, 1, 10*time.Second)
+		if after := serviceAddrsOn(t, w.node, dev); !slices.Equal(before, after) {
+			t.Fatalf("addresses changed across the restart: %v, then %v", before, after)
+		}
+		expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
+	})
 
 	t.Run("a deleted service stops answering and its address goes", func(t *testing.T) {
 		from := px.lineCount()
@@ -231,4 +256,34 @@ func TestBinaryBindPortal(t *testing.T) {
 			t.Fatalf("addresses left on %s after --cleanup: %v", dev, addrs)
 		}
 	})
+}
+
+// TestBinaryAutoPortal: auto picks iptables where it is usable (root, a
+// network namespace with netfilter), and none for an unprivileged user,
+// saying which and why.
+func TestBinaryAutoPortal(t *testing.T) {
+	w := newWorld(t)
+	requireTool(t, "setpriv")
+	// A directory the unprivileged run can read and watch.
+	dir, err := os.MkdirTemp("", "kup-auto-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=auto")
+	px.waitLog(0, `"Portal chosen" portal="iptables"`, 1, 20*time.Second)
+	px.waitLog(0, `"Portals synced"`, 1, 20*time.Second)
+
+	// The same, unprivileged: no iptables, no address changes, so none;
+	// node ports are then served by listening on them (above 1024 here).
+	args := []string{"netns", "exec", string(w.node), "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		proxyBin, "--manifests", file, "--hostname-override=node", "--portal=auto"}
+	nobody := startCommand(t, "ip", args...)
+	nobody.waitLog(0, `"Portal chosen" portal="none"`, 1, 20*time.Second)
+	nobody.waitLog(0, `"Serving".*:30053.*node-port`, 1, 20*time.Second)
 }

@@ -109,7 +109,7 @@ func TestClusterScale(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	start = time.Now()
-	a := runCluster(t, client, func(c *source.Cluster) { c.ConfigSyncPeriod = resync })
+	a := runClusterKeeping(t, client, 2, func(c *source.Cluster) { c.ConfigSyncPeriod = resync })
 	synced := time.Since(start)
 	snap := a.last()
 	ports := 0

@@ -31,8 +31,13 @@ import (
 // testNode is the node the Cluster under test runs on.
 const testNode = "kup-node-a"
 
-// appliedSnapshots records the snapshots a Cluster appliedSnapshots, with when.
+// appliedSnapshots records the snapshots a Cluster applied, with when.
 type appliedSnapshots struct {
+	// keep, if positive, is how many of the last snapshots are kept;
+	// older ones are replaced by empty ones, so that a test of thousands
+	// of services does not hold hundreds of copies.
+	keep int
+
 	mu     sync.Mutex // guards the fields below
 	snaps  []state.Snapshot
 	times  []time.Time
@@ -44,6 +49,9 @@ func (a *appliedSnapshots) apply(s state.Snapshot) {
 	defer a.mu.Unlock()
 	a.snaps = append(a.snaps, s)
 	a.times = append(a.times, time.Now())
+	if old := len(a.snaps) - 1 - a.keep; a.keep > 0 && old >= 0 {
+		a.snaps[old] = state.Snapshot{}
+	}
 	close(a.notify)
 	a.notify = make(chan struct{})
 }
@@ -54,7 +62,7 @@ func (a *appliedSnapshots) count() int {
 	return len(a.snaps)
 }
 
-// waitFor waits until a snapshot appliedSnapshots at index from or later satisfies
+// waitFor waits until a snapshot applied at index from or later satisfies
 // cond, and returns its index and time.
 func (a *appliedSnapshots) waitFor(t *testing.T, from int, what string, timeout time.Duration, cond func(state.Snapshot) bool) (int, time.Time) {
 	t.Helper()
@@ -79,7 +87,7 @@ func (a *appliedSnapshots) waitFor(t *testing.T, from int, what string, timeout 
 	}
 }
 
-// last returns the last snapshot appliedSnapshots.
+// last returns the last snapshot applied.
 func (a *appliedSnapshots) last() state.Snapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -90,11 +98,18 @@ func (a *appliedSnapshots) last() state.Snapshot {
 // waits for its first snapshot.
 func runCluster(t *testing.T, client kubernetes.Interface, mods ...func(*source.Cluster)) *appliedSnapshots {
 	t.Helper()
+	return runClusterKeeping(t, client, 0, mods...)
+}
+
+// runClusterKeeping is runCluster keeping only the last keep snapshots
+// (all if keep is 0).
+func runClusterKeeping(t *testing.T, client kubernetes.Interface, keep int, mods ...func(*source.Cluster)) *appliedSnapshots {
+	t.Helper()
 	c := &source.Cluster{Client: client, NodeName: testNode}
 	for _, m := range mods {
 		m(c)
 	}
-	a := &appliedSnapshots{notify: make(chan struct{})}
+	a := &appliedSnapshots{keep: keep, notify: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, a.apply) }()
