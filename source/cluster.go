@@ -146,6 +146,7 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		case <-t.poke:
 		default:
 		}
+		began := time.Now()
 		dirty, all := t.take()
 		opts := c.Options
 		opts.NodeName = c.NodeName
@@ -165,8 +166,11 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		applied := first || changed
 		if applied {
 			snap := cur.snapshot()
-			klog.V(2).InfoS("Applying a new snapshot from the API server", "servicePorts", snap.Len(), "services", len(dirty), "initial", first)
+			klog.V(2).InfoS("Applying a new snapshot from the API server",
+				"servicePorts", snap.Len(), "servicesRebuilt", len(dirty), "initial", first, "built", time.Since(began))
 			apply(snap)
+		} else {
+			klog.V(4).InfoS("Nothing served changed", "servicesRebuilt", len(dirty), "took", time.Since(began))
 		}
 		if c.built != nil {
 			c.built(applied)

@@ -590,3 +590,67 @@ func BenchmarkClusterBuild(b *testing.B) {
 		}
 	})
 }
+
+// Building each Service alone, as Run's loop does, gives what
+// BuildSnapshot gives for all objects at once, problems included.
+func TestServedMatchesBuildSnapshot(t *testing.T) {
+	svcs := []*corev1.Service{
+		service("web"),
+		service("api", func(s *corev1.Service) {
+			s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+		}),
+		service("bad", func(s *corev1.Service) { s.Spec.Ports[0].Port = 70000 }),
+		service("other", func(s *corev1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "x"} }),
+	}
+	owned := func(svc string) func(*discoveryv1.EndpointSlice) {
+		return func(s *discoveryv1.EndpointSlice) { s.Labels[discoveryv1.LabelServiceName] = svc }
+	}
+	eps := []*discoveryv1.EndpointSlice{
+		endpointSlice("web-1", discoveryv1.AddressTypeIPv4, []discoveryv1.Endpoint{endpoint("10.0.0.1"), endpoint("169.254.169.254")}),
+		endpointSlice("web-2", discoveryv1.AddressTypeIPv4, []discoveryv1.Endpoint{endpoint("10.0.0.1", terminatingServing), endpoint("10.0.0.2")}),
+		endpointSlice("api-1", discoveryv1.AddressTypeIPv4, []discoveryv1.Endpoint{endpoint("10.0.1.1", onNode("node-a")), endpoint("10.0.1.2", onNode("node-b"))}, owned("api")),
+		endpointSlice("orphan-1", discoveryv1.AddressTypeIPv4, []discoveryv1.Endpoint{endpoint("10.0.2.1")}, owned("gone")),
+		endpointSlice("nolabel-1", discoveryv1.AddressTypeIPv4, []discoveryv1.Endpoint{endpoint("10.0.3.1")}, func(s *discoveryv1.EndpointSlice) {
+			delete(s.Labels, discoveryv1.LabelServiceName)
+		}),
+	}
+	opts := Options{NodeName: "node-a"}
+	want, wantProblems := BuildSnapshot(svcs, eps, opts)
+
+	view := indexerView{
+		services: cache.NewIndexer(cache.MetaNamespaceKeyFunc, nil),
+		slices:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{serviceIndex: sliceServiceIndex}),
+	}
+	for _, s := range svcs {
+		if err := view.services.Add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range eps {
+		if err := view.slices.Add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cur := newServed()
+	changed, err := cur.update(view, cur.keys(view), opts)
+	if err != nil || !changed {
+		t.Fatalf("update: changed %v, %v", changed, err)
+	}
+	if got := cur.snapshot(); !sameSnapshot(got, want) {
+		t.Errorf("snapshot differs:\ngot  %v\nwant %v", got.Names(), want.Names())
+	}
+	var wantMsgs []string
+	for _, p := range wantProblems {
+		wantMsgs = append(wantMsgs, p.Error())
+	}
+	checkProblems(t, cur.problemList(), wantMsgs)
+
+	// Gone from the caches, gone from what is served.
+	if err := view.services.Delete(svcs[0]); err != nil {
+		t.Fatal(err)
+	}
+	changed, err = cur.update(view, map[objectRef]bool{{"demo", "web"}: true}, opts)
+	if err != nil || !changed || cur.snapshot().Get(webHTTP) != nil {
+		t.Errorf("after deleting web: changed %v, %v, web served: %v", changed, err, cur.snapshot().Get(webHTTP) != nil)
+	}
+}
