@@ -275,6 +275,12 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 
 // dialProgress looks at the endpoint socket while connecting.
 func (c *tcpConn) dialProgress(ev uint32) {
+	if ev&(unix.EPOLLERR|unix.EPOLLHUP) == 0 {
+		if ev&unix.EPOLLOUT != 0 {
+			c.connected() // writable without an error: the handshake is done
+		}
+		return
+	}
 	soErr, err := unix.GetsockoptInt(c.bfd, unix.SOL_SOCKET, unix.SO_ERROR)
 	switch {
 	case err != nil:
