@@ -56,9 +56,12 @@ unit:
 	$(GO) test -race -count=1 ./...
 	$(GO) test -race -count=1 -tags goroutines ./userspace
 
-## integration: end-to-end tests of the real binary with real clients.
+## integration: end-to-end tests of the real binary with real clients, in
+## network namespaces (root) and against a real kube-apiserver and etcd,
+## which hack/kube-tools.sh builds once into ~/.cache (about 15 minutes cold).
 integration: build
-	$(GO) test -tags integration -count=1 -v ./integration/...
+	./hack/kube-tools.sh
+	$(GO) test -tags integration -count=1 -timeout 30m -v ./integration/...
 
 ## fuzz: a short pass of every fuzz target.
 fuzz:

@@ -22,8 +22,10 @@
 //
 // It leaves serving the snapshot to package userspace, kernel redirection
 // to package portal, and the sync loop (rate limits, retries) to its
-// caller. Informers on a real API server will live here too; they reuse
-// BuildSnapshot, so both sources agree on every rule.
+// caller. Cluster.Run serves a live cluster through client-go informers
+// and rebuilds only the Services that changed, with the same BuildSnapshot,
+// so both sources agree on every rule; NewClient connects as kube-proxy
+// does.
 //
 // Usage, in manifest mode:
 //
