@@ -333,6 +333,8 @@ func runHelperMode(mode string) int {
 		return 0
 	case "proxy":
 		err = runProxyHelper(os.Getenv("KUPT_PORTAL"), os.Getenv("KUPT_PROXIER") == "1")
+	case "relay":
+		err = runRelay(os.Getenv("KUPT_LISTEN"), os.Getenv("KUPT_UNIX"))
 	default:
 		err = fmt.Errorf("unknown helper mode %q", mode)
 	}
