@@ -4,7 +4,9 @@ package userspace
 
 import (
 	"container/heap"
+	"errors"
 	"fmt"
+	"os"
 	"maps"
 	"runtime"
 	"sync"
@@ -40,6 +42,7 @@ type eventLoop struct {
 	timers   timerHeap
 	batch    *recvBatch // UDP receive batch
 	buf      []byte     // UDP reply buffer
+	tcpBuf   []byte     // TCP scratch buffer for small reads
 	events   []unix.EpollEvent
 	toClose  []int // closed at the end of the batch (see closeFD)
 	quit     bool
@@ -73,6 +76,7 @@ type loopSet struct {
 	loops    []*eventLoop
 	loopErr  error
 	loopNext atomic.Uint64 // round robin of sockets over loops
+	connNext atomic.Uint64 // round robin of connections over loops
 }
 
 // loops returns the proxier's event loops, starting them on first use.
@@ -103,6 +107,11 @@ func (p *Proxier) nextLoop() (*eventLoop, error) {
 	return loops[int(p.loopNext.Add(1)-1)%len(loops)], nil
 }
 
+// connLoop picks the loop for a new connection, round robin.
+func (s *loopSet) connLoop() *eventLoop {
+	return s.loops[int(s.connNext.Add(1)-1)%len(s.loops)]
+}
+
 // stopLoops ends every event loop; Close calls it once the listeners are
 // closed.
 func (s *loopSet) stopLoops() {
@@ -116,6 +125,11 @@ func startEventLoop(p *Proxier) (*eventLoop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
+	// Non-blocking, so os.NewFile hands it to the runtime's poller.
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
 	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		unix.Close(epfd)
@@ -126,6 +140,7 @@ func startEventLoop(p *Proxier) (*eventLoop, error) {
 		handlers: make(map[int32]loopHandler),
 		batch:    newRecvBatch(),
 		buf:      make([]byte, maxDatagram),
+		tcpBuf:   make([]byte, smallRead),
 		events:   make([]unix.EpollEvent, 128),
 		done:     make(chan struct{}),
 	}
@@ -185,12 +200,28 @@ func (lp *eventLoop) do(f func()) {
 	<-done
 }
 
+// post hands f to the loop without waiting. It reports false, and f does
+// not run, if the loop has stopped.
+func (lp *eventLoop) post(f func()) bool {
+	lp.mu.Lock()
+	if lp.stopped {
+		lp.mu.Unlock()
+		return false
+	}
+	wake := len(lp.cmds) == 0
+	lp.cmds = append(lp.cmds, loopCmd{f: f})
+	lp.mu.Unlock()
+	if wake {
+		var one [8]byte
+		one[0] = 1
+		_, _ = unix.Write(lp.wakefd, one[:])
+	}
+	return true
+}
+
 // stop ends the loop after closing everything it owns.
 func (lp *eventLoop) stop() {
 	lp.do(func() { lp.quit = true })
-	lp.mu.Lock()
-	lp.stopped = true
-	lp.mu.Unlock()
 	<-lp.done
 }
 
@@ -201,10 +232,35 @@ type closer interface{ shut() }
 func (lp *eventLoop) run() {
 	defer lp.p.wg.Done()
 	defer close(lp.done)
+	// The loop waits in the Go runtime's poller, not in a blocking
+	// epoll_wait: the epoll descriptor is itself pollable (readable while
+	// events are pending). A goroutine blocked in a system call would have
+	// its P taken by the runtime after 20 µs and handed back on every
+	// wake-up, which cost more than the proxying itself.
+	ep := os.NewFile(uintptr(lp.epfd), "epoll")
+	rc, err := ep.SyscallConn()
+	if err != nil {
+		klog.ErrorS(err, "Event loop: cannot wait on the epoll descriptor")
+		return
+	}
+	var armed time.Time
 	for !lp.quit {
-		n, err := unix.EpollWait(lp.epfd, lp.events, lp.timeout())
-		if err != nil && err != unix.EINTR {
-			klog.ErrorS(err, "Event loop: epoll_wait failed")
+		if next := lp.nextDeadline(); !next.Equal(armed) {
+			_ = ep.SetReadDeadline(next)
+			armed = next
+		}
+		var n int
+		var werr error
+		err := rc.Read(func(fd uintptr) bool {
+			n, werr = unix.EpollWait(int(fd), lp.events, 0)
+			return n != 0 || (werr != nil && werr != unix.EINTR)
+		})
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			klog.ErrorS(err, "Event loop: wait failed")
+			return
+		}
+		if werr != nil && werr != unix.EINTR {
+			klog.ErrorS(werr, "Event loop: epoll_wait failed")
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -233,35 +289,44 @@ func (lp *eventLoop) run() {
 			// closed a listener finds its port closed when do returns.
 			lp.flushCloses()
 			for _, c := range cmds {
-				close(c.done)
+				if c.done != nil {
+					close(c.done)
+				}
 			}
 		}
 		lp.fire(time.Now())
 		lp.flushCloses()
 	}
-	// Close what is left: connections that outlived their listeners, and
-	// anything Close did not reach.
+	// Take no more work, run what was handed over already, then close what
+	// is left: connections that outlived their listeners, and anything
+	// Close did not reach.
+	lp.mu.Lock()
+	lp.stopped = true
+	cmds := lp.cmds
+	lp.cmds = nil
+	lp.mu.Unlock()
+	for _, c := range cmds {
+		c.f()
+		if c.done != nil {
+			close(c.done)
+		}
+	}
 	for _, h := range maps.Clone(lp.handlers) {
 		if c, ok := h.(closer); ok {
 			c.shut()
 		}
 	}
 	lp.flushCloses()
-	unix.Close(lp.epfd)
+	ep.Close()
 	unix.Close(lp.wakefd)
 }
 
-// timeout is epoll_wait's timeout in milliseconds: until the earliest
-// deadline, or for ever when there is none.
-func (lp *eventLoop) timeout() int {
+// nextDeadline is the earliest timer deadline, or zero when there is none.
+func (lp *eventLoop) nextDeadline() time.Time {
 	if len(lp.timers) == 0 {
-		return -1
+		return time.Time{}
 	}
-	d := time.Until(lp.timers[0].deadline)
-	if d <= 0 {
-		return 0
-	}
-	return int((d + time.Millisecond - 1) / time.Millisecond)
+	return lp.timers[0].deadline
 }
 
 // schedule puts e in the heap at deadline, or moves it there.

@@ -132,7 +132,17 @@ func (l *tcpListener) event(uint32) {
 			return
 		}
 		p.stats.TCPAccepted.Add(1)
-		startConn(l, nfd, addrPortFromSockaddr(sa))
+		client := addrPortFromSockaddr(sa)
+		// Spread connections over the loops, so one busy service uses
+		// every core: most of a connection's cost is the kernel work of
+		// its connect, splices and closes, done by the loop that owns it.
+		if lp := p.connLoop(); lp != l.lp {
+			if !lp.post(func() { startConn(lp, l, nfd, client) }) {
+				resetFD(nfd) // shutting down
+			}
+			continue
+		}
+		startConn(l.lp, l, nfd, client)
 	}
 }
 
@@ -154,12 +164,23 @@ func resetFD(fd int) {
 }
 
 // spliceDir is one direction of a proxied connection.
+//
+// Small reads go through the loop's scratch buffer (read, then write), which
+// costs less than two splices for a request or a reply; once a read fills
+// the buffer the direction switches to splice, which moves bulk data
+// without copying it, and back when reads get small again.
 type spliceDir struct {
-	p       *pipe // holds data in flight; nil when empty
-	pending int   // bytes in p
-	eof     bool  // the source has sent FIN
-	shut    bool  // the FIN has been passed on (or the connection is done)
+	p       *pipe  // holds spliced data in flight; nil when empty
+	pending int    // bytes in p
+	buf     []byte // read data the destination could not take yet
+	bulk    bool   // splice rather than read
+	eof     bool   // the source has sent FIN
+	shut    bool   // the FIN has been passed on (or the connection is done)
 }
+
+// smallRead is the scratch buffer size: reads that fill it switch the
+// direction to splice.
+const smallRead = 16 << 10
 
 // tcpConn is one proxied connection: a state machine driven by epoll
 // events and its timer. Bytes flow both ways until each side has finished
@@ -169,6 +190,7 @@ type spliceDir struct {
 // socket is left in FIN_WAIT2 or CLOSE_WAIT for ever (the failure that made
 // the legacy proxier drop half-close: kubernetes/kubernetes#18354).
 type tcpConn struct {
+	lp     *eventLoop // the loop that owns the connection
 	l      *tcpListener
 	b      *balancer
 	client netip.AddrPort
@@ -183,6 +205,13 @@ type tcpConn struct {
 	closed   bool
 
 	dirs         [2]spliceDir // 0: client to endpoint; 1: endpoint to client
+	// readable[i] says the source of direction i may have data: set by
+	// an EPOLLIN event, cleared by a short read. With edge-triggered epoll
+	// a short read means the socket is drained, and data that arrives later
+	// brings a new event, so the read that would only say EAGAIN is saved
+	// (nginx does the same). hup[i] says the source has shut down: then
+	// reading goes on until it returns the EOF.
+	readable, hup [2]bool
 	halfClosed   bool
 	lastProgress time.Time
 	dialDeadline time.Time
@@ -202,6 +231,16 @@ func (s *connSide) event(ev uint32) {
 	if c.closed {
 		return
 	}
+	i := 0 // the direction this socket is the source of
+	if s.backend {
+		i = 1
+	}
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.readable[i] = true
+	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.hup[i] = true
+	}
 	if c.dialing {
 		if s.backend {
 			c.dialProgress(ev)
@@ -215,10 +254,11 @@ func (s *connSide) shut() { s.c.abort() }
 
 const connEvents = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
 
-// startConn takes over an accepted socket and dials an endpoint for it.
-func startConn(l *tcpListener, cfd int, client netip.AddrPort) {
+// startConn takes over an accepted socket on loop lp and dials an endpoint
+// for it.
+func startConn(lp *eventLoop, l *tcpListener, cfd int, client netip.AddrPort) {
 	p := l.sp.p
-	c := &tcpConn{l: l, b: l.sp.balancer(l.role), client: client, cfd: cfd, bfd: -1}
+	c := &tcpConn{lp: lp, l: l, b: l.sp.balancer(l.role), client: client, cfd: cfd, bfd: -1}
 	c.timer = timerEntry{index: -1, owner: c}
 	c.clientSide = connSide{c: c}
 	c.backendSide = connSide{c: c, backend: true}
@@ -231,7 +271,7 @@ func startConn(l *tcpListener, cfd int, client netip.AddrPort) {
 		resetFD(cfd)
 		return
 	}
-	if err := l.lp.register(cfd, connEvents, &c.clientSide); err != nil {
+	if err := lp.register(cfd, connEvents, &c.clientSide); err != nil {
 		resetFD(cfd)
 		return
 	}
@@ -260,7 +300,7 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 		c.dialFailed(err)
 		return
 	}
-	if err := c.l.lp.register(fd, connEvents, &c.backendSide); err != nil {
+	if err := c.lp.register(fd, connEvents, &c.backendSide); err != nil {
 		c.dialFailed(err)
 		return
 	}
@@ -270,7 +310,7 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 	}
 	c.dialing = true
 	c.dialDeadline = time.Now().Add(p.cfg.DialTimeouts[c.attempt])
-	c.l.lp.schedule(&c.timer, c.dialDeadline)
+	c.lp.schedule(&c.timer, c.dialDeadline)
 }
 
 // dialProgress looks at the endpoint socket while connecting.
@@ -327,7 +367,7 @@ func (c *tcpConn) dialFailed(err error) {
 
 func (c *tcpConn) closeBackend() {
 	if c.bfd >= 0 {
-		c.l.lp.closeFD(c.bfd)
+		c.lp.closeFD(c.bfd)
 		c.bfd = -1
 	}
 }
@@ -335,8 +375,9 @@ func (c *tcpConn) closeBackend() {
 func (c *tcpConn) connected() {
 	p := c.l.sp.p
 	c.dialing = false
-	c.l.lp.unschedule(&c.timer)
+	c.lp.unschedule(&c.timer)
 	c.active = true
+	c.readable = [2]bool{true, true} // data may have come while dialing
 	p.stats.TCPActive.Add(1)
 	if klog.V(4).Enabled() {
 		klog.InfoS("Proxying connection", "service", c.l.sp.name, "client", c.client, "endpoint", c.endpoint)
@@ -367,7 +408,30 @@ func (c *tcpConn) pumpDir(i int) bool {
 		counter = &p.stats.BytesToClient
 	}
 	d := &c.dirs[i]
+	progress := func(n int) {
+		counter.Add(uint64(n))
+		if c.halfClosed {
+			c.lastProgress = time.Now()
+		}
+	}
 	for {
+		if len(d.buf) > 0 {
+			n, err := unix.Write(dst, d.buf)
+			switch err {
+			case nil:
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return true // dst is full: EPOLLOUT will bring us back
+			default:
+				c.abort()
+				return false
+			}
+			d.buf = d.buf[n:]
+			progress(n)
+			continue
+		}
+		d.buf = nil
 		if d.pending > 0 {
 			n, err := unix.Splice(d.p.r, nil, dst, nil, d.pending, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 			switch err {
@@ -381,10 +445,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 				return false
 			}
 			d.pending -= int(n)
-			counter.Add(uint64(n))
-			if c.halfClosed {
-				c.lastProgress = time.Now()
-			}
+			progress(int(n))
 			continue
 		}
 		if d.p != nil {
@@ -404,10 +465,48 @@ func (c *tcpConn) pumpDir(i int) bool {
 					}
 					c.halfClosed = true
 					c.lastProgress = time.Now()
-					c.l.lp.schedule(&c.timer, c.lastProgress.Add(p.cfg.TCPHalfCloseTimeout))
+					c.lp.schedule(&c.timer, c.lastProgress.Add(p.cfg.TCPHalfCloseTimeout))
 				}
 			}
 			return true
+		}
+		if !c.readable[i] {
+			return true // drained: the next EPOLLIN brings us back
+		}
+		if !d.bulk {
+			scratch := c.lp.tcpBuf
+			n, err := unix.Read(src, scratch)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				c.readable[i] = false
+				return true
+			case err != nil:
+				c.abort() // e.g. a reset: pass it on as a reset
+				return false
+			case n == 0:
+				d.eof = true
+				continue
+			}
+			d.bulk = n == len(scratch)
+			if n < len(scratch) && !c.hup[i] {
+				c.readable[i] = false
+			}
+			m, err := unix.Write(dst, scratch[:n])
+			switch err {
+			case nil:
+			case unix.EAGAIN, unix.EINTR:
+				m = 0
+			default:
+				c.abort()
+				return false
+			}
+			progress(m)
+			if m < n {
+				d.buf = append([]byte(nil), scratch[m:n]...)
+			}
+			continue
 		}
 		var err error
 		if d.p, err = getPipe(); err != nil {
@@ -425,6 +524,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 		case err == unix.EAGAIN:
 			putPipe(d.p) // nothing to read: hold no pipe while idle
 			d.p = nil
+			c.readable[i] = false
 			return true
 		case err != nil:
 			c.abort() // e.g. a reset: pass it on as a reset
@@ -433,6 +533,9 @@ func (c *tcpConn) pumpDir(i int) bool {
 			d.eof = true
 		default:
 			d.pending = int(n)
+			// A short splice may only mean the pipe is full, so it says
+			// nothing about the socket: read on until EAGAIN.
+			d.bulk = n >= smallRead // small again: back to read and write
 		}
 	}
 }
@@ -475,7 +578,7 @@ func (c *tcpConn) release(reset bool) {
 		return
 	}
 	c.closed = true
-	lp := c.l.lp
+	lp := c.lp
 	lp.unschedule(&c.timer)
 	for _, fd := range []int{c.cfd, c.bfd} {
 		if fd < 0 {
