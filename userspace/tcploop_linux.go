@@ -204,7 +204,7 @@ type tcpConn struct {
 	active   bool // counted in TCPActive
 	closed   bool
 
-	dirs         [2]spliceDir // 0: client to endpoint; 1: endpoint to client
+	dirs [2]spliceDir // 0: client to endpoint; 1: endpoint to client
 	// readable[i] says the source of direction i may have data: set by
 	// an EPOLLIN event, cleared by a short read. With edge-triggered epoll
 	// a short read means the socket is drained, and data that arrives later
@@ -212,10 +212,10 @@ type tcpConn struct {
 	// (nginx does the same). hup[i] says the source has shut down: then
 	// reading goes on until it returns the EOF.
 	readable, hup [2]bool
-	halfClosed   bool
-	lastProgress time.Time
-	dialDeadline time.Time
-	timer        timerEntry
+	halfClosed    bool
+	lastProgress  time.Time
+	dialDeadline  time.Time
+	timer         timerEntry
 
 	clientSide, backendSide connSide
 }
