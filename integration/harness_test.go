@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -198,16 +199,20 @@ func udpBackend(t *testing.T, name string) int {
 // freePort returns a port free for both TCP and UDP on 127.0.0.1.
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	// Below the kernel's ephemeral range (32768 and up), so a port the
+	// proxy or a client binds to 0 can never take it in the meantime: the
+	// range node ports come from in a cluster, too.
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
 		ln.Close()
+		// The same port must be free for UDP too.
 		if u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err == nil {
 			u.Close()
-			return port
+			return int(port)
 		}
 	}
 	t.Fatal("no free port")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"runtime"
@@ -165,17 +166,20 @@ func TestPortChangeReplacesOnlyThatListener(t *testing.T) {
 
 func freeTCPPort(t *testing.T) uint16 {
 	t.Helper()
-	for range 20 {
-		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	// Below the kernel's ephemeral range (32768 and up), so a port the
+	// proxy or a client binds to 0 can never take it in the meantime: the
+	// range node ports come from in a cluster, too.
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		port := uint16(ln.Addr().(*net.TCPAddr).Port)
 		ln.Close()
 		// The same port must be free for UDP too.
-		if u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: int(port)}); err == nil {
+		if u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err == nil {
 			u.Close()
-			return port
+			return uint16(port)
 		}
 	}
 	t.Fatal("no free port")

@@ -86,15 +86,10 @@ func TestTCPAffinity(t *testing.T) {
 	}
 }
 
-// deadAddr returns a loopback address where nothing listens.
+// deadAddr returns a loopback address where nothing listens, outside the
+// ephemeral range so that no proxy port can take it meanwhile.
 func deadAddr(t *testing.T) netip.AddrPort {
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := ln.Addr().(*net.TCPAddr).AddrPort()
-	ln.Close()
-	return a
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeTCPPort(t))
 }
 
 func TestTCPFailover(t *testing.T) {

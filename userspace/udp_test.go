@@ -161,12 +161,7 @@ func TestUDPSessionCap(t *testing.T) {
 // goes to a live endpoint.
 func TestUDPRefusedEndpoint(t *testing.T) {
 	live := startUDPBackend(t, "live")
-	deadConn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := deadConn.LocalAddr().(*net.UDPAddr).AddrPort()
-	deadConn.Close()
+	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeTCPPort(t)) // nothing listens there
 	p := newTestProxier(t, Config{})
 	name := spn("dns", "", state.UDP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, live.addr()),
