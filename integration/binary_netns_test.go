@@ -216,9 +216,11 @@ func TestBinaryBindPortal(t *testing.T) {
 		<-px.done
 		start := time.Now()
 		px = startNodeProxy(top, w, file, "--portal=bind")
+		// TCP: a try before the proxy is back is refused at once, where a
+		// UDP try would wait out its read timeout.
 		var r clientResult
 		for time.Since(start) < 5*time.Second {
-			if r = dial(t, w.pod, "udp", "198.18.0.53:53", "ping", 0); r.Err == "" && strings.HasPrefix(r.Reply, "be1:") {
+			if r = dial(t, w.pod, "tcp", "198.18.0.10:80", "ping", 0); r.Err == "" && strings.HasPrefix(r.Reply, "be1:") {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -227,6 +229,7 @@ func TestBinaryBindPortal(t *testing.T) {
 			t.Fatalf("after restart: %+v after %v, want a reply within 2s", r, took)
 		}
 		px.waitLog(0, `"Serving".*198.18.0.53:53`, 1, 10*time.Second)
+		expectReply(t, w.pod, "udp", "198.18.0.53:53", "be1:ping")
 		if after := serviceAddrsOn(t, w.node, dev); !slices.Equal(before, after) {
 			t.Fatalf("addresses changed across the restart: %v, then %v", before, after)
 		}
