@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -155,12 +156,28 @@ func TestBinaryFollowsCluster(t *testing.T) {
 	putSlice(t, c, newSlice(ns, "web", "web-1", readyEP("198.18.12.2")))
 	t.Run("a new service answers", func(t *testing.T) { eventually(t, w.pod, "tcp", vip, "be1:") })
 
+	// No connection may fail while endpoints come and go: a removed
+	// endpoint's backend is still up, so a failure would be the proxy's.
+	noFailure := func(t *testing.T, until func(r clientResult) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
+			r := dial(t, w.pod, "tcp", vip, "ping", 0)
+			if r.Err != "" {
+				t.Fatalf("a connection failed while endpoints changed: %+v", r)
+			}
+			if until(r) {
+				return
+			}
+		}
+		t.Fatal("the change did not reach traffic within 15s")
+	}
+
 	t.Run("scaling up adds an endpoint", func(t *testing.T) {
 		s := newSlice(ns, "web", "web-2", readyEP("198.18.12.2"))
 		port := int32(8081)
 		s.Ports[0].Port = &port
 		putSlice(t, c, s)
-		eventually(t, w.pod, "tcp", vip, "be2:")
+		noFailure(t, func(r clientResult) bool { return strings.HasPrefix(r.Reply, "be2:") })
 		eventually(t, w.pod, "tcp", vip, "be1:")
 	})
 
@@ -190,16 +207,14 @@ func TestBinaryFollowsCluster(t *testing.T) {
 		// Round robin over two endpoints never gives six be1 replies in a
 		// row; once the removal lands, every reply is be1's.
 		run := 0
-		for deadline := time.Now().Add(15 * time.Second); run < 6 && time.Now().Before(deadline); {
-			if r := dial(t, w.pod, "tcp", vip, "ping", 0); r.Err == "" && strings.HasPrefix(r.Reply, "be1:") {
+		noFailure(t, func(r clientResult) bool {
+			if strings.HasPrefix(r.Reply, "be1:") {
 				run++
 			} else {
 				run = 0
 			}
-		}
-		if run < 6 {
-			t.Fatal("the removed endpoint still gets connections after 15s")
-		}
+			return run == 6
+		})
 	})
 
 	t.Run("the service-proxy-name label hides the service", func(t *testing.T) {
@@ -217,4 +232,163 @@ func TestBinaryFollowsCluster(t *testing.T) {
 		}
 		eventuallyNot(t, w.pod, "tcp", vip)
 	})
+}
+
+// allFrom sends n connections and reports whether every reply starts with
+// prefix, retrying (bounded) until the proxy has the state the test set.
+func allFrom(t *testing.T, ns netns, proto, addr, prefix string, n int) {
+	t.Helper()
+	run := 0
+	var last clientResult
+	for deadline := time.Now().Add(15 * time.Second); run < n && time.Now().Before(deadline); {
+		if last = dial(t, ns, proto, addr, "ping", 0); last.Err == "" && strings.HasPrefix(last.Reply, prefix) {
+			run++
+		} else {
+			run = 0
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if run < n {
+		t.Fatalf("%s %s from %s: want %d replies in a row from %q, last %+v", proto, addr, ns, n, prefix, last)
+	}
+}
+
+// TestBinaryClusterSemantics drives the real binary through the cases
+// where kube-proxy's semantics decide which endpoints get traffic.
+func TestBinaryClusterSemantics(t *testing.T) {
+	api := requireAPIServer(t)
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be2")
+	kubeconfig := relayAPIServer(t, api, w.node)
+	c := api.Client
+	ns := testNamespace(t, c)
+	px := startCommand(t, "ip", "netns", "exec", string(w.node), proxyBin, "--kubeconfig", kubeconfig,
+		"--portal=iptables", "--hostname-override=node", "-v=2")
+	px.waitLog(0, `"Portals synced"`, 1, 60*time.Second)
+
+	// One endpoint on this node (be1, port 8080) and one elsewhere (be2,
+	// port 8081), in two slices.
+	slices := func(svc string, local, remote ep) {
+		t.Helper()
+		putSlice(t, c, newSlice(ns, svc, svc+"-1", local))
+		s := newSlice(ns, svc, svc+"-2", remote)
+		port := int32(8081)
+		s.Ports[0].Port = &port
+		putSlice(t, c, s)
+	}
+	onNode := func(node string) ep { e := readyEP("198.18.12.2"); e.node = node; return e }
+
+	t.Run("terminating-only endpoints still answer", func(t *testing.T) {
+		createService(t, c, newService(ns, "term", func(s *corev1.Service) { s.Spec.ClusterIP = "198.18.0.61" }))
+		putSlice(t, c, newSlice(ns, "term", "term-1", ep{addr: "198.18.12.2", serving: true, terminating: true}))
+		eventually(t, w.pod, "tcp", "198.18.0.61:80", "be1:")
+	})
+
+	t.Run("internalTrafficPolicy Local uses this node's endpoints", func(t *testing.T) {
+		createService(t, c, newService(ns, "itp", func(s *corev1.Service) { s.Spec.ClusterIP = "198.18.0.62" }))
+		slices("itp", onNode("node"), onNode("other"))
+		eventually(t, w.pod, "tcp", "198.18.0.62:80", "be2:") // both endpoints are in
+		local := corev1.ServiceInternalTrafficPolicyLocal
+		updateService(t, c, ns, "itp", func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = &local })
+		allFrom(t, w.pod, "tcp", "198.18.0.62:80", "be1:", 8)
+	})
+
+	t.Run("externalTrafficPolicy Local: node ports use this node's endpoints", func(t *testing.T) {
+		createService(t, c, newService(ns, "etp", func(s *corev1.Service) {
+			s.Spec.ClusterIP = "198.18.0.63"
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.Ports[0].NodePort = 30063
+		}))
+		slices("etp", onNode("node"), onNode("other"))
+		// Cluster traffic reaches both endpoints; node-port traffic only
+		// this node's.
+		eventually(t, w.pod, "tcp", "198.18.0.63:80", "be2:")
+		allFrom(t, w.outside, "tcp", nodeOutSide+":30063", "be1:", 8)
+	})
+
+	t.Run("headless and ExternalName services are ignored", func(t *testing.T) {
+		createService(t, c, newService(ns, "headless", func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone }))
+		putSlice(t, c, newSlice(ns, "headless", "headless-1", readyEP("198.18.12.2")))
+		createService(t, c, newService(ns, "extname", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeExternalName
+			s.Spec.ExternalName = "example.invalid"
+			s.Spec.Ports = nil
+		}))
+		// A later service applies, so the earlier ones were seen.
+		createService(t, c, newService(ns, "marker", func(s *corev1.Service) { s.Spec.ClusterIP = "198.18.0.64" }))
+		putSlice(t, c, newSlice(ns, "marker", "marker-1", readyEP("198.18.12.2")))
+		eventually(t, w.pod, "tcp", "198.18.0.64:80", "be1:")
+		for _, r := range ourRules(t, w.node, "nft") {
+			if strings.Contains(r, ns+"/headless") || strings.Contains(r, ns+"/extname") {
+				t.Errorf("rule for an ignored service: %s", r)
+			}
+		}
+		if strings.Contains(px.log(), ns+"/headless") || strings.Contains(px.log(), ns+"/extname") {
+			t.Errorf("the proxy serves an ignored service:\n%s", px.log())
+		}
+	})
+
+	t.Run("a metadata endpoint is refused, never dialed", func(t *testing.T) {
+		createService(t, c, newService(ns, "meta", func(s *corev1.Service) { s.Spec.ClusterIP = "198.18.0.65" }))
+		bad := newSlice(ns, "meta", "meta-1", readyEP("169.254.169.254"))
+		if _, err := c.DiscoveryV1().EndpointSlices(ns).Create(context.Background(), bad, metav1.CreateOptions{}); err != nil {
+			// The API server refuses it: write it where the API server
+			// reads it, as an older or careless source could.
+			bad.UID = "5e0b6f4e-0000-4000-8000-000000000065"
+			bad.CreationTimestamp = metav1.Now()
+			if err := api.PutEtcd(context.Background(), "endpointslices", discoveryv1.SchemeGroupVersion, bad, ns, bad.Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		px.waitLog(0, `169\.254\.169\.254`, 1, 20*time.Second)
+		eventuallyNot(t, w.pod, "tcp", "198.18.0.65:80") // no endpoints: reset, not the metadata address
+	})
+}
+
+// TestBinarySurvivesAPIServerOutage stops the API server for 30 s: traffic
+// through the proxy never stops, and a change made after it is back still
+// applies.
+func TestBinarySurvivesAPIServerOutage(t *testing.T) {
+	api := requireAPIServer(t)
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be2")
+	kubeconfig := relayAPIServer(t, api, w.node)
+	c := api.Client
+	ns := testNamespace(t, c)
+	px := startCommand(t, "ip", "netns", "exec", string(w.node), proxyBin, "--kubeconfig", kubeconfig,
+		"--portal=iptables", "--hostname-override=node", "-v=2")
+	px.waitLog(0, `"Portals synced"`, 1, 60*time.Second)
+	createService(t, c, newService(ns, "web", func(s *corev1.Service) { s.Spec.ClusterIP = "198.18.0.66" }))
+	putSlice(t, c, newSlice(ns, "web", "web-1", readyEP("198.18.12.2")))
+	eventually(t, w.pod, "tcp", "198.18.0.66:80", "be1:")
+
+	api.StopAPIServer()
+	restarted := false
+	defer func() {
+		if !restarted {
+			api.StartAPIServer()
+		}
+	}()
+	for start := time.Now(); time.Since(start) < 30*time.Second; time.Sleep(time.Second) {
+		if r := dial(t, w.pod, "tcp", "198.18.0.66:80", "ping", 0); r.Err != "" || !strings.HasPrefix(r.Reply, "be1:") {
+			t.Fatalf("traffic stopped %v into the outage: %+v", time.Since(start).Round(time.Second), r)
+		}
+	}
+	if err := api.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	s := newSlice(ns, "web", "web-2", readyEP("198.18.12.2"))
+	port := int32(8081)
+	s.Ports[0].Port = &port
+	putSlice(t, c, s)
+	// client-go's reconnect backoff (up to about a minute) delays this.
+	var r clientResult
+	for deadline := time.Now().Add(150 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		if r = dial(t, w.pod, "tcp", "198.18.0.66:80", "ping", 0); strings.HasPrefix(r.Reply, "be2:") {
+			return
+		}
+	}
+	t.Fatalf("the change made after the outage never reached traffic: last %+v", r)
 }
