@@ -199,8 +199,45 @@ func TestBinaryFollowsCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("the affinity timeout follows the service", func(t *testing.T) {
+		timeout := int32(2)
+		updateService(t, c, ns, "web", func(s *corev1.Service) {
+			s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}}
+		})
+		time.Sleep(3 * time.Second) // the change lands, and any older pin expires
+		first := dial(t, w.pod, "tcp", vip, "ping", 0)
+		if again := dial(t, w.pod, "tcp", vip, "ping", 0); first.Err != "" || again.Reply != first.Reply {
+			t.Fatalf("not pinned: %+v then %+v", first, again)
+		}
+		time.Sleep(2500 * time.Millisecond) // past the 2 s timeout
+		// Expired: round robin moves on to the other endpoint.
+		if next := dial(t, w.pod, "tcp", vip, "ping", 0); next.Err != "" || next.Reply == first.Reply {
+			t.Fatalf("after the 2s timeout the client still went to %q", next.Reply)
+		}
+	})
+
+	t.Run("affinity off round-robins again", func(t *testing.T) {
+		updateService(t, c, ns, "web", func(s *corev1.Service) {
+			s.Spec.SessionAffinity = corev1.ServiceAffinityNone
+			s.Spec.SessionAffinityConfig = nil
+		})
+		eventually(t, w.pod, "tcp", vip, "be2:")
+		eventually(t, w.pod, "tcp", vip, "be1:")
+		allAlternate := true
+		prev := ""
+		for range 6 {
+			r := dial(t, w.pod, "tcp", vip, "ping", 0)
+			if r.Reply == prev {
+				allAlternate = false
+			}
+			prev = r.Reply
+		}
+		if !allAlternate {
+			t.Fatal("with affinity off, round robin over two endpoints gave the same one twice in a row")
+		}
+	})
+
 	t.Run("scaling down removes the endpoint", func(t *testing.T) {
-		updateService(t, c, ns, "web", func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityNone })
 		if err := c.DiscoveryV1().EndpointSlices(ns).Delete(context.Background(), "web-2", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
