@@ -69,6 +69,35 @@ ports: [{name: http, protocol: TCP, port: 8081}]
 endpoints: [{addresses: ["fd5e:b1b5:12::2"]}]
 `
 
+// checkServed sends real traffic to every frontend of netnsManifest from
+// where clients use it; nodeOwnAddr adds a NodePort on the node's own
+// address, from the node.
+func checkServed(t *testing.T, w *world, nodeOwnAddr bool) {
+	t.Helper()
+	cases := []struct {
+		name               string
+		from               netns
+		proto, addr, reply string
+	}{
+		{"TCP ClusterIP from the pod", w.pod, "tcp", "198.18.0.10:80", "be1:ping"},
+		{"TCP ClusterIP from the node", w.node, "tcp", "198.18.0.10:80", "be1:ping"},
+		{"UDP ClusterIP from the pod", w.pod, "udp", "198.18.0.53:53", "be1:ping"},
+		{"UDP ClusterIP from the node", w.node, "udp", "198.18.0.53:53", "be1:ping"},
+		{"TCP NodePort from the outside", w.outside, "tcp", nodeOutSide + ":30080", "be1:ping"},
+		{"UDP NodePort from the outside", w.outside, "udp", nodeOutSide + ":30053", "be1:ping"},
+		{"NodePort on the node's own address", w.node, "tcp", nodePodSide + ":30080", "be1:ping"},
+		{"ExternalIP from the pod", w.pod, "tcp", "198.19.0.5:80", "be1:ping"},
+		{"LB IP from the outside", w.outside, "tcp", "198.19.1.1:80", "be1:ping"},
+		{"IPv6 ClusterIP from the pod", w.pod, "tcp", "[fd5e:b1b5::10]:80", "be6:ping"},
+	}
+	for _, tc := range cases {
+		if tc.name == "NodePort on the node's own address" && !nodeOwnAddr {
+			continue
+		}
+		t.Run(tc.name, func(t *testing.T) { expectReply(t, tc.from, tc.proto, tc.addr, tc.reply) })
+	}
+}
+
 // startNodeProxy runs the real binary in the node namespace.
 func startNodeProxy(t *testing.T, w *world, file string, args ...string) *proxyProc {
 	t.Helper()
@@ -85,19 +114,7 @@ func TestBinaryIPTablesPortal(t *testing.T) {
 	px := startNodeProxy(t, w, file, "--portal=iptables")
 	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
 
-	check := func(t *testing.T) {
-		t.Run("TCP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping") })
-		t.Run("TCP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "tcp", "198.18.0.10:80", "be1:ping") })
-		t.Run("UDP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "udp", "198.18.0.53:53", "be1:ping") })
-		t.Run("UDP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "udp", "198.18.0.53:53", "be1:ping") })
-		t.Run("TCP NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping") })
-		t.Run("UDP NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "udp", nodeOutSide+":30053", "be1:ping") })
-		t.Run("NodePort on the node's own address", func(t *testing.T) { expectReply(t, w.node, "tcp", nodePodSide+":30080", "be1:ping") })
-		t.Run("ExternalIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.19.0.5:80", "be1:ping") })
-		t.Run("LB IP from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", "198.19.1.1:80", "be1:ping") })
-		t.Run("IPv6 ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "[fd5e:b1b5::10]:80", "be6:ping") })
-	}
-	t.Run("serves", check)
+	t.Run("serves", func(t *testing.T) { checkServed(t, w, true) })
 	before := ourRules(t, w.node, "nft")
 
 	t.Run("kill -9 and restart", func(t *testing.T) {
@@ -123,7 +140,7 @@ func TestBinaryIPTablesPortal(t *testing.T) {
 		if after := ourRules(t, w.node, "nft"); !slices.Equal(before, after) {
 			t.Fatalf("rules changed across the restart:\nbefore:\n%s\nafter:\n%s", strings.Join(before, "\n"), strings.Join(after, "\n"))
 		}
-		check(t)
+		checkServed(t, w, true)
 	})
 
 	t.Run("a UDP client keeping its port follows endpoint and service changes", func(t *testing.T) {
@@ -200,15 +217,7 @@ func TestBinaryBindPortal(t *testing.T) {
 	}
 	dev := bindDevice(t, w.node)
 
-	t.Run("TCP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping") })
-	t.Run("TCP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "tcp", "198.18.0.10:80", "be1:ping") })
-	t.Run("UDP ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "udp", "198.18.0.53:53", "be1:ping") })
-	t.Run("UDP ClusterIP from the node", func(t *testing.T) { expectReply(t, w.node, "udp", "198.18.0.53:53", "be1:ping") })
-	t.Run("TCP NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping") })
-	t.Run("UDP NodePort from the outside", func(t *testing.T) { expectReply(t, w.outside, "udp", nodeOutSide+":30053", "be1:ping") })
-	t.Run("ExternalIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "198.19.0.5:80", "be1:ping") })
-	t.Run("LB IP from the outside", func(t *testing.T) { expectReply(t, w.outside, "tcp", "198.19.1.1:80", "be1:ping") })
-	t.Run("IPv6 ClusterIP from the pod", func(t *testing.T) { expectReply(t, w.pod, "tcp", "[fd5e:b1b5::10]:80", "be6:ping") })
+	checkServed(t, w, false)
 
 	t.Run("kill -9 and restart", func(t *testing.T) {
 		before := serviceAddrsOn(t, w.node, dev)

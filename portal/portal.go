@@ -160,19 +160,13 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 }
 
 func families(sp *state.ServicePort) []Family {
-	var has4, has6 bool
-	for _, fe := range sp.Frontends() {
-		if FamilyOf(fe.Addr()) == IPv4 {
-			has4 = true
-		} else {
-			has6 = true
-		}
+	var out []Family
+	has4, has6 := sp.Families()
+	if has4 {
+		out = append(out, IPv4)
 	}
-	switch {
-	case has4 && has6:
-		return []Family{IPv4, IPv6}
-	case has6:
-		return []Family{IPv6}
+	if has6 {
+		out = append(out, IPv6)
 	}
-	return []Family{IPv4}
+	return out
 }

@@ -187,6 +187,22 @@ func (sp *ServicePort) Frontends() []netip.AddrPort {
 	return out
 }
 
+// Families reports which IP families the port's frontends (ClusterIPs,
+// ExternalIPs, load-balancer IPs) use. A port with no frontends counts as
+// IPv4, the family it is served on then.
+func (sp *ServicePort) Families() (ipv4, ipv6 bool) {
+	for _, list := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
+		for _, ip := range list {
+			if ip.Unmap().Is4() {
+				ipv4 = true
+			} else {
+				ipv6 = true
+			}
+		}
+	}
+	return ipv4 || !ipv6, ipv6
+}
+
 // Equal reports whether two service ports are identical.
 func (sp *ServicePort) Equal(o *ServicePort) bool {
 	return sp.Name == o.Name && sp.Port == o.Port && sp.NodePort == o.NodePort &&

@@ -194,9 +194,7 @@ func (lp *eventLoop) do(f func()) {
 	}
 	lp.cmds = append(lp.cmds, loopCmd{f: f, done: done})
 	lp.mu.Unlock()
-	var one [8]byte
-	one[0] = 1
-	_, _ = unix.Write(lp.wakefd, one[:])
+	lp.wake()
 	<-done
 }
 
@@ -212,11 +210,16 @@ func (lp *eventLoop) post(f func()) bool {
 	lp.cmds = append(lp.cmds, loopCmd{f: f})
 	lp.mu.Unlock()
 	if wake {
-		var one [8]byte
-		one[0] = 1
-		_, _ = unix.Write(lp.wakefd, one[:])
+		lp.wake()
 	}
 	return true
+}
+
+// wake interrupts the loop's wait so it runs the queued commands.
+func (lp *eventLoop) wake() {
+	var one [8]byte
+	one[0] = 1
+	_, _ = unix.Write(lp.wakefd, one[:])
 }
 
 // stop ends the loop after closing everything it owns.

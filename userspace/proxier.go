@@ -368,17 +368,7 @@ func wildcard(f family) netip.Addr {
 // families returns the IP families of a service port's frontends, IPv4
 // first; a port with no frontends is served on IPv4.
 func families(spec *state.ServicePort) []family {
-	var has4, has6 bool
-	for _, list := range [][]netip.Addr{spec.ClusterIPs, spec.ExternalIPs, spec.LoadBalancerIPs} {
-		for _, ip := range list {
-			if familyOf(ip) == familyIPv4 {
-				has4 = true
-			} else {
-				has6 = true
-			}
-		}
-	}
-	switch {
+	switch has4, has6 := spec.Families(); {
 	case has4 && has6:
 		return bothFamilies
 	case has6:

@@ -127,6 +127,25 @@ func (sp *servicePort) update(spec *state.ServicePort) {
 	}
 }
 
+// admitUDP decides whether a datagram from client may open a new session,
+// and picks its endpoint from the balancer of the socket's role. It reports
+// false, and counts why, when the port's session cap is reached or it has
+// no endpoint.
+func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balancer, netip.AddrPort, bool) {
+	p := sp.p
+	if max := p.cfg.UDPMaxSessions; max > 0 && sp.udpSessions.Load() >= int64(max) {
+		p.stats.UDPSessionsRejected.Add(1)
+		return nil, netip.AddrPort{}, false
+	}
+	b := sp.balancer(role)
+	ep, err := b.pick(client.Addr(), nil)
+	if err != nil {
+		p.stats.UDPNoEndpoints.Add(1)
+		return nil, netip.AddrPort{}, false
+	}
+	return b, ep, true
+}
+
 // sweep drops expired affinity entries.
 func (sp *servicePort) sweep() {
 	sp.internal.sweep()

@@ -142,14 +142,8 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	if s != nil {
 		return s
 	}
-	if max := p.cfg.UDPMaxSessions; max > 0 && l.sp.udpSessions.Load() >= int64(max) {
-		p.stats.UDPSessionsRejected.Add(1)
-		return nil
-	}
-	b := l.sp.balancer(l.role)
-	ep, err := b.pick(client.Addr(), nil)
-	if err != nil {
-		p.stats.UDPNoEndpoints.Add(1)
+	b, ep, ok := l.sp.admitUDP(l.role, client)
+	if !ok {
 		return nil
 	}
 	conn, err := net.DialUDP(udpNetwork(ep), nil, net.UDPAddrFromAddrPort(ep))
