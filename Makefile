@@ -8,7 +8,7 @@ PROXY    := $(BIN)/kube-userspace-proxy
 FUZZTIME ?= 10s
 export GOFLAGS ?= -buildvcs=false
 
-.PHONY: all build run demo test check fmt vet staticcheck unit integration fuzz bench deps clean
+.PHONY: all build run demo test check fmt vet staticcheck unit integration test-sctp fuzz bench deps clean
 
 all: build
 
@@ -24,8 +24,9 @@ run: build
 demo: build
 	./hack/demo.sh
 
-## test: everything CI runs: build, check, integration tests, a short fuzz pass.
-test: deps build check integration fuzz
+## test: everything CI runs: build, check, integration tests, the SCTP tests
+## in a VM, a short fuzz pass.
+test: deps build check integration test-sctp fuzz
 	@echo "make test: all passed"
 
 deps:
@@ -42,7 +43,7 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./integration/...
 	$(GO) vet -tags goroutines ./userspace
-	GOOS=darwin $(GO) vet ./userspace ./proxyserver ./portal ./conntrack
+	GOOS=darwin $(GO) vet ./userspace ./proxyserver ./portal ./conntrack ./internal/sctp
 	GOOS=windows $(GO) build ./...
 
 staticcheck:
@@ -62,6 +63,12 @@ unit:
 integration: build
 	./hack/kube-tools.sh
 	$(GO) test -tags integration -count=1 -timeout 30m -v ./integration/...
+
+## test-sctp: the SCTP tests (internal/sctp, userspace, integration), which
+## this kernel cannot run, in a qemu TCG VM booting Debian's cloud kernel;
+## hack/test-sctp.sh installs qemu and caches the kernel in ~/.cache.
+test-sctp:
+	./hack/test-sctp.sh
 
 ## fuzz: a short pass of every fuzz target.
 fuzz:

@@ -49,6 +49,12 @@ func Run(ctx context.Context, cfg *Config) error {
 	p := userspace.New(pcfg)
 	defer p.Close()
 	ks := &kernelSync{pt: pt, last: previous, minPeriod: cfg.MinSyncPeriod, resync: cfg.SyncPeriod}
+	if mode == PortalBind {
+		// Listeners bind to the service addresses, so adding them cannot
+		// wait for the rate limit meant for iptables-restore; an address
+		// is one netlink message.
+		ks.minPeriod = 0
+	}
 	if mode == PortalIPTables {
 		// REDIRECTed UDP flows live in conntrack; clear them when their
 		// portal goes or moves to another proxy port.

@@ -19,6 +19,9 @@
 //   - UDP sessions: batched reads, 64 KiB datagrams passed whole, an idle
 //     timeout and a longer wait for replies, a cap per service port, and
 //     replies sent from the address the client sent to;
+//   - SCTP (Linux, sctp_linux.go): associations on goroutines and Go's
+//     poller, relayed message by message with stream ids and PPIDs kept;
+//     SCTP has no half-close, so either side's shutdown ends both;
 //   - shedding on resource exhaustion (EMFILE and friends): a connection is
 //     reset and counted, and the proxy carries on.
 //

@@ -134,9 +134,11 @@ type Proxier struct {
 	mu       sync.Mutex // guards the fields below; held for a whole Apply
 	services map[state.ServicePortName]*servicePort
 	skipped  map[state.ServicePortName]bool // reported as unsupported
+	sctpOff  bool                           // SCTP unavailability has been logged
 	closed   bool
 
-	connTracker // live TCP connections, where goroutines serve them
+	conns  connTracker // live TCP connections, where goroutines serve them
+	assocs sctpTracker // live SCTP associations
 
 	loopSet // the event loops, where they serve the sockets (Linux)
 }
@@ -195,8 +197,8 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 	for spec := range snap.All {
 		sp, ok := p.services[spec.Name]
 		if !ok {
-			if spec.Name.Protocol != state.TCP && spec.Name.Protocol != state.UDP {
-				p.unsupported(spec)
+			if err := p.supported(spec.Name.Protocol); err != nil {
+				p.unsupported(spec, err)
 				continue
 			}
 			sp = newServicePort(p, spec)
@@ -214,15 +216,35 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 	return errs.ErrorOrNil()
 }
 
+// supported reports whether this proxier can serve a protocol here.
+func (p *Proxier) supported(proto state.Protocol) error {
+	switch proto {
+	case state.TCP, state.UDP:
+		return nil
+	case state.SCTP:
+		return sctpAvailable()
+	}
+	return fmt.Errorf("unknown protocol %q", proto)
+}
+
 // unsupported reports, once per service port, a protocol this proxier
-// cannot serve. It is not an Apply error: retrying cannot help, and the
-// other service ports are served as usual.
-func (p *Proxier) unsupported(spec *state.ServicePort) {
+// cannot serve; that SCTP is unavailable is logged once in all. It is not
+// an Apply error: retrying cannot help, and the other service ports are
+// served as usual.
+func (p *Proxier) unsupported(spec *state.ServicePort, why error) {
 	if p.skipped[spec.Name] {
 		return
 	}
 	p.skipped[spec.Name] = true
-	klog.InfoS("Skipping service port: its protocol is not supported here", "service", spec.Name, "proto", spec.Name.Protocol)
+	if spec.Name.Protocol == state.SCTP {
+		if !p.sctpOff {
+			p.sctpOff = true
+			klog.InfoS("SCTP is not available; SCTP service ports are not served, others are", "err", why)
+		}
+		klog.V(2).InfoS("Skipping SCTP service port", "service", spec.Name)
+		return
+	}
+	klog.InfoS("Skipping service port: its protocol is not supported here", "service", spec.Name, "proto", spec.Name.Protocol, "err", why)
 }
 
 // Close stops every listener and connection and waits for all of the
@@ -236,7 +258,8 @@ func (p *Proxier) Close() error {
 			sp.close()
 			delete(p.services, name)
 		}
-		p.abortAll()
+		p.conns.abortAll()
+		p.assocs.abortAll()
 		p.shed.close()
 		p.stopLoops()
 	}

@@ -307,6 +307,8 @@ func (sp *servicePort) listen(k sockKey) (socket, error) {
 		return listenTCP(sp, k)
 	case state.UDP:
 		return listenUDP(sp, k)
+	case state.SCTP:
+		return listenSCTP(sp, k)
 	}
 	return nil, fmt.Errorf("protocol %s is not supported", sp.proto)
 }

@@ -16,6 +16,12 @@ type Stats struct {
 	BytesToBackend    atomic.Uint64
 	BytesToClient     atomic.Uint64
 
+	SCTPAccepted     atomic.Uint64 // client associations accepted
+	SCTPActive       atomic.Int64  // proxied association pairs open now
+	SCTPNoEndpoints  atomic.Uint64 // associations aborted because the port had no endpoints
+	SCTPDialFailures atomic.Uint64 // failed associations to endpoints (each attempt)
+	SCTPDialGiveUps  atomic.Uint64 // associations aborted after every attempt failed
+
 	UDPSessionsOpened   atomic.Uint64 // UDP sessions created
 	UDPSessionsActive   atomic.Int64  // UDP sessions open now
 	UDPSessionsRejected atomic.Uint64 // datagrams dropped because the session cap was reached
@@ -28,13 +34,15 @@ type Stats struct {
 
 // StatsSnapshot is a copy of Stats at one moment.
 type StatsSnapshot struct {
-	TCPAccepted, TCPNoEndpoints, TCPDialFailures, TCPDialGiveUps uint64
-	TCPActive                                                    int64
-	Shed, AcceptErrors, HalfCloseTimeouts                        uint64
-	BytesToBackend, BytesToClient                                uint64
-	UDPSessionsOpened, UDPSessionsRejected, UDPNoEndpoints       uint64
-	UDPSessionsActive                                            int64
-	UDPDatagramsIn, UDPDatagramsOut, UDPDropped, UDPRefused      uint64
+	TCPAccepted, TCPNoEndpoints, TCPDialFailures, TCPDialGiveUps     uint64
+	TCPActive                                                        int64
+	Shed, AcceptErrors, HalfCloseTimeouts                            uint64
+	BytesToBackend, BytesToClient                                    uint64
+	SCTPAccepted, SCTPNoEndpoints, SCTPDialFailures, SCTPDialGiveUps uint64
+	SCTPActive                                                       int64
+	UDPSessionsOpened, UDPSessionsRejected, UDPNoEndpoints           uint64
+	UDPSessionsActive                                                int64
+	UDPDatagramsIn, UDPDatagramsOut, UDPDropped, UDPRefused          uint64
 }
 
 // Snapshot copies the counters.
@@ -50,6 +58,11 @@ func (s *Stats) Snapshot() StatsSnapshot {
 		HalfCloseTimeouts:   s.HalfCloseTimeouts.Load(),
 		BytesToBackend:      s.BytesToBackend.Load(),
 		BytesToClient:       s.BytesToClient.Load(),
+		SCTPAccepted:        s.SCTPAccepted.Load(),
+		SCTPActive:          s.SCTPActive.Load(),
+		SCTPNoEndpoints:     s.SCTPNoEndpoints.Load(),
+		SCTPDialFailures:    s.SCTPDialFailures.Load(),
+		SCTPDialGiveUps:     s.SCTPDialGiveUps.Load(),
 		UDPSessionsOpened:   s.UDPSessionsOpened.Load(),
 		UDPSessionsActive:   s.UDPSessionsActive.Load(),
 		UDPSessionsRejected: s.UDPSessionsRejected.Load(),

@@ -53,40 +53,9 @@ func (l *tcpListener) close() {
 }
 
 func (l *tcpListener) acceptLoop() {
-	p := l.sp.p
-	defer p.wg.Done()
+	defer l.sp.p.wg.Done()
 	defer close(l.done)
-	var backoff time.Duration
-	for {
-		c, err := l.ln.AcceptTCP()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			if isResourceExhausted(err) {
-				p.stats.Shed.Add(1)
-				p.shed.log(err, l.sp.name.String())
-				p.shed.shedTCP(l.ln)
-				continue
-			}
-			// Other accept errors are rare and usually transient (e.g.
-			// ECONNABORTED is retried by the runtime already); back off so a
-			// persistent one cannot spin.
-			p.stats.AcceptErrors.Add(1)
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			klog.V(2).InfoS("Accept failed; retrying", "service", l.sp.name, "err", err, "backoff", backoff)
-			select {
-			case <-time.After(backoff):
-			case <-p.ctx.Done():
-				return
-			}
-			continue
-		}
-		backoff = 0
-		p.stats.TCPAccepted.Add(1)
-		p.wg.Add(1)
-		go l.serveConn(c)
-	}
+	acceptLoop(l.sp, &l.sp.p.stats.TCPAccepted, l.ln.AcceptTCP, func() { l.sp.p.shed.shedTCP(l.ln) }, l.serveConn)
 }
 
 // serveConn dials an endpoint for c, with failover, and proxies between the
@@ -96,13 +65,21 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	defer p.wg.Done()
 	client := addrPortOf(c.RemoteAddr())
 	b := l.sp.balancer(l.role)
-	backend, ep, err := p.dialTCP(b, client.Addr(), l.sp)
+	backend, ep, err := dialWithFailover(p, b, client.Addr(), l.sp, p.stats.tcpDialCounters(),
+		func(ctx context.Context, ep netip.AddrPort) (*net.TCPConn, error) {
+			d := net.Dialer{KeepAliveConfig: keepAlive}
+			c, err := d.DialContext(ctx, "tcp", ep.String())
+			if err != nil {
+				return nil, err
+			}
+			return c.(*net.TCPConn), nil
+		})
 	if err != nil {
 		resetTCP(c)
 		return
 	}
 	t := &tcpConn{p: p, client: c, backend: backend}
-	if !p.track(t) {
+	if !p.conns.add(p.ctx, t) {
 		resetTCP(c)
 		resetTCP(backend)
 		return
@@ -120,43 +97,8 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	go t.copyToClient()
 }
 
-// dialTCP connects to an endpoint chosen by b. A failed attempt moves on to
-// another endpoint with the next, longer timeout and replaces the client's
-// affinity; at most len(DialTimeouts) attempts are made.
-func (p *Proxier) dialTCP(b *balancer, client netip.Addr, sp *servicePort) (*net.TCPConn, netip.AddrPort, error) {
-	var tried []netip.AddrPort
-	var lastErr error
-	for _, timeout := range p.cfg.DialTimeouts {
-		ep, err := b.pick(client, tried)
-		if err != nil {
-			p.stats.TCPNoEndpoints.Add(1)
-			if klog.V(4).Enabled() {
-				klog.InfoS("No endpoints; resetting connection", "service", sp.name, "client", client)
-			}
-			return nil, ep, err
-		}
-		d := net.Dialer{Timeout: timeout, KeepAliveConfig: keepAlive}
-		conn, err := d.DialContext(p.ctx, "tcp", ep.String())
-		if err == nil {
-			return conn.(*net.TCPConn), ep, nil
-		}
-		if isResourceExhausted(err) {
-			p.stats.Shed.Add(1)
-			p.shed.log(err, sp.name.String())
-			return nil, ep, err
-		}
-		if p.ctx.Err() != nil {
-			return nil, ep, p.ctx.Err()
-		}
-		p.stats.TCPDialFailures.Add(1)
-		b.penalize(ep, p.cfg.EndpointPenalty)
-		klog.V(3).InfoS("Dial to endpoint failed; trying another", "service", sp.name, "endpoint", ep, "client", client, "err", err)
-		tried = append(tried, ep)
-		lastErr = err
-	}
-	p.stats.TCPDialGiveUps.Add(1)
-	klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", sp.name, "client", client, "tried", len(tried), "err", lastErr)
-	return nil, netip.AddrPort{}, lastErr
+func (s *Stats) tcpDialCounters() dialCounters {
+	return dialCounters{&s.TCPNoEndpoints, &s.TCPDialFailures, &s.TCPDialGiveUps}
 }
 
 // tcpConn is one proxied connection: bytes flow both ways until each side
@@ -193,7 +135,7 @@ func (t *tcpConn) directionDone() {
 	if t.pending.Add(-1) == 0 {
 		t.client.Close()
 		t.backend.Close()
-		t.p.untrack(t)
+		t.p.conns.remove(t)
 		t.p.stats.TCPActive.Add(-1)
 	}
 	t.p.wg.Done()
@@ -274,35 +216,5 @@ func resetTCP(c *net.TCPConn) {
 	_ = c.Close()
 }
 
-// connTracker lets Close find and end live connections.
-type connTracker struct {
-	connMu sync.Mutex // guards conns
-	conns  map[*tcpConn]struct{}
-}
-
-func (p *Proxier) track(c *tcpConn) bool {
-	p.connMu.Lock()
-	defer p.connMu.Unlock()
-	if p.ctx.Err() != nil {
-		return false
-	}
-	if p.conns == nil {
-		p.conns = make(map[*tcpConn]struct{})
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-func (p *Proxier) untrack(c *tcpConn) {
-	p.connMu.Lock()
-	delete(p.conns, c)
-	p.connMu.Unlock()
-}
-
-func (t *connTracker) abortAll() {
-	t.connMu.Lock()
-	defer t.connMu.Unlock()
-	for c := range t.conns {
-		c.abort()
-	}
-}
+// connTracker holds the live connections, for Close.
+type connTracker = liveSet[*tcpConn]
