@@ -223,3 +223,43 @@ func interfaceAddrs(t *testing.T, name string) []string {
 	}
 	return out
 }
+
+// TestWithoutSCTPTheRestIsServed: on a kernel without SCTP (like the build
+// machines') the binary says once that SCTP is unavailable, skips the SCTP
+// service ports, and serves the others, here a TCP NodePort beside two SCTP
+// services.
+func TestWithoutSCTPTheRestIsServed(t *testing.T) {
+	if sctp.Available() == nil {
+		t.Skip("this kernel has SCTP")
+	}
+	web := httpBackend(t, "web")
+	np := freePort(t)
+	file := filepath.Join(t.TempDir(), "mixed.yaml")
+	writeFile(t, file, sctpManifest("None", 3868)+"---\n"+strings.NewReplacer("sig", "sig2", "198.18.0.30", "198.18.0.32", "30868", "30869").Replace(sctpManifest("None", 3869))+fmt.Sprintf(`---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: tel}
+spec:
+  type: NodePort
+  ports: [{name: http, protocol: TCP, port: 80, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: tel, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: %d}]
+endpoints: [{addresses: ["127.0.0.1"]}]
+`, np, web))
+	px := startProxy(t, proxyArgs(file)...)
+	px.waitLog(0, `"Serving".*tel/web:http/TCP`, 1, 20*time.Second)
+	if body, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/", np)); err != nil || body != "web" {
+		t.Fatalf("curl beside the SCTP services: %q, %v", body, err)
+	}
+	log := px.log()
+	if n := strings.Count(log, "SCTP is not available"); n != 1 {
+		t.Fatalf("%d lines say SCTP is unavailable, want 1:\n%s", n, log)
+	}
+	if strings.Contains(log, "Sync failed") || strings.Contains(log, `"Serving" service="tel/sig`) {
+		t.Fatalf("an SCTP service port failed the sync or was served:\n%s", log)
+	}
+}
