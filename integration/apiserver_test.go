@@ -46,6 +46,13 @@ const serviceCIDR = "198.18.0.0/16"
 // adminToken authenticates as a member of system:masters.
 const adminToken = "kup-integration-admin"
 
+// limitedToken authenticates as limitedUser, who may do only what RBAC
+// objects a test creates allow.
+const (
+	limitedToken = "kup-integration-limited"
+	limitedUser  = "kup-limited"
+)
+
 // apiServer is an etcd and a kube-apiserver on loopback, shared by the
 // package's tests: started by the first test that needs it, stopped by
 // TestMain.
@@ -56,6 +63,7 @@ type apiServer struct {
 	EtcdURL    string // http://127.0.0.1:port
 	Client     kubernetes.Interface
 
+	ca            []byte // the API server's certificate bundle
 	apiserverBin  string
 	apiserverArgs []string
 
@@ -173,7 +181,7 @@ func startAPIServer() (api *apiServer, skip bool, err error) {
 	if err := writeServiceAccountKey(saKey); err != nil {
 		return nil, false, err
 	}
-	if err := os.WriteFile(tokens, []byte(adminToken+`,admin,admin,"system:masters"`+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte(adminToken+`,admin,admin,"system:masters"`+"\n"+limitedToken+","+limitedUser+","+limitedUser+"\n"), 0o600); err != nil {
 		return nil, false, err
 	}
 	certDir := filepath.Join(dir, "certs")
@@ -275,13 +283,19 @@ func (a *apiServer) writeKubeconfig(caFile string) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["kup"] = &clientcmdapi.Cluster{Server: a.URL, CertificateAuthorityData: ca}
-	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: adminToken}
-	cfg.Contexts["kup"] = &clientcmdapi.Context{Cluster: "kup", AuthInfo: "admin"}
-	cfg.CurrentContext = "kup"
+	a.ca = ca
 	a.Kubeconfig = filepath.Join(a.dir, "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, a.Kubeconfig); err != nil {
+	return a.kubeconfigFor(adminToken, a.Kubeconfig)
+}
+
+// kubeconfigFor writes a kubeconfig that authenticates with token to path.
+func (a *apiServer) kubeconfigFor(token, path string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["kup"] = &clientcmdapi.Cluster{Server: a.URL, CertificateAuthorityData: a.ca}
+	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["kup"] = &clientcmdapi.Context{Cluster: "kup", AuthInfo: "user"}
+	cfg.CurrentContext = "kup"
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	return nil

@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -106,6 +108,12 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	if err := slices.AddIndexers(cache.Indexers{serviceIndex: sliceServiceIndex}); err != nil {
 		return fmt.Errorf("cluster: index EndpointSlices: %w", err)
 	}
+	if err := reportForbidden(services, "services", ""); err != nil {
+		return err
+	}
+	if err := reportForbidden(slices, "endpointslices", "discovery.k8s.io"); err != nil {
+		return err
+	}
 	svcReg, err := services.AddEventHandler(t.serviceHandler())
 	if err != nil {
 		return fmt.Errorf("cluster: watch Services: %w", err)
@@ -120,7 +128,11 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, c.NodeName).String()
 			}))
-		nodeReg, err := nodeFactory.Core().V1().Nodes().Informer().AddEventHandler(t.nodeHandler(c.NodeName))
+		nodes := nodeFactory.Core().V1().Nodes().Informer()
+		if err := reportForbidden(nodes, "nodes", ""); err != nil {
+			return err
+		}
+		nodeReg, err := nodes.AddEventHandler(t.nodeHandler(c.NodeName))
 		if err != nil {
 			return fmt.Errorf("cluster: watch Node %s: %w", c.NodeName, err)
 		}
@@ -226,4 +238,26 @@ func (p *problemLog) fresh(problems []error) []error {
 	}
 	p.seen = now
 	return out
+}
+
+// reportForbidden makes an informer say plainly, once, when RBAC forbids
+// what it needs: until the caches sync nothing is served, and client-go's
+// own message repeats with every retry and names no fix. The informer
+// keeps retrying, so a later grant is picked up without a restart. Other
+// errors go to client-go's handler.
+func reportForbidden(inf cache.SharedIndexInformer, resource, group string) error {
+	var once sync.Once
+	err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		if apierrors.IsForbidden(err) {
+			once.Do(func() {
+				klog.ErrorS(err, "The API server forbids reading what the proxy needs; nothing is served until RBAC allows it (deploy/kube-userspace-proxy.yaml has the ClusterRole)",
+					"resource", resource, "apiGroup", group, "verbs", "get,list,watch")
+			})
+		}
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: watch %s: %w", resource, err)
+	}
+	return nil
 }

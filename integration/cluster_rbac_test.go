@@ -1,0 +1,67 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestBinaryForbiddenNodeSaysSo: when RBAC lets the proxy read Services
+// and EndpointSlices but not its Node, the proxy says once, plainly, what
+// is forbidden, serves nothing yet, and carries on as soon as a grant
+// allows it, without a restart.
+func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	ctx := context.Background()
+	name := fmt.Sprintf("kup-rbac-%d", time.Now().UnixNano())
+	grant := func(suffix string, rules ...rbacv1.PolicyRule) {
+		t.Helper()
+		role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name + suffix}, Rules: rules}
+		if _, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		binding := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name + suffix},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name + suffix},
+			Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: limitedUser}},
+		}
+		if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name+suffix, metav1.DeleteOptions{})
+			c.RbacV1().ClusterRoles().Delete(context.Background(), name+suffix, metav1.DeleteOptions{})
+		})
+	}
+	read := []string{"get", "list", "watch"}
+	grant("-services",
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: read},
+		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read})
+
+	kubeconfig := filepath.Join(t.TempDir(), "limited.kubeconfig")
+	if err := api.kubeconfigFor(limitedToken, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
+		"--nodeport-addresses=127.0.0.1/32", "--hostname-override=rbac-node")
+	px.waitLog(0, `forbids reading what the proxy needs.*resource="nodes"`, 1, 30*time.Second)
+	if strings.Contains(px.log(), "Informer caches synced") {
+		t.Fatal("the caches synced without the Node")
+	}
+
+	grant("-nodes", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: read})
+	// client-go retries a failed list with a backoff of up to 30 s.
+	px.waitLog(0, `"Informer caches synced"`, 1, 60*time.Second)
+	if n := strings.Count(px.log(), "forbids reading"); n != 1 {
+		t.Errorf("said %d times that reading is forbidden, want once", n)
+	}
+}
