@@ -299,3 +299,29 @@ func TestBinaryAutoPortal(t *testing.T) {
 	nobody.waitLog(0, `"Portal chosen" portal="none"`, 1, 20*time.Second)
 	nobody.waitLog(0, `"Serving".*:30053.*node-port`, 1, 20*time.Second)
 }
+
+// TestBinaryNodePortAddressesFollowTheHost: without kernel portals the
+// proxy listens on each node address --nodeport-addresses selects, and
+// serves one added after it started, and stops serving one removed, at
+// once rather than at the next resync (30 s).
+func TestBinaryNodePortAddressesFollowTheHost(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=none", "--nodeport-addresses=198.18.77.0/24")
+	px.waitLog(0, `"Serving"`, 1, 30*time.Second)
+	if strings.Contains(px.log(), ":30080") {
+		t.Fatalf("a node port is served before any address in 198.18.77.0/24 exists:\n%s", px.log())
+	}
+	from := px.lineCount()
+	start := time.Now()
+	w.node.mustRun(t, "ip", "addr", "add", "198.18.77.1/32", "dev", "lo")
+	px.waitLog(from, `"Serving".*198.18.77.1:30080`, 1, 5*time.Second)
+	t.Logf("served %v after the address came", time.Since(start).Round(time.Millisecond))
+	expectReply(t, w.node, "tcp", "198.18.77.1:30080", "be1:")
+
+	from = px.lineCount()
+	w.node.mustRun(t, "ip", "addr", "del", "198.18.77.1/32", "dev", "lo")
+	px.waitLog(from, `"Stopped serving".*198.18.77.1:30080`, 1, 5*time.Second)
+}

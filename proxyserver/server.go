@@ -90,6 +90,13 @@ func Run(ctx context.Context, cfg *Config) error {
 		cancel()
 		wg.Wait()
 	}()
+	if pcfg.ServeNodePorts && len(pcfg.NodePortAddresses) > 0 {
+		// Node ports listen on the local addresses --nodeport-addresses
+		// selects: follow the host's addresses as they come and go.
+		if err := watchAddresses(ctx, loop.poke); err != nil {
+			klog.ErrorS(err, "New node addresses will be served from the next resync")
+		}
+	}
 
 	if cfg.Manifests != "" {
 		src := &source.Manifests{

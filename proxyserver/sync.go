@@ -39,6 +39,13 @@ func (l *syncLoop) offer(s state.Snapshot) {
 	l.latest, l.have = s, true
 	l.version++
 	l.mu.Unlock()
+	l.poke()
+}
+
+// poke asks for the current snapshot to be applied again, for a change
+// the snapshot does not show (such as the host's addresses). It never
+// blocks.
+func (l *syncLoop) poke() {
 	select {
 	case l.kick <- struct{}{}:
 	default:

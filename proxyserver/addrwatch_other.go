@@ -1,0 +1,9 @@
+//go:build !linux
+
+package proxyserver
+
+import "context"
+
+// watchAddresses is Linux only; elsewhere new addresses are picked up at
+// the next resync.
+func watchAddresses(context.Context, func()) error { return nil }
