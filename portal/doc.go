@@ -10,7 +10,9 @@
 //     appended after them and entered only for local destinations
 //     ("-m addrtype --dst-type LOCAL"), for NodePorts; and filter
 //     KUBE-NODEPORT-NON-LOCAL (from INPUT) accepting new connections to
-//     the proxy ports. Every rule carries the comment "ns/svc:port". IPv4
+//     the proxy ports. Every portal rule carries the comment "ns/svc:port";
+//     the host chains hold one jump each into their container chains, as
+//     node traffic takes the same REDIRECTs, which halves the rules. IPv4
 //     through iptables, IPv6 through ip6tables, in the backend (nft or
 //     legacy) that holds the host's existing rules. Each Sync rewrites our
 //     chains with one iptables-restore --noflush per table and family, so

@@ -360,7 +360,9 @@ func cleanupFamily(ipt iptablesCmd) error {
 		}
 	}
 	for _, table := range []string{tableNAT, tableFilter} {
-		for _, c := range ownedChains[table] {
+		// Backward: the host chains jump into the container chains, and a
+		// chain cannot go while a rule refers to it.
+		for _, c := range slices.Backward(ownedChains[table]) {
 			ok, err := ipt.ChainExists(table, c)
 			if err != nil {
 				errs = errors.Join(errs, fmt.Errorf("check chain %s: %w", c, err))

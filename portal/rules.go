@@ -45,6 +45,7 @@ func (j jump) spec() []string {
 }
 
 const (
+	hostJumpComment     = "kube-userspace-proxy: node traffic takes the same portals"
 	jumpPortalsComment  = "kube-userspace-proxy service portals; keep before the node port jump"
 	jumpNodePortComment = "kube-userspace-proxy node ports; keep as the last rule"
 	jumpNonLocalComment = "kube-userspace-proxy: accept new connections to proxy ports"
@@ -140,8 +141,7 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 			}
 			for _, d := range dsts {
 				chains[2].WriteString("-A " + ChainNodePortContainer + " " + match(d))
-				chains[3].WriteString("-A " + ChainNodePortHost + " " + match(d))
-				r.count += 2
+				r.count++
 			}
 			if len(dsts) == 0 {
 				continue
@@ -149,8 +149,7 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 		} else {
 			dst := netip.PrefixFrom(p.IP, p.IP.BitLen()).String()
 			chains[0].WriteString("-A " + ChainPortalsContainer + " " + match(dst))
-			chains[1].WriteString("-A " + ChainPortalsHost + " " + match(dst))
-			r.count += 2
+			r.count++
 		}
 		// INPUT sees the packet after REDIRECT, so the filter rule matches
 		// the proxy port: one per service port and protocol.
@@ -159,6 +158,15 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 			accepted[key] = true
 			fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j ACCEPT\n",
 				ChainNodePortNonLocal, proto, comment, proto, p.ProxyPort)
+			r.count++
+		}
+	}
+	// Locally generated traffic takes the same REDIRECTs (in OUTPUT they
+	// land on the loopback address): each host chain is one jump into its
+	// container chain, which halves the rules a sync writes.
+	for i, into := range map[int]string{1: ChainPortalsContainer, 3: ChainNodePortContainer} {
+		if chains[i-1].Len() > 0 {
+			chains[i].WriteString("-A " + natChains[i] + " -m comment --comment \"" + hostJumpComment + "\" -j " + into + "\n")
 			r.count++
 		}
 	}

@@ -22,14 +22,27 @@ func tracePacket(t *testing.T, ruleText, hook, proto string, dst netip.AddrPort,
 		"PREROUTING": {ChainPortalsContainer, ChainNodePortContainer},
 		"OUTPUT":     {ChainPortalsHost, ChainNodePortHost},
 	}[hook]
+	var walk func(chain string) (uint16, string, bool)
+	walk = func(chain string) (uint16, string, bool) {
+		for _, args := range tables[tableNAT].rules[chain] {
+			if into, ok := strings.CutPrefix(args[strings.LastIndex(args, " -j ")+1:], "-j KUBE-"); ok {
+				if p, rule, ok := walk("KUBE-" + into); ok { // a jump that matches everything
+					return p, rule, true
+				}
+				continue
+			}
+			if p, ok := matchRule(t, args, proto, dst); ok {
+				return p, chain + " " + args, true
+			}
+		}
+		return 0, "", false
+	}
 	for i, chain := range chains {
 		if i == 1 && !local { // the node-port jump has --dst-type LOCAL
 			break
 		}
-		for _, args := range tables[tableNAT].rules[chain] {
-			if p, ok := matchRule(t, args, proto, dst); ok {
-				return p, chain + " " + args, true
-			}
+		if p, rule, ok := walk(chain); ok {
+			return p, rule, true
 		}
 	}
 	return 0, "", false
