@@ -49,23 +49,6 @@ endpoints: [{addresses: ["127.0.0.1"]}]
 	return b.String()
 }
 
-func sctpAsk(t *testing.T, addr netip.AddrPort, msg []byte, info sctp.Info) ([]byte, sctp.Info) {
-	t.Helper()
-	c := sctptest.Dial(t, addr, sctp.Options{})
-	defer c.Close()
-	got, ri, err := sctptest.Ask(c, msg, info)
-	if err != nil {
-		t.Fatalf("SCTP to %s: %v", addr, err)
-	}
-	return got, ri
-}
-
-func who(t *testing.T, addr netip.AddrPort) string {
-	t.Helper()
-	got, _ := sctpAsk(t, addr, []byte(sctptest.Who), sctp.Info{})
-	return string(got)
-}
-
 // TestSCTPBinaryNodePort: without kernel portals the binary serves an SCTP
 // NodePort itself: round robin over three backends, an edit to ClientIP
 // affinity, dead endpoints passed over, a 1 MiB transfer checked by hash,
@@ -88,7 +71,7 @@ func TestSCTPBinaryNodePort(t *testing.T) {
 	t.Run("round robin", func(t *testing.T) {
 		seen := map[string]int{}
 		for range 6 {
-			seen[who(t, np)]++
+			seen[sctptest.WhoAt(t, np)]++
 		}
 		if seen["a"] != 2 || seen["b"] != 2 || seen["c"] != 2 {
 			t.Fatalf("6 associations reached %v, want 2 each", seen)
@@ -141,9 +124,9 @@ func TestSCTPBinaryNodePort(t *testing.T) {
 		replaceFile(t, file, sctpManifest("ClientIP", ports...))
 		px.waitLog(from, `"Applying edited manifests"`, 1, 10*time.Second)
 		time.Sleep(500 * time.Millisecond) // applied right after that line
-		first := who(t, np)
+		first := sctptest.WhoAt(t, np)
 		for range 4 {
-			if got := who(t, np); got != first {
+			if got := sctptest.WhoAt(t, np); got != first {
 				t.Fatalf("affinity: %q then %q", first, got)
 			}
 		}
@@ -153,7 +136,7 @@ func TestSCTPBinaryNodePort(t *testing.T) {
 		bs[1].Close()
 		bs[2].Close()
 		for range 4 {
-			if got := who(t, np); got != "a" {
+			if got := sctptest.WhoAt(t, np); got != "a" {
 				t.Fatalf("reached %q, want the live backend a", got)
 			}
 		}
@@ -180,10 +163,10 @@ func TestSCTPBinaryBindPortal(t *testing.T) {
 	if !strings.Contains(strings.Join(addrs, " "), "198.18.0.30/32") {
 		t.Fatalf("198.18.0.30 not on %s: %v", dev, addrs)
 	}
-	if got := who(t, netip.MustParseAddrPort("198.18.0.30:3868")); got != "bound" {
+	if got := sctptest.WhoAt(t, netip.MustParseAddrPort("198.18.0.30:3868")); got != "bound" {
 		t.Fatalf("ClusterIP reached %q", got)
 	}
-	if got := who(t, netip.MustParseAddrPort("127.0.0.1:30868")); got != "bound" {
+	if got := sctptest.WhoAt(t, netip.MustParseAddrPort("127.0.0.1:30868")); got != "bound" {
 		t.Fatalf("NodePort reached %q", got)
 	}
 	// Deleting the service takes the address away.

@@ -164,9 +164,9 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 	// Locally generated traffic takes the same REDIRECTs (in OUTPUT they
 	// land on the loopback address): each host chain is one jump into its
 	// container chain, which halves the rules a sync writes.
-	for i, into := range map[int]string{1: ChainPortalsContainer, 3: ChainNodePortContainer} {
-		if chains[i-1].Len() > 0 {
-			chains[i].WriteString("-A " + natChains[i] + " -m comment --comment \"" + hostJumpComment + "\" -j " + into + "\n")
+	for _, host := range []int{1, 3} { // each host chain follows its container chain in natChains
+		if chains[host-1].Len() > 0 {
+			chains[host].WriteString("-A " + natChains[host] + " -m comment --comment \"" + hostJumpComment + "\" -j " + natChains[host-1] + "\n")
 			r.count++
 		}
 	}

@@ -38,19 +38,6 @@ func sctpProxyAddr(t *testing.T, p *Proxier, name state.ServicePortName) netip.A
 	return netip.MustParseAddrPort(proxyAddr(t, p, name))
 }
 
-// sctpWho opens an association, asks the backend's name and closes.
-func sctpWho(t *testing.T, addr netip.AddrPort) string {
-	t.Helper()
-	c := sctptest.Dial(t, addr, sctp.Options{})
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	got, _, err := sctptest.Ask(c, []byte(sctptest.Who), sctp.Info{})
-	if err != nil {
-		t.Fatalf("ask %s: %v", addr, err)
-	}
-	return string(got)
-}
-
 // TestSCTPEcho: an SCTP service port on IPv4 and IPv6 proxy ports, with
 // the association counted while open and gone after both sides closed.
 func TestSCTPEcho(t *testing.T) {
@@ -62,10 +49,10 @@ func TestSCTPEcho(t *testing.T) {
 	mustApply(t, p,
 		state.ServicePort{Name: n4, Port: 3868, ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.10")}, ClusterEndpoints: ep4},
 		state.ServicePort{Name: n6, Port: 3868, ClusterIPs: []netip.Addr{netip.MustParseAddr("fd5e:b1b5::10")}, ClusterEndpoints: eps(b6.Addr)})
-	if got := sctpWho(t, sctpProxyAddr(t, p, n4)); got != "a" {
+	if got := sctptest.WhoAt(t, sctpProxyAddr(t, p, n4)); got != "a" {
 		t.Fatalf("IPv4 reached %q", got)
 	}
-	if got := sctpWho(t, netip.AddrPortFrom(netip.IPv6Loopback(), p.ProxyPort(n6))); got != "six" {
+	if got := sctptest.WhoAt(t, netip.AddrPortFrom(netip.IPv6Loopback(), p.ProxyPort(n6))); got != "six" {
 		t.Fatalf("IPv6 reached %q", got)
 	}
 	c := sctptest.Dial(t, sctpProxyAddr(t, p, n4), sctp.Options{})
@@ -101,7 +88,7 @@ func TestSCTPRoundRobin(t *testing.T) {
 	addr := sctpProxyAddr(t, p, name)
 	var got []string
 	for range 6 {
-		got = append(got, sctpWho(t, addr))
+		got = append(got, sctptest.WhoAt(t, addr))
 	}
 	for i := range 3 {
 		if got[i] != got[i+3] || got[i] == got[(i+1)%3] {
@@ -121,9 +108,9 @@ func TestSCTPAffinity(t *testing.T) {
 		Affinity: state.Affinity{Type: state.AffinityClientIP, Timeout: time.Hour}}
 	mustApply(t, p, spec)
 	addr := sctpProxyAddr(t, p, name)
-	first := sctpWho(t, addr)
+	first := sctptest.WhoAt(t, addr)
 	for range 5 {
-		if got := sctpWho(t, addr); got != first {
+		if got := sctptest.WhoAt(t, addr); got != first {
 			t.Fatalf("affinity broken: %q then %q", first, got)
 		}
 	}
@@ -131,7 +118,7 @@ func TestSCTPAffinity(t *testing.T) {
 	mustApply(t, p, spec)
 	seen := map[string]bool{}
 	for range 3 {
-		seen[sctpWho(t, addr)] = true
+		seen[sctptest.WhoAt(t, addr)] = true
 	}
 	if len(seen) != 3 {
 		t.Fatalf("affinity off: reached %v", seen)
@@ -253,7 +240,7 @@ func TestSCTPFailover(t *testing.T) {
 	mustApply(t, p, state.ServicePort{Name: name, Port: 3868, ClusterEndpoints: append(eps(dead.Addr), live...)})
 	addr := sctpProxyAddr(t, p, name)
 	for range 4 {
-		if got := sctpWho(t, addr); got != "live" {
+		if got := sctptest.WhoAt(t, addr); got != "live" {
 			t.Fatalf("reached %q", got)
 		}
 	}

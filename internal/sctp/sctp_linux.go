@@ -114,7 +114,8 @@ func Listen(addr netip.AddrPort, opts Options) (*Listener, error) {
 		if err := unix.Bind(fd, sockaddr(addr)); err != nil {
 			return nil, os.NewSyscallError("bind", err)
 		}
-		if err := unix.Listen(fd, listenBacklog()); err != nil {
+		// The kernel caps the backlog at net.core.somaxconn.
+		if err := unix.Listen(fd, 4096); err != nil {
 			return nil, os.NewSyscallError("listen", err)
 		}
 		return os.NewFile(uintptr(fd), "sctp-listener"), nil
@@ -139,12 +140,31 @@ func (l *Listener) Accept() (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	sc, err := newConn(c)
+	// Set again on each accepted socket: not every kernel copies them
+	// from the listener. Dial sets them before connecting.
+	var serr error
+	err = withFD(c, func(fd int) { serr = setOptions(fd, Options{}) })
+	if err == nil {
+		err = serr
+	}
+	var sc *Conn
+	if err == nil {
+		sc, err = newConn(c)
+	}
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
 	return sc, nil
+}
+
+// withFD runs f with c's descriptor.
+func withFD(c *net.TCPConn, f func(fd int)) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(func(fd uintptr) { f(int(fd)) })
 }
 
 // Addr returns the address the listener is bound to.
@@ -168,24 +188,6 @@ type Conn struct {
 
 func newConn(c *net.TCPConn) (*Conn, error) {
 	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var serr error
-	err = rc.Control(func(fd uintptr) {
-		// Accepted sockets do not reliably inherit these on every kernel;
-		// set them on each.
-		if serr = unix.SetsockoptInt(int(fd), ipprotoSCTP, optRecvRcvInfo, 1); serr != nil {
-			serr = fmt.Errorf("sctp: SCTP_RECVRCVINFO: %w", serr)
-			return
-		}
-		if serr = unix.SetsockoptInt(int(fd), ipprotoSCTP, optNoDelay, 1); serr != nil {
-			serr = fmt.Errorf("sctp: SCTP_NODELAY: %w", serr)
-		}
-	})
-	if err == nil {
-		err = serr
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -323,9 +325,8 @@ func (c *Conn) RawRead(f func(fd int) bool) error {
 
 // Recv is one recvmsg(2) on an SCTP socket that has SCTP_RECVRCVINFO on
 // (every Conn has): it returns the bytes read, the message's info, and
-// whether they end the message. Notifications are skipped, as if nothing
-// had not been there. n 0 with eor false and no
-// error is the peer's shutdown. oob needs room for one SCTP_RCVINFO
+// whether they end the message. Notifications are skipped (none are
+// subscribed). n 0 with eor false and no error is the peer's shutdown. oob needs room for one SCTP_RCVINFO
 // (64 bytes is plenty).
 func Recv(fd int, b, oob []byte) (n int, info Info, eor bool, err error) {
 	for {
@@ -441,11 +442,7 @@ func (c *Conn) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
-		return &net.OpError{Op: op, Net: "sctp", Source: net.TCPAddrFromAddrPort(c.laddr), Addr: net.TCPAddrFromAddrPort(c.raddr), Err: err}
-	}
-	var errno syscall.Errno
-	if errors.As(err, &errno) {
+	if errno, ok := err.(syscall.Errno); ok {
 		err = os.NewSyscallError(op, errno)
 	}
 	return &net.OpError{Op: op, Net: "sctp", Source: net.TCPAddrFromAddrPort(c.laddr), Addr: net.TCPAddrFromAddrPort(c.raddr), Err: err}
@@ -510,17 +507,4 @@ func addrPort(a net.Addr) netip.AddrPort {
 		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
 	return netip.AddrPort{}
-}
-
-// listenBacklog is the kernel's somaxconn, as Go uses for its listeners.
-func listenBacklog() int {
-	b, err := os.ReadFile("/proc/sys/net/core/somaxconn")
-	if err != nil {
-		return 4096
-	}
-	var n int
-	if _, err := fmt.Sscan(string(b), &n); err != nil || n <= 0 {
-		return 4096
-	}
-	return min(n, 65535)
 }

@@ -146,3 +146,17 @@ func Dial(t testing.TB, addr netip.AddrPort, opts sctp.Options) *sctp.Conn {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// WhoAt opens an association to addr, asks the backend behind it for its
+// name (Who), and closes.
+func WhoAt(t testing.TB, addr netip.AddrPort) string {
+	t.Helper()
+	c := Dial(t, addr, sctp.Options{})
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	got, _, err := Ask(c, []byte(Who), sctp.Info{})
+	if err != nil {
+		t.Fatalf("ask %s: %v", addr, err)
+	}
+	return string(got)
+}
