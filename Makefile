@@ -70,14 +70,9 @@ integration: build
 test-sctp:
 	./hack/test-sctp.sh
 
-## fuzz: a short pass of every fuzz target.
+## fuzz: a short pass of every fuzz target (hack/fuzz.sh).
 fuzz:
-	@set -e; for pkg in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
-	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg > $(BIN)/fuzz.log 2>&1 || { cat $(BIN)/fuzz.log; exit 1; }; \
-	  done; \
-	done
+	FUZZTIME=$(FUZZTIME) ./hack/fuzz.sh
 
 ## bench: the proxy against no proxy, HAProxy, nginx, socat and a Go io.Copy proxy
 ## (BENCHFLAGS=-short for a 30-second smoke run; see bench/README.md).
