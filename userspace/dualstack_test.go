@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -52,5 +53,44 @@ func TestDualStackProxyPort(t *testing.T) {
 	}
 	if !fams["0.0.0.0"] || !fams["::"] || len(fams) != 2 {
 		t.Fatalf("TCP listeners on %v, want 0.0.0.0 and ::", fams)
+	}
+}
+
+// TestIPv6EndpointsAndClients: an IPv6 service reaches IPv6 endpoints, and
+// ClientIP affinity keys on the IPv6 client address the proxy read from
+// accept.
+func TestIPv6EndpointsAndClients(t *testing.T) {
+	if c, err := net.Listen("tcp6", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	} else {
+		c.Close()
+	}
+	b1 := startTCPBackendOn(t, "b1", "[::1]:0")
+	b2 := startTCPBackendOn(t, "b2", "[::1]:0")
+	p := newTestProxier(t, Config{BindAddress: netip.IPv6Loopback()})
+	name := spn("v6", "t", state.TCP)
+	mustApply(t, p, state.ServicePort{
+		Name: name, Port: 80,
+		ClusterIPs:       []netip.Addr{netip.MustParseAddr("fd5e:b1b5::31")},
+		ClusterEndpoints: eps(b1.addr(), b2.addr()),
+		Affinity:         state.Affinity{Type: state.AffinityClientIP, Timeout: time.Hour},
+	})
+	addr := fmt.Sprintf("[::1]:%d", p.ProxyPort(name))
+	first := tcpWho(t, addr)
+	if first != "b1" && first != "b2" {
+		t.Fatalf("reached %q", first)
+	}
+	for range 5 {
+		if got := tcpWho(t, addr); got != first {
+			t.Fatalf("affinity broken: %q then %q", first, got)
+		}
+	}
+	p.mu.Lock()
+	b := p.services[name].internal
+	p.mu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.clients[netip.IPv6Loopback()]; !ok || len(b.clients) != 1 {
+		t.Fatalf("affinity clients %v, want only ::1", b.clients)
 	}
 }

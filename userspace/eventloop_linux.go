@@ -157,7 +157,7 @@ func startEventLoop(p *Proxier) (*eventLoop, error) {
 // register adds fd to the loop with the given epoll events.
 func (lp *eventLoop) register(fd int, events uint32, h loopHandler) error {
 	ev := unix.EpollEvent{Events: events, Fd: int32(fd)}
-	if err := unix.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+	if err := rawEpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("epoll_ctl add: %w", err)
 	}
 	if h != nil {
@@ -178,7 +178,7 @@ func (lp *eventLoop) closeFD(fd int) {
 
 func (lp *eventLoop) flushCloses() {
 	for _, fd := range lp.toClose {
-		unix.Close(fd)
+		rawClose(fd)
 	}
 	lp.toClose = lp.toClose[:0]
 }
@@ -219,7 +219,7 @@ func (lp *eventLoop) post(f func()) bool {
 func (lp *eventLoop) wake() {
 	var one [8]byte
 	one[0] = 1
-	_, _ = unix.Write(lp.wakefd, one[:])
+	_, _ = rawWrite(lp.wakefd, one[:])
 }
 
 // stop ends the loop after closing everything it owns.
@@ -255,7 +255,7 @@ func (lp *eventLoop) run() {
 		var n int
 		var werr error
 		err := rc.Read(func(fd uintptr) bool {
-			n, werr = unix.EpollWait(int(fd), lp.events, 0)
+			n, werr = rawEpollPoll(int(fd), lp.events)
 			return n != 0 || (werr != nil && werr != unix.EINTR)
 		})
 		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -280,7 +280,7 @@ func (lp *eventLoop) run() {
 		}
 		if woken {
 			var buf [8]byte
-			_, _ = unix.Read(lp.wakefd, buf[:])
+			_, _ = rawRead(lp.wakefd, buf[:])
 			lp.mu.Lock()
 			cmds := lp.cmds
 			lp.cmds = nil

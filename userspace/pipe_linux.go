@@ -46,6 +46,6 @@ func putPipe(p *pipe) {
 }
 
 func (p *pipe) close() {
-	unix.Close(p.r)
-	unix.Close(p.w)
+	rawClose(p.r)
+	rawClose(p.w)
 }

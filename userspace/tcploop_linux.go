@@ -83,13 +83,13 @@ func domainOf(f family) int {
 // setTCPOptions turns on TCP_NODELAY (we forward what arrives at once) and
 // keep-alive (a peer that vanished is noticed and its fds freed).
 func setTCPOptions(fd int) error {
-	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+	if err := rawSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		return err
 	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1); err != nil {
+	if err := rawSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1); err != nil {
 		return err
 	}
-	return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle.Seconds()))
+	return rawSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle.Seconds()))
 }
 
 func (l *tcpListener) port() uint16 { return l.port_ }
@@ -110,7 +110,7 @@ func (l *tcpListener) shut() {
 func (l *tcpListener) event(uint32) {
 	p := l.sp.p
 	for range 64 {
-		nfd, sa, err := unix.Accept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		nfd, client, err := rawAccept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 		switch {
 		case err == nil:
 		case err == unix.EAGAIN:
@@ -121,7 +121,7 @@ func (l *tcpListener) event(uint32) {
 			p.stats.Shed.Add(1)
 			p.shed.log(err, l.sp.name.String())
 			p.shed.withSpare(func() {
-				if fd, _, err := unix.Accept4(l.fd, unix.SOCK_CLOEXEC); err == nil {
+				if fd, _, err := rawAccept4(l.fd, unix.SOCK_CLOEXEC); err == nil {
 					resetFD(fd)
 				}
 			})
@@ -132,7 +132,6 @@ func (l *tcpListener) event(uint32) {
 			return
 		}
 		p.stats.TCPAccepted.Add(1)
-		client := addrPortFromSockaddr(sa)
 		// Spread connections over the loops, so one busy service uses
 		// every core: most of a connection's cost is the kernel work of
 		// its connect, splices and closes, done by the loop that owns it.
@@ -146,21 +145,11 @@ func (l *tcpListener) event(uint32) {
 	}
 }
 
-func addrPortFromSockaddr(sa unix.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
-	}
-	return netip.AddrPort{}
-}
-
 // resetFD closes fd with SO_LINGER 0, so the peer gets a RST and nothing
 // lingers in the kernel.
 func resetFD(fd int) {
-	_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
-	unix.Close(fd)
+	rawLinger0(fd)
+	rawClose(fd)
 }
 
 // spliceDir is one direction of a proxied connection.
@@ -284,7 +273,7 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 	p := c.l.sp.p
 	c.endpoint = ep
 	fam := familyOf(ep.Addr())
-	fd, err := unix.Socket(domainOf(fam), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := rawSocket(domainOf(fam), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		if isResourceExhausted(err) {
 			p.stats.Shed.Add(1)
@@ -295,7 +284,7 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 	}
 	_ = setTCPOptions(fd)
 	c.bfd = fd
-	err = unix.Connect(fd, sockaddr(fam, ep))
+	err = rawConnect(fd, fam, ep)
 	if err != nil && err != unix.EINPROGRESS {
 		c.dialFailed(err)
 		return
@@ -321,7 +310,7 @@ func (c *tcpConn) dialProgress(ev uint32) {
 		}
 		return
 	}
-	soErr, err := unix.GetsockoptInt(c.bfd, unix.SOL_SOCKET, unix.SO_ERROR)
+	soErr, err := rawGetsockoptInt(c.bfd, unix.SOL_SOCKET, unix.SO_ERROR)
 	switch {
 	case err != nil:
 		c.dialFailed(err)
@@ -416,7 +405,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 	}
 	for {
 		if len(d.buf) > 0 {
-			n, err := unix.Write(dst, d.buf)
+			n, err := rawWrite(dst, d.buf)
 			switch err {
 			case nil:
 			case unix.EINTR:
@@ -433,7 +422,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 		}
 		d.buf = nil
 		if d.pending > 0 {
-			n, err := unix.Splice(d.p.r, nil, dst, nil, d.pending, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+			n, err := rawSplice(d.p.r, dst, d.pending, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 			switch err {
 			case nil:
 			case unix.EINTR:
@@ -459,7 +448,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 					// Pass the FIN on and bound the other direction. When
 					// both sides are done, finish closes both sockets
 					// instead, which sends the FIN without a shutdown.
-					if err := unix.Shutdown(dst, unix.SHUT_WR); err != nil {
+					if err := rawShutdown(dst, unix.SHUT_WR); err != nil {
 						c.abort()
 						return false
 					}
@@ -475,7 +464,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 		}
 		if !d.bulk {
 			scratch := c.lp.tcpBuf
-			n, err := unix.Read(src, scratch)
+			n, err := rawRead(src, scratch)
 			switch {
 			case err == unix.EINTR:
 				continue
@@ -493,7 +482,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			if n < len(scratch) && !c.hup[i] {
 				c.readable[i] = false
 			}
-			m, err := unix.Write(dst, scratch[:n])
+			m, err := rawWrite(dst, scratch[:n])
 			switch err {
 			case nil:
 			case unix.EAGAIN, unix.EINTR:
@@ -517,7 +506,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			c.abort()
 			return false
 		}
-		n, err := unix.Splice(src, nil, d.p.w, nil, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		n, err := rawSplice(src, d.p.w, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -585,7 +574,7 @@ func (c *tcpConn) release(reset bool) {
 			continue
 		}
 		if reset {
-			_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+			rawLinger0(fd)
 		}
 		lp.closeFD(fd)
 	}

@@ -47,7 +47,13 @@ type tcpBackend struct {
 
 func startTCPBackend(t testing.TB, name string) *tcpBackend {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	return startTCPBackendOn(t, name, "127.0.0.1:0")
+}
+
+// startTCPBackendOn starts the backend on addr (e.g. "[::1]:0").
+func startTCPBackendOn(t testing.TB, name, addr string) *tcpBackend {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
