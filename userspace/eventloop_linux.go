@@ -41,7 +41,6 @@ type eventLoop struct {
 	handlers map[int32]loopHandler
 	timers   timerHeap
 	batch    *recvBatch // UDP receive batch
-	buf      []byte     // UDP reply buffer
 	tcpBuf   []byte     // TCP scratch buffer for small reads
 	events   []unix.EpollEvent
 	toClose  []int // closed at the end of the batch (see closeFD)
@@ -139,7 +138,6 @@ func startEventLoop(p *Proxier) (*eventLoop, error) {
 		p: p, epfd: epfd, wakefd: wakefd,
 		handlers: make(map[int32]loopHandler),
 		batch:    newRecvBatch(),
-		buf:      make([]byte, maxDatagram),
 		tcpBuf:   make([]byte, smallRead),
 		events:   make([]unix.EpollEvent, 128),
 		done:     make(chan struct{}),
@@ -246,9 +244,15 @@ func (lp *eventLoop) run() {
 		klog.ErrorS(err, "Event loop: cannot wait on the epoll descriptor")
 		return
 	}
-	var armed time.Time
+	// The deadline on ep (a runtime timer) is only ever brought forward. A
+	// deadline that moved later or went away leaves the armed one in
+	// place: it fires early, the loop finds nothing due and arms the next.
+	// Deadlines move all the time (every dial has one; every UDP datagram
+	// moves its session's), and moving the runtime timer each time woke
+	// another thread each time.
+	var armed time.Time // zero: none armed
 	for !lp.quit {
-		if next := lp.nextDeadline(); !next.Equal(armed) {
+		if next := lp.nextDeadline(); !next.IsZero() && (armed.IsZero() || next.Before(armed)) {
 			_ = ep.SetReadDeadline(next)
 			armed = next
 		}
@@ -258,7 +262,11 @@ func (lp *eventLoop) run() {
 			n, werr = rawEpollPoll(int(fd), lp.events)
 			return n != 0 || (werr != nil && werr != unix.EINTR)
 		})
-		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// ep fails every wait until its deadline is reset.
+			_ = ep.SetReadDeadline(time.Time{})
+			armed = time.Time{}
+		} else if err != nil {
 			klog.ErrorS(err, "Event loop: wait failed")
 			return
 		}

@@ -10,16 +10,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The event loops make their system calls without telling the Go
-// scheduler (RawSyscall rather than Syscall). Every descriptor they touch
-// is non-blocking, so no call waits; but a connect, write or close on
-// loopback runs the peer's side of TCP in the caller's context and can
-// take tens of microseconds. Under Syscall the runtime's monitor thread
-// then wakes every 20 µs to take the P away from such a "blocked" call and
-// hand it back afterwards: measured at about a tenth of the proxy's CPU
-// during a connection-rate benchmark, for nothing, since the loop would
-// run on as soon as the call returns. Blocking calls (none on these paths)
-// must keep using the ordinary wrappers.
+// The event loops make the system calls of their data paths (TCP and UDP)
+// without telling the Go scheduler: RawSyscall rather than Syscall. Every
+// descriptor they touch is non-blocking, so no call waits; but a connect,
+// write or close on loopback runs the peer's side of TCP in the caller's
+// context and can take tens of microseconds. Under Syscall the runtime's
+// monitor thread then wakes every 20 µs to take the P away from such a
+// "blocked" call and hand it back afterwards: measured at a tenth of the
+// proxy's CPU during a connection-rate benchmark, for nothing, since the
+// loop runs on as soon as the call returns. A call that can block must
+// keep using the ordinary wrappers; setup paths (listen, bind) use them
+// too, as speed does not matter there.
 
 // errnoErr returns e as an error, or nil for 0. Errno values are small
 // integers, which the runtime boxes without allocating.
@@ -98,20 +99,51 @@ func rawLinger0(fd int) {
 	_, _, _ = unix.RawSyscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_LINGER, uintptr(unsafe.Pointer(&l)), unsafe.Sizeof(l), 0)
 }
 
+// rawSockaddr is an IPv4 or IPv6 socket address as the kernel takes it.
+type rawSockaddr struct {
+	sa  unix.RawSockaddrInet6 // or a RawSockaddrInet4 in its first bytes
+	len uint32
+}
+
+// makeRawSockaddr encodes ap in family fam.
+func makeRawSockaddr(fam family, ap netip.AddrPort) rawSockaddr {
+	var r rawSockaddr
+	if fam == familyIPv6 {
+		r.sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: ap.Addr().As16()}
+		putPort(&r.sa.Port, ap.Port())
+		r.len = unix.SizeofSockaddrInet6
+		return r
+	}
+	sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(&r.sa))
+	sa4.Family = unix.AF_INET
+	sa4.Addr = ap.Addr().Unmap().As4()
+	putPort(&sa4.Port, ap.Port())
+	r.len = unix.SizeofSockaddrInet4
+	return r
+}
+
+func (r *rawSockaddr) ptr() uintptr { return uintptr(unsafe.Pointer(&r.sa)) }
+
 // rawConnect starts a connect of the socket fd to ap (IPv4 or IPv6, as
 // the socket's family).
 func rawConnect(fd int, fam family, ap netip.AddrPort) error {
-	var e syscall.Errno
-	port := ap.Port()
-	if fam == familyIPv6 {
-		sa := unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: ap.Addr().As16()}
-		putPort(&sa.Port, port)
-		_, _, e = unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa)), unsafe.Sizeof(sa))
-	} else {
-		sa := unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: ap.Addr().As4()}
-		putPort(&sa.Port, port)
-		_, _, e = unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa)), unsafe.Sizeof(sa))
+	sa := makeRawSockaddr(fam, ap)
+	_, _, e := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), sa.ptr(), uintptr(sa.len))
+	return errnoErr(e)
+}
+
+// rawSendmsg sends one datagram to, with control message oob, without
+// waiting.
+func rawSendmsg(fd int, p, oob []byte, to *rawSockaddr) error {
+	iov := unix.Iovec{Base: unsafe.SliceData(p)}
+	iov.SetLen(len(p))
+	msg := unix.Msghdr{Name: (*byte)(unsafe.Pointer(&to.sa)), Namelen: to.len, Iov: &iov}
+	msg.SetIovlen(1)
+	if len(oob) > 0 {
+		msg.Control = &oob[0]
+		msg.SetControllen(len(oob))
 	}
+	_, _, e := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&msg)), unix.MSG_DONTWAIT)
 	return errnoErr(e)
 }
 

@@ -66,7 +66,7 @@ func recvmmsg(fd int, b *recvBatch) (int, error) {
 	var r uintptr
 	var errno syscall.Errno
 	for {
-		r, _, errno = unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[0])), udpBatch, unix.MSG_DONTWAIT, 0, 0)
+		r, _, errno = unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[0])), udpBatch, unix.MSG_DONTWAIT, 0, 0)
 		if errno != unix.EINTR {
 			break
 		}

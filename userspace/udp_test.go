@@ -238,3 +238,50 @@ func TestUDPSessionMovesOffRemovedEndpoint(t *testing.T) {
 		t.Fatalf("after the endpoint moved: %q, %v; want b at once", got, err)
 	}
 }
+
+// TestUDPReplyBurst: an endpoint that answers one datagram with many (more
+// than the proxy reads per wake-up) gets every reply to the client, whole
+// and in order.
+func TestUDPReplyBurst(t *testing.T) {
+	const replies = 50
+	be, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := be.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			for i := range replies {
+				msg := append([]byte(fmt.Sprintf("%02d:", i)), buf[:n]...)
+				if _, err := be.WriteToUDP(msg, from); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	p := newTestProxier(t, Config{})
+	name := spn("burst", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53,
+		ClusterEndpoints: eps(be.LocalAddr().(*net.UDPAddr).AddrPort())})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	payload := bytes.Repeat([]byte("x"), 1000)
+	if _, err := c.Write(payload); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	for i := range replies {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+		if want := append([]byte(fmt.Sprintf("%02d:", i)), payload...); !bytes.Equal(buf[:n], want) {
+			t.Fatalf("reply %d: got %d bytes starting %q", i, n, buf[:min(n, 8)])
+		}
+	}
+}

@@ -170,7 +170,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		return nil
 	}
 	s := &udpSession{l: l, b: b, client: client, endpoint: ep, fd: fd,
-		clientSA: sockaddr(l.fam, client), lastActive: time.Now()}
+		clientSA: makeRawSockaddr(l.fam, client), lastActive: time.Now()}
 	s.timer = timerEntry{index: -1, owner: s}
 	s.setDst(dst)
 	if err := l.lp.register(fd, unix.EPOLLIN, s); err != nil {
@@ -195,7 +195,7 @@ func dialEndpointUDP(ep netip.AddrPort) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	if err := unix.Connect(fd, sockaddr(f, ep)); err != nil {
+	if err := rawConnect(fd, f, ep); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("connect: %w", err)
 	}
@@ -207,7 +207,7 @@ type udpSession struct {
 	l        *udpListener
 	b        *balancer
 	client   netip.AddrPort
-	clientSA unix.Sockaddr // the client, in the listener's family
+	clientSA rawSockaddr // the client, in the listener's family
 	endpoint netip.AddrPort
 	fd       int // connected to endpoint
 
@@ -255,7 +255,7 @@ func (s *udpSession) send(b []byte, dst netip.Addr) {
 	}
 	s.lastActive = time.Now()
 	s.awaiting = true
-	_, err := unix.Write(s.fd, b)
+	_, err := rawWrite(s.fd, b)
 	switch err {
 	case nil:
 		p.stats.UDPDatagramsIn.Add(1)
@@ -267,12 +267,15 @@ func (s *udpSession) send(b []byte, dst netip.Addr) {
 }
 
 // readable sends the endpoint's queued replies to the client, from the
-// address the client sent to.
+// address the client sent to. They are read in batches (recvmmsg): a short
+// batch means the socket is drained, so the usual single reply costs one
+// read, not a read and another that says EAGAIN.
 func (s *udpSession) readable() {
 	p := s.l.sp.p
-	for range 16 { // then let other sockets have a turn
-		n, err := unix.Read(s.fd, s.l.lp.buf)
-		if err == unix.EAGAIN || err == unix.EINTR {
+	batch := s.l.lp.batch
+	for range 2 { // then let other sockets have a turn
+		n, err := recvmmsg(s.fd, batch)
+		if err == unix.EAGAIN {
 			return
 		}
 		if err != nil {
@@ -290,10 +293,15 @@ func (s *udpSession) readable() {
 			// keep the heap honest so the session does not outstay.
 			s.l.lp.schedule(&s.timer, s.expiry())
 		}
-		if err := unix.Sendmsg(s.l.fd, s.l.lp.buf[:n], s.oob, s.clientSA, unix.MSG_DONTWAIT); err != nil {
-			p.stats.UDPDropped.Add(1)
-		} else {
-			p.stats.UDPDatagramsOut.Add(1)
+		for _, d := range batch.dgrams[:n] {
+			if err := rawSendmsg(s.l.fd, d.buf[:d.n], s.oob, &s.clientSA); err != nil {
+				p.stats.UDPDropped.Add(1)
+			} else {
+				p.stats.UDPDatagramsOut.Add(1)
+			}
+		}
+		if n < udpBatch {
+			return
 		}
 	}
 }
