@@ -22,6 +22,10 @@ import (
 // keep using the ordinary wrappers; setup paths (listen, bind) use them
 // too, as speed does not matter there.
 
+// Pointers are converted to uintptr in the call expressions themselves,
+// which keeps what they point to alive and in place for the call (rule 4
+// of unsafe.Pointer: x/sys/unix's RawSyscall is an assembly function).
+
 // errnoErr returns e as an error, or nil for 0. Errno values are small
 // integers, which the runtime boxes without allocating.
 func errnoErr(e syscall.Errno) error {
@@ -31,15 +35,8 @@ func errnoErr(e syscall.Errno) error {
 	return e
 }
 
-func bytesPtr(p []byte) uintptr {
-	if len(p) == 0 {
-		return 0
-	}
-	return uintptr(unsafe.Pointer(&p[0]))
-}
-
 func rawRead(fd int, p []byte) (int, error) {
-	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), bytesPtr(p), uintptr(len(p)))
+	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	if e != 0 {
 		return 0, e
 	}
@@ -47,7 +44,7 @@ func rawRead(fd int, p []byte) (int, error) {
 }
 
 func rawWrite(fd int, p []byte) (int, error) {
-	n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), bytesPtr(p), uintptr(len(p)))
+	n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	if e != 0 {
 		return 0, e
 	}
@@ -122,13 +119,11 @@ func makeRawSockaddr(fam family, ap netip.AddrPort) rawSockaddr {
 	return r
 }
 
-func (r *rawSockaddr) ptr() uintptr { return uintptr(unsafe.Pointer(&r.sa)) }
-
 // rawConnect starts a connect of the socket fd to ap (IPv4 or IPv6, as
 // the socket's family).
 func rawConnect(fd int, fam family, ap netip.AddrPort) error {
 	sa := makeRawSockaddr(fam, ap)
-	_, _, e := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), sa.ptr(), uintptr(sa.len))
+	_, _, e := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa.sa)), uintptr(sa.len))
 	return errnoErr(e)
 }
 
