@@ -52,6 +52,7 @@ func bench(ctx context.Context) int {
 	flag.StringVar(&cfg.BinDir, "bin-dir", filepath.Dir(self), "directory holding the backend and iocopy programs")
 	flag.StringVar(&cfg.ProxyBin, "proxy", "bin/kube-userspace-proxy", "kube-userspace-proxy program (empty: not built)")
 	flag.IntVar(&cfg.IdleConns, "idle-conns", 0, "idle connections to hold (0: 9000, or 1000 with -short)")
+	flag.IntVar(&cfg.Rounds, "rounds", 1, "run the peers this many times, interleaved, and report each value as the median of the rounds with its range")
 	flag.StringVar(&jsonPath, "json", "bench/results/latest.json", "write the results as JSON here (empty: don't)")
 	flag.Parse()
 	cfg.Peers = splitList(peers)

@@ -1,10 +1,12 @@
 package suite
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -50,6 +52,11 @@ type Config struct {
 	// IdleConns is the number of idle connections of the idle test. If
 	// zero, 9000 (1000 when Short).
 	IdleConns int
+	// Rounds runs every peer this many times, interleaved (all peers, then
+	// all peers again), and reports each value as the median of its
+	// rounds with their range: on a small, shared machine one round's
+	// ratios move by more than the differences worth knowing. If zero, 1.
+	Rounds int
 	// Out receives the result tables. If nil, os.Stdout.
 	Out io.Writer
 	// Progress receives a line per measurement as the run goes. If nil,
@@ -84,6 +91,12 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("suite: %w", err)
 		}
 		c.Self = self
+	}
+	if c.Rounds < 0 {
+		return fmt.Errorf("suite: Rounds is %d; want 1 or more", c.Rounds)
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 1
 	}
 	if c.IdleConns <= 0 {
 		c.IdleConns = 9000
@@ -138,14 +151,28 @@ func Run(ctx context.Context, cfg Config) (report.Run, error) {
 		env.Backends.Echo, env.Backends.Bulk, env.Backends.UDP, dir)
 
 	r := &runner{cfg: cfg, params: params, env: env, backends: backends}
-	for _, name := range cfg.Peers {
-		if ctx.Err() != nil {
-			break
+	var rounds [][]report.Result
+	for round := range max(cfg.Rounds, 1) {
+		if cfg.Rounds > 1 {
+			fmt.Fprintf(cfg.Progress, "bench: round %d of %d\n", round+1, cfg.Rounds)
 		}
-		info, results := r.runPeer(ctx, name)
-		run.Peers = append(run.Peers, info)
-		run.Results = append(run.Results, results...)
+		var results []report.Result
+		for _, name := range cfg.Peers {
+			if ctx.Err() != nil {
+				break
+			}
+			info, got := r.runPeer(ctx, name)
+			if round == 0 {
+				run.Peers = append(run.Peers, info)
+			}
+			results = append(results, got...)
+		}
+		if ctx.Err() != nil && round > 0 {
+			break // keep the rounds that completed
+		}
+		rounds = append(rounds, results)
 	}
+	run.Results = medianOfRounds(rounds)
 	run.Finished = time.Now()
 	if err := ctx.Err(); err != nil {
 		run.Interrupted = true
@@ -235,4 +262,75 @@ func host() report.Host {
 		}
 	}
 	return h
+}
+
+// medianOfRounds merges the results of several rounds: each test and peer
+// gets the median of its values, with the range and the number of rounds
+// in the note (and min, max and rounds in Extra). A round that failed is
+// left out; if every round failed, the first failure stands. One round is
+// returned as it is.
+func medianOfRounds(rounds [][]report.Result) []report.Result {
+	if len(rounds) == 1 {
+		return rounds[0]
+	}
+	type key struct{ test, peer string }
+	var order []key
+	byKey := map[key][]report.Result{}
+	for _, results := range rounds {
+		for _, r := range results {
+			k := key{r.Test, r.Peer}
+			if _, seen := byKey[k]; !seen {
+				order = append(order, k)
+			}
+			byKey[k] = append(byKey[k], r)
+		}
+	}
+	out := make([]report.Result, 0, len(order))
+	for _, k := range order {
+		all := byKey[k]
+		var ok []report.Result
+		for _, r := range all {
+			if r.OK() {
+				ok = append(ok, r)
+			}
+		}
+		if len(ok) == 0 {
+			out = append(out, all[0])
+			continue
+		}
+		slices.SortFunc(ok, func(a, b report.Result) int { return cmp.Compare(a.Value, b.Value) })
+		mid := ok[len(ok)/2] // the round whose value is the median keeps its note and extras
+		med := mid.Value
+		if len(ok)%2 == 0 {
+			med = (ok[len(ok)/2-1].Value + mid.Value) / 2
+		}
+		r := mid
+		r.Value = med
+		r.Extra = maps.Clone(mid.Extra)
+		if r.Extra == nil {
+			r.Extra = map[string]float64{}
+		}
+		r.Extra["rounds"] = float64(len(ok))
+		r.Extra["min"] = ok[0].Value
+		r.Extra["max"] = ok[len(ok)-1].Value
+		summary := fmt.Sprintf("median of %d rounds, %s–%s", len(ok), roundedValue(ok[0].Value), roundedValue(ok[len(ok)-1].Value))
+		if failed := len(all) - len(ok); failed > 0 {
+			summary += fmt.Sprintf(", %d failed", failed)
+		}
+		if r.Note != "" {
+			summary += "; " + r.Note
+		}
+		r.Note = summary
+		out = append(out, r)
+	}
+	return out
+}
+
+// roundedValue prints v as the tables do: whole numbers from 100 up, three
+// significant digits below.
+func roundedValue(v float64) string {
+	if v >= 100 || v <= -100 {
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64)
 }
