@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Usage is what a process tree holds at one moment.
@@ -21,7 +22,15 @@ type Usage struct {
 	// processes are not counted many times over. Zero when unavailable.
 	PSSBytes int64
 	FDs      int // sum of open file descriptors
+	// CPU is the processor time used so far (user and system), counting
+	// children that exited and were waited for: the growth between two
+	// samples is what the tree spent in between.
+	CPU time.Duration
 }
+
+// userHZ is the unit of the times in /proc/PID/stat: fixed at 100 per second
+// on Linux, whatever the kernel's own tick rate.
+const userHZ = 100
 
 // Tree samples the processes roots and all their descendants. Processes that
 // exit while being read are skipped; a root that cannot be read is an error.
@@ -59,6 +68,11 @@ func treeAt(procRoot string, roots []int) (Usage, error) {
 				return Usage{}, err
 			}
 			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat")); err == nil {
+			if cpu, err := parseCPU(stat); err == nil {
+				u.CPU += cpu
+			}
 		}
 		u.Procs++
 		u.RSSBytes += rss
@@ -115,6 +129,28 @@ func parsePPID(stat []byte) (int, error) {
 		return 0, errors.New("procstat: malformed stat")
 	}
 	return strconv.Atoi(fields[1])
+}
+
+// parseCPU returns utime+stime+cutime+cstime (fields 14 to 17) of
+// /proc/PID/stat, counted like parsePPID's from the last ')'.
+func parseCPU(stat []byte) (time.Duration, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("procstat: malformed stat")
+	}
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 15 {
+		return 0, errors.New("procstat: malformed stat")
+	}
+	var ticks int64
+	for _, f := range fields[11:15] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("procstat: malformed stat: %w", err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
 }
 
 // vmRSS returns VmRSS of /proc/PID/status in bytes.

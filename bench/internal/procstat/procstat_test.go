@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParsePPID(t *testing.T) {
@@ -57,5 +58,40 @@ func TestTreeSelf(t *testing.T) {
 	}
 	if u.Procs < 1 || u.RSSBytes <= 0 || u.PSSBytes <= 0 || u.FDs < 3 {
 		t.Fatalf("Tree(self) = %+v; want at least one process with memory and stdio", u)
+	}
+}
+
+func TestParseCPU(t *testing.T) {
+	// pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
+	// majflt cmajflt utime stime cutime cstime ...
+	stat := "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 7 3 20 0 1 0"
+	got, err := parseCPU([]byte(stat))
+	if want := 3100 * time.Millisecond; err != nil || got != want {
+		t.Fatalf("parseCPU = %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"garbage", "42 (x) S 1 2 3", "42 (x) S 1 42 42 0 -1 0 0 0 0 0 x 0 0 0 20"} {
+		if _, err := parseCPU([]byte(bad)); err == nil {
+			t.Errorf("parseCPU(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestTreeCPUGrows(t *testing.T) {
+	before, err := Tree(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Spin for 100 ms of wall time (bounded), which is at least a few ticks
+	// of CPU on any machine running the test.
+	x := 0
+	for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end); {
+		x++
+	}
+	after, err := Tree(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.CPU <= before.CPU {
+		t.Fatalf("CPU did not grow over 100 ms of spinning (%d loops): %v then %v", x, before.CPU, after.CPU)
 	}
 }

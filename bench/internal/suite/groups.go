@@ -3,10 +3,12 @@ package suite
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/load"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/peer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/procstat"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/report"
 )
 
@@ -54,6 +56,10 @@ func (r *runner) connRate(ctx context.Context, in *peer.Instance) report.Result 
 	res := report.Result{Test: TestConnRate, Peer: in.Name, Unit: "conn/s"}
 	cfg := r.params.connRate
 	cfg.Addr = in.Front.Echo
+	// The proxy's CPU per connection is less noisy than the rate on a
+	// small shared machine, and says what a connection costs.
+	pids := in.PIDs()
+	before, cpuErr := procstat.Tree(pids...)
 	got, err := load.ConnRate(ctx, cfg)
 	if err != nil {
 		res.Err = err.Error()
@@ -61,9 +67,18 @@ func (r *runner) connRate(ctx context.Context, in *peer.Instance) report.Result 
 	}
 	res.Value = got.PerSecond()
 	res.Extra = map[string]float64{"ok": float64(got.OK), "failed": float64(got.Failed), "seconds": got.Elapsed.Seconds()}
-	if got.Failed > 0 {
-		res.Note = fmt.Sprintf("%d failed, first: %v", got.Failed, got.FirstErr)
+	var notes []string
+	if len(pids) > 0 && cpuErr == nil && got.OK > 0 {
+		if after, err := procstat.Tree(pids...); err == nil {
+			perConn := (after.CPU - before.CPU).Seconds() * 1e6 / float64(got.OK)
+			res.Extra["proxy_cpu_us_per_conn"] = perConn
+			notes = append(notes, fmt.Sprintf("proxy CPU %.0f µs/conn", perConn))
+		}
 	}
+	if got.Failed > 0 {
+		notes = append(notes, fmt.Sprintf("%d failed, first: %v", got.Failed, got.FirstErr))
+	}
+	res.Note = strings.Join(notes, "; ")
 	return res
 }
 
