@@ -3,6 +3,7 @@
 package userspace
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"syscall"
 	"unsafe"
@@ -145,37 +146,19 @@ func rawSendmsg(fd int, p, oob []byte, to *rawSockaddr) error {
 // rawAccept4 accepts a connection on fd and returns its socket and the
 // client's address.
 func rawAccept4(fd int, flags int) (int, netip.AddrPort, error) {
-	var rsa unix.RawSockaddrAny
-	l := uint32(unsafe.Sizeof(rsa))
-	nfd, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&l)), uintptr(flags), 0, 0)
+	var sa unix.RawSockaddrInet6 // large enough for either family
+	l := uint32(unsafe.Sizeof(sa))
+	nfd, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&l)), uintptr(flags), 0, 0)
 	if e != 0 {
 		return -1, netip.AddrPort{}, e
 	}
-	return int(nfd), addrPortFromRaw(&rsa), nil
+	return int(nfd), parseSockaddr(&sa), nil
 }
 
-// putPort and getPort store and load a sockaddr's port, which is in
-// network byte order whatever the machine's.
+// putPort stores a sockaddr's port, which is in network byte order
+// whatever the machine's (parseSockaddr reads it back).
 func putPort(field *uint16, port uint16) {
-	b := (*[2]byte)(unsafe.Pointer(field))
-	b[0], b[1] = byte(port>>8), byte(port)
-}
-
-func getPort(field *uint16) uint16 {
-	b := (*[2]byte)(unsafe.Pointer(field))
-	return uint16(b[0])<<8 | uint16(b[1])
-}
-
-func addrPortFromRaw(rsa *unix.RawSockaddrAny) netip.AddrPort {
-	switch rsa.Addr.Family {
-	case unix.AF_INET:
-		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(rsa))
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), getPort(&sa.Port))
-	case unix.AF_INET6:
-		sa := (*unix.RawSockaddrInet6)(unsafe.Pointer(rsa))
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), getPort(&sa.Port))
-	}
-	return netip.AddrPort{}
+	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(field))[:], port)
 }
 
 func rawEpollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {

@@ -120,27 +120,33 @@ func childrenMap(procRoot string) (map[int][]int, error) {
 // command name in parentheses, may itself hold spaces and parentheses, so
 // the fields are counted from the last ')'.
 func parsePPID(stat []byte) (int, error) {
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, errors.New("procstat: malformed stat")
-	}
-	fields := strings.Fields(string(stat[i+1:]))
-	if len(fields) < 2 {
-		return 0, errors.New("procstat: malformed stat")
+	fields, err := statFields(stat, 2)
+	if err != nil {
+		return 0, err
 	}
 	return strconv.Atoi(fields[1])
 }
 
-// parseCPU returns utime+stime+cutime+cstime (fields 14 to 17) of
-// /proc/PID/stat, counted like parsePPID's from the last ')'.
-func parseCPU(stat []byte) (time.Duration, error) {
+// statFields returns the fields of /proc/PID/stat after the command name,
+// at least want of them: the state is fields[0], the ppid fields[1].
+func statFields(stat []byte, want int) ([]string, error) {
 	i := bytes.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, errors.New("procstat: malformed stat")
+		return nil, errors.New("procstat: malformed stat")
 	}
 	fields := strings.Fields(string(stat[i+1:]))
-	if len(fields) < 15 {
-		return 0, errors.New("procstat: malformed stat")
+	if len(fields) < want {
+		return nil, errors.New("procstat: malformed stat")
+	}
+	return fields, nil
+}
+
+// parseCPU returns utime+stime+cutime+cstime (fields 14 to 17) of
+// /proc/PID/stat.
+func parseCPU(stat []byte) (time.Duration, error) {
+	fields, err := statFields(stat, 15)
+	if err != nil {
+		return 0, err
 	}
 	var ticks int64
 	for _, f := range fields[11:15] {
