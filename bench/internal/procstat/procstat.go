@@ -222,3 +222,56 @@ func countFDs(procRoot string, pid int) (int, error) {
 	}
 	return len(names), nil
 }
+
+// Machine is the CPU time of the whole machine so far, from the first line
+// of /proc/stat: Busy is every state but idle and iowait, Total all of them.
+// The growth between two samples says how much of the machine a test kept
+// busy, and, divided by its work, what each unit of work cost every process
+// together.
+type Machine struct {
+	Busy, Total time.Duration
+}
+
+// Utilization is the busy share of the machine between m and a later sample.
+func (m Machine) Utilization(later Machine) float64 {
+	total := later.Total - m.Total
+	if total <= 0 {
+		return 0
+	}
+	return float64(later.Busy-m.Busy) / float64(total)
+}
+
+// System samples the machine's CPU time.
+func System() (Machine, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return Machine{}, fmt.Errorf("procstat: %w", err)
+	}
+	return parseSystem(b)
+}
+
+// parseSystem reads the aggregate "cpu" line of /proc/stat: user nice system
+// idle iowait irq softirq steal ..., in USER_HZ ticks. Steal counts as
+// busy: the machine had no CPU to give then either.
+func parseSystem(stat []byte) (Machine, error) {
+	line, _, _ := bytes.Cut(stat, []byte("\n"))
+	fields := strings.Fields(string(line))
+	if len(fields) < 5 || fields[0] != "cpu" {
+		return Machine{}, errors.New("procstat: malformed /proc/stat")
+	}
+	var m Machine
+	// guest and guest_nice (9th and 10th) are already counted in user and
+	// nice.
+	for i, f := range fields[1:min(len(fields), 9)] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return Machine{}, fmt.Errorf("procstat: malformed /proc/stat: %w", err)
+		}
+		d := time.Duration(n) * time.Second / userHZ
+		m.Total += d
+		if i != 3 && i != 4 { // idle, iowait
+			m.Busy += d
+		}
+	}
+	return m, nil
+}

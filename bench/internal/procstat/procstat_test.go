@@ -95,3 +95,47 @@ func TestTreeCPUGrows(t *testing.T) {
 		t.Fatalf("CPU did not grow over 100 ms of spinning (%d loops): %v then %v", x, before.CPU, after.CPU)
 	}
 }
+
+func TestParseSystem(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	stat := "cpu  100 5 50 800 20 3 7 15 40 0\ncpu0 50 2 25 400 10 1 3 7 20 0\nintr 1 2 3\n"
+	got, err := parseSystem([]byte(stat))
+	want := Machine{Busy: 1800 * time.Millisecond, Total: 10000 * time.Millisecond}
+	if err != nil || got != want {
+		t.Fatalf("parseSystem = %+v, %v; want %+v", got, err, want)
+	}
+	for _, bad := range []string{"", "garbage", "cpu0 1 2 3 4 5", "cpu 1 2 x 4 5", "cpu 1 2"} {
+		if _, err := parseSystem([]byte(bad)); err == nil {
+			t.Errorf("parseSystem(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestUtilization(t *testing.T) {
+	a := Machine{Busy: time.Second, Total: 4 * time.Second}
+	b := Machine{Busy: 4 * time.Second, Total: 8 * time.Second}
+	if got := a.Utilization(b); got != 0.75 {
+		t.Fatalf("Utilization = %v; want 0.75", got)
+	}
+	if got := a.Utilization(a); got != 0 {
+		t.Fatalf("Utilization over no time = %v; want 0", got)
+	}
+}
+
+func TestSystemMovesWithWork(t *testing.T) {
+	before, err := System()
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := 0
+	for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end); {
+		x++
+	}
+	after, err := System()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Busy <= before.Busy || after.Total <= before.Total {
+		t.Fatalf("machine CPU did not grow over 100 ms of spinning (%d loops): %+v then %+v", x, before, after)
+	}
+}

@@ -57,10 +57,16 @@ func (r *runner) connRate(ctx context.Context, in *peer.Instance) report.Result 
 	cfg := r.params.connRate
 	cfg.Addr = in.Front.Echo
 	// The proxy's CPU per connection is less noisy than the rate on a
-	// small shared machine, and says what a connection costs.
+	// small shared machine, and says what a connection costs. The
+	// machine's CPU per connection (client, backend and proxy together)
+	// and its busy share tell the rest: with every process on the same
+	// cores, a rate below a peer's with no more CPU per connection means
+	// the machine sat idle, waiting on somebody's wake-ups.
 	pids := in.PIDs()
 	before, cpuErr := procstat.Tree(pids...)
+	machineBefore, machineErr := procstat.System()
 	got, err := load.ConnRate(ctx, cfg)
+	machineAfter, machineAfterErr := procstat.System()
 	if err != nil {
 		res.Err = err.Error()
 		return res
@@ -74,6 +80,13 @@ func (r *runner) connRate(ctx context.Context, in *peer.Instance) report.Result 
 			res.Extra["proxy_cpu_us_per_conn"] = perConn
 			notes = append(notes, fmt.Sprintf("proxy CPU %.0f µs/conn", perConn))
 		}
+	}
+	if machineErr == nil && machineAfterErr == nil && got.OK > 0 {
+		perConn := (machineAfter.Busy - machineBefore.Busy).Seconds() * 1e6 / float64(got.OK)
+		busy := machineBefore.Utilization(machineAfter)
+		res.Extra["machine_cpu_us_per_conn"] = perConn
+		res.Extra["machine_busy"] = busy
+		notes = append(notes, fmt.Sprintf("machine %.0f µs/conn, %.0f%% busy", perConn, 100*busy))
 	}
 	if got.Failed > 0 {
 		notes = append(notes, fmt.Sprintf("%d failed, first: %v", got.Failed, got.FirstErr))
