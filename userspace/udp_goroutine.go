@@ -90,17 +90,31 @@ func (l *udpListener) close() {
 }
 
 // dropStale ends the sessions whose endpoint its balancer no longer has.
+// They leave the table at once, not when their reply goroutine gets round
+// to it: the client's next datagram must open a session to a live
+// endpoint, not go to the closed one and be lost.
 func (l *udpListener) dropStale() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
-	for _, s := range l.sessions {
+	for client, s := range l.sessions {
 		if !s.b.has(s.endpoint) {
+			delete(l.sessions, client)
 			s.conn.Close()
 			n++
 		}
 	}
 	return n
+}
+
+// forget takes s out of the session table if it is still there; the next
+// datagram from its client opens a new session.
+func (l *udpListener) forget(s *udpSession) {
+	l.mu.Lock()
+	if l.sessions[s.client] == s {
+		delete(l.sessions, s.client)
+	}
+	l.mu.Unlock()
 }
 
 func (l *udpListener) readLoop() {
@@ -261,6 +275,7 @@ func (s *udpSession) refuse() {
 	if !s.refused.Swap(true) {
 		s.l.sp.p.stats.UDPRefused.Add(1)
 		s.b.forget(s.client.Addr(), s.endpoint)
+		s.l.forget(s)
 		s.conn.Close()
 	}
 }
@@ -367,11 +382,7 @@ func isTimeout(err error) bool {
 func (s *udpSession) finish() {
 	l := s.l
 	s.conn.Close()
-	l.mu.Lock()
-	if l.sessions[s.client] == s {
-		delete(l.sessions, s.client)
-	}
-	l.mu.Unlock()
+	l.forget(s)
 	l.sp.udpSessions.Add(-1)
 	l.sp.p.stats.UDPSessionsActive.Add(-1)
 	if klog.V(4).Enabled() {
