@@ -22,9 +22,11 @@ import (
 // forwards datagrams itself. A connection or UDP session then costs its
 // syscalls and a little memory, and nothing else: no goroutines, no
 // hand-off between goroutines for every chunk of data, no runtime timer
-// (deadlines sit in a heap the loop checks). Sockets are spread over the
-// loops; a connection or session stays on the loop of the socket that
-// accepted it.
+// (deadlines sit in a heap the loop checks). Every loop waits on every TCP
+// listening socket, with EPOLLEXCLUSIVE: the kernel wakes one loop that is
+// waiting, so a new connection goes to an idle loop, and stays there. UDP
+// sockets are spread over the loops; a session stays on the loop of its
+// socket.
 
 // eventLoop owns a set of sockets. Everything it owns is touched only on
 // its goroutine; other goroutines hand it work through do.
@@ -46,6 +48,10 @@ type eventLoop struct {
 	toClose  []int // closed at the end of the batch (see closeFD)
 	quit     bool
 	done     chan struct{}
+	// quietSince is when the loop's waits started to come back empty
+	// (zero: the last one had events); see waitBusy.
+	quietSince time.Time
+	parked     atomic.Bool // waiting in the runtime's poller (see park)
 }
 
 // loopCmd is work handed to the loop; done is closed once it has run and
@@ -74,14 +80,16 @@ type loopSet struct {
 	loopOnce sync.Once // starts the loops on first use
 	loops    []*eventLoop
 	loopErr  error
-	loopNext atomic.Uint64 // round robin of sockets over loops
-	connNext atomic.Uint64 // round robin of connections over loops
+	loopNext atomic.Uint64 // round robin of UDP sockets over loops
+	procs    int           // Ps added for the loops (see addProcs)
 }
 
 // loops returns the proxier's event loops, starting them on first use.
 func (p *Proxier) eventLoops() ([]*eventLoop, error) {
 	p.loopOnce.Do(func() {
 		n := min(runtime.GOMAXPROCS(0), 4)
+		p.procs = n
+		addProcs(n)
 		for range n {
 			lp, err := startEventLoop(p)
 			if err != nil {
@@ -106,17 +114,38 @@ func (p *Proxier) nextLoop() (*eventLoop, error) {
 	return loops[int(p.loopNext.Add(1)-1)%len(loops)], nil
 }
 
-// connLoop picks the loop for a new connection, round robin.
-func (s *loopSet) connLoop() *eventLoop {
-	return s.loops[int(s.connNext.Add(1)-1)%len(s.loops)]
-}
-
 // stopLoops ends every event loop; Close calls it once the listeners are
 // closed.
 func (s *loopSet) stopLoops() {
 	for _, lp := range s.loops {
 		lp.stop()
 	}
+	addProcs(-s.procs)
+	s.procs = 0
+}
+
+// A busy loop waits in epoll_wait itself, through a raw system call that
+// keeps its P (see eventLoop.run), so each loop costs the scheduler one P
+// while it is busy. GOMAXPROCS is raised by the number of loops running,
+// so the rest of the program (informers, metrics, the garbage collector)
+// keeps the Ps it would have had, and set back when they stop.
+var procs struct {
+	sync.Mutex
+	base  int // GOMAXPROCS before any loop started
+	added int
+}
+
+func addProcs(n int) {
+	if n == 0 {
+		return
+	}
+	procs.Lock()
+	defer procs.Unlock()
+	if procs.added == 0 {
+		procs.base = runtime.GOMAXPROCS(0)
+	}
+	procs.added += n
+	runtime.GOMAXPROCS(procs.base + procs.added)
 }
 
 func startEventLoop(p *Proxier) (*eventLoop, error) {
@@ -162,6 +191,12 @@ func (lp *eventLoop) register(fd int, events uint32, h loopHandler) error {
 		lp.handlers[int32(fd)] = h
 	}
 	return nil
+}
+
+// unregister takes fd out of the loop without closing it.
+func (lp *eventLoop) unregister(fd int) {
+	delete(lp.handlers, int32(fd))
+	_ = rawEpollCtl(lp.epfd, unix.EPOLL_CTL_DEL, fd, &unix.EpollEvent{})
 }
 
 // closeFD drops fd's handler and closes fd once the current batch of
@@ -233,42 +268,29 @@ type closer interface{ shut() }
 func (lp *eventLoop) run() {
 	defer lp.p.wg.Done()
 	defer close(lp.done)
-	// The loop waits in the Go runtime's poller, not in a blocking
-	// epoll_wait: the epoll descriptor is itself pollable (readable while
-	// events are pending). A goroutine blocked in a system call would have
-	// its P taken by the runtime after 20 µs and handed back on every
-	// wake-up, which cost more than the proxying itself.
-	ep := os.NewFile(uintptr(lp.epfd), "epoll")
-	rc, err := ep.SyscallConn()
-	if err != nil {
-		klog.ErrorS(err, "Event loop: cannot wait on the epoll descriptor")
-		return
-	}
-	// The deadline on ep (a runtime timer) is only ever brought forward. A
-	// deadline that moved later or went away leaves the armed one in
-	// place: it fires early, the loop finds nothing due and arms the next.
-	// Deadlines move all the time (every dial has one; every UDP datagram
-	// moves its session's), and moving the runtime timer each time woke
-	// another thread each time.
-	var armed time.Time // zero: none armed
+	// A busy loop waits in epoll_wait itself, through a raw system call:
+	// the goroutine keeps its P (the runtime sees it running), so nothing
+	// in the runtime stands between the kernel's wake-up and the loop.
+	// That is what nginx's workers do, and it saves several µs per wake-up
+	// over the runtime's poller, which must wake an M, find it a P and
+	// switch to the goroutine; it also lets every loop wake at once,
+	// where the poller wakes the others only as one M gets round to them.
+	// A wait through syscall.Syscall instead would have its P taken by
+	// sysmon and handed back, which cost more than the proxying.
+	//
+	// The scheduler preempts a goroutine that seems to run for 10 ms with
+	// a signal, which ends the wait early (EINTR); a stop-the-world does the
+	// same. Each wait is also bounded by busyWait, for when asynchronous
+	// preemption is turned off. An idle loop must hold no P and take no
+	// signals: once its waits have come back empty for busyWait, it parks
+	// in the runtime's poller (see park) until something happens.
 	for !lp.quit {
-		if next := lp.nextDeadline(); !next.IsZero() && (armed.IsZero() || next.Before(armed)) {
-			_ = ep.SetReadDeadline(next)
-			armed = next
+		n, idle, werr := lp.waitBusy()
+		if idle {
+			n, werr = lp.park()
 		}
-		var n int
-		var werr error
-		err := rc.Read(func(fd uintptr) bool {
-			n, werr = rawEpollPoll(int(fd), lp.events)
-			return n != 0 || (werr != nil && werr != unix.EINTR)
-		})
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			// ep fails every wait until its deadline is reset.
-			_ = ep.SetReadDeadline(time.Time{})
-			armed = time.Time{}
-		} else if err != nil {
-			klog.ErrorS(err, "Event loop: wait failed")
-			return
+		if n > 0 {
+			lp.quietSince = time.Time{}
 		}
 		if werr != nil && werr != unix.EINTR {
 			klog.ErrorS(werr, "Event loop: epoll_wait failed")
@@ -328,8 +350,79 @@ func (lp *eventLoop) run() {
 		}
 	}
 	lp.flushCloses()
-	ep.Close()
+	unix.Close(lp.epfd)
 	unix.Close(lp.wakefd)
+}
+
+// busyWait is how long a loop waits for events in epoll_wait itself,
+// holding its P, before it parks in the runtime's poller.
+const busyWait = 50 * time.Millisecond
+
+// waitBusy waits in epoll_wait until an event, the next timer deadline, or
+// busyWait after the loop's waits started to come back empty. idle says
+// that time has come.
+func (lp *eventLoop) waitBusy() (n int, idle bool, err error) {
+	now := time.Now()
+	if lp.quietSince.IsZero() {
+		lp.quietSince = now
+	}
+	until := lp.quietSince.Add(busyWait)
+	if !now.Before(until) {
+		return 0, true, nil
+	}
+	if next := lp.nextDeadline(); !next.IsZero() && next.Before(until) {
+		until = next
+	}
+	n, err = rawEpollWait(lp.epfd, lp.events, waitMillis(until.Sub(now)))
+	return n, false, err
+}
+
+// waitMillis is d for epoll_wait, in whole milliseconds, rounded up so a
+// timer is never checked before it is due.
+func waitMillis(d time.Duration) int {
+	return max(0, int((d+time.Millisecond-1)/time.Millisecond))
+}
+
+// park waits for events in the runtime's poller, holding no P, until one
+// comes or the next timer is due. The epoll descriptor is pollable
+// (readable while events are pending), but the poller gets it only while
+// the loop is parked, through a duplicate closed on the way out: were it
+// registered all the time, every event would also wake the runtime's
+// poller for nothing. Without a descriptor to spare, the loop waits in
+// epoll_wait itself again.
+func (lp *eventLoop) park() (int, error) {
+	wait := func() (int, error) {
+		ms := waitMillis(busyWait)
+		if next := lp.nextDeadline(); !next.IsZero() {
+			ms = min(ms, waitMillis(time.Until(next)))
+		}
+		return rawEpollWait(lp.epfd, lp.events, ms)
+	}
+	dup, err := unix.FcntlInt(uintptr(lp.epfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return wait()
+	}
+	f := os.NewFile(uintptr(dup), "epoll")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return wait()
+	}
+	if next := lp.nextDeadline(); !next.IsZero() {
+		_ = f.SetReadDeadline(next)
+	}
+	var n int
+	var werr error
+	lp.parked.Store(true)
+	err = rc.Read(func(fd uintptr) bool {
+		n, werr = rawEpollWait(int(fd), lp.events, 0)
+		return n != 0 || (werr != nil && werr != unix.EINTR)
+	})
+	lp.parked.Store(false)
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, err
+	}
+	return n, werr
 }
 
 // nextDeadline is the earliest timer deadline, or zero when there is none.

@@ -166,12 +166,14 @@ func rawEpollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
 	return errnoErr(e)
 }
 
-// rawEpollPoll collects the events pending on epfd without waiting.
-func rawEpollPoll(epfd int, events []unix.EpollEvent) (int, error) {
+// rawEpollWait collects the events pending on epfd, waiting up to timeout
+// milliseconds (0: not at all; -1: for ever) for one. The wait holds the
+// caller's P: the runtime takes it for a running goroutine.
+func rawEpollWait(epfd int, events []unix.EpollEvent, timeout int) (int, error) {
 	if len(events) == 0 {
 		return 0, nil
 	}
-	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(timeout), 0, 0)
 	if e != 0 {
 		return 0, e
 	}

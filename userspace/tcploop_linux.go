@@ -19,7 +19,7 @@ import (
 
 // tcpListener is one listening TCP socket of a service port.
 type tcpListener struct {
-	lp    *eventLoop
+	loops []*eventLoop
 	sp    *servicePort
 	role  socketRole
 	fd    int
@@ -27,7 +27,7 @@ type tcpListener struct {
 }
 
 func listenTCP(sp *servicePort, k sockKey) (socket, error) {
-	lp, err := sp.p.nextLoop()
+	loops, err := sp.p.eventLoops()
 	if err != nil {
 		return nil, err
 	}
@@ -64,11 +64,15 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 	if err != nil {
 		return fail("getsockname", err)
 	}
-	l := &tcpListener{lp: lp, sp: sp, role: k.role, fd: fd, port_: port}
-	lp.do(func() { err = lp.register(fd, unix.EPOLLIN, l) })
-	if err != nil {
-		unix.Close(fd)
-		return nil, err
+	l := &tcpListener{sp: sp, role: k.role, fd: fd, port_: port}
+	for _, lp := range loops {
+		a := &tcpAccepter{l: l, lp: lp}
+		lp.do(func() { err = lp.register(fd, unix.EPOLLIN|unix.EPOLLEXCLUSIVE, a) })
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		l.loops = append(l.loops, lp)
 	}
 	return l, nil
 }
@@ -94,20 +98,41 @@ func setTCPOptions(fd int) error {
 
 func (l *tcpListener) port() uint16 { return l.port_ }
 
-// close stops accepting; connections already accepted keep running.
-func (l *tcpListener) close() { l.lp.do(l.shut) }
-
-func (l *tcpListener) shut() {
+// close stops accepting; connections already accepted keep running. Each
+// loop lets go of the socket between two batches of events, so none holds
+// an event for it when it is closed and its number is reused.
+func (l *tcpListener) close() {
 	if l.fd < 0 {
 		return
 	}
-	l.lp.closeFD(l.fd)
+	for _, lp := range l.loops {
+		lp.do(func() { lp.unregister(l.fd) })
+	}
+	unix.Close(l.fd)
 	l.fd = -1
 }
 
-// event accepts pending connections, a bounded number per wake-up so other
-// sockets get their turn (the listener is level-triggered).
-func (l *tcpListener) event(uint32) {
+// tcpAccepter is a listening socket's registration with one loop: every
+// loop waits on every TCP listening socket, with EPOLLEXCLUSIVE, so the
+// kernel wakes one loop that is waiting (an idle one) for a new
+// connection, rather than all of them. A loop that is busy sees the socket
+// readable in its next wait and may take the connection too; the loser of
+// that race gets EAGAIN. A connection stays on the loop that accepted it:
+// handing it to another loop cost more than it spread.
+type tcpAccepter struct {
+	l  *tcpListener
+	lp *eventLoop
+}
+
+func (a *tcpAccepter) event(uint32) { a.l.accept(a.lp) }
+
+// accept takes one pending connection for loop lp. One per wake-up, as
+// nginx does: the socket is level-triggered, so the rest wake a loop that
+// is waiting, or come back in lp's next wait; a burst of connections is
+// spread over the loops instead of landing on whichever woke first.
+// Errors that leave the next connection acceptable (an aborted one, a shed
+// one) are skipped, a bounded number of times.
+func (l *tcpListener) accept(lp *eventLoop) {
 	p := l.sp.p
 	for range 64 {
 		nfd, client, err := rawAccept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
@@ -132,16 +157,8 @@ func (l *tcpListener) event(uint32) {
 			return
 		}
 		p.stats.TCPAccepted.Add(1)
-		// Spread connections over the loops, so one busy service uses
-		// every core: most of a connection's cost is the kernel work of
-		// its connect, splices and closes, done by the loop that owns it.
-		if lp := p.connLoop(); lp != l.lp {
-			if !lp.post(func() { startConn(lp, l, nfd, client) }) {
-				resetFD(nfd) // shutting down
-			}
-			continue
-		}
-		startConn(l.lp, l, nfd, client)
+		startConn(lp, l, nfd, client)
+		return
 	}
 }
 
