@@ -231,23 +231,6 @@ func (lp *eventLoop) do(f func()) {
 	<-done
 }
 
-// post hands f to the loop without waiting. It reports false, and f does
-// not run, if the loop has stopped.
-func (lp *eventLoop) post(f func()) bool {
-	lp.mu.Lock()
-	if lp.stopped {
-		lp.mu.Unlock()
-		return false
-	}
-	wake := len(lp.cmds) == 0
-	lp.cmds = append(lp.cmds, loopCmd{f: f})
-	lp.mu.Unlock()
-	if wake {
-		lp.wake()
-	}
-	return true
-}
-
 // wake interrupts the loop's wait so it runs the queued commands.
 func (lp *eventLoop) wake() {
 	var one [8]byte

@@ -39,9 +39,14 @@ func TestStalledLoopDoesNotStallAccepts(t *testing.T) {
 	}
 	for free := range p.loops {
 		release := make(chan struct{})
+		stalled := make(chan struct{})
 		for i, lp := range p.loops {
 			if i != free {
-				lp.post(func() { <-release })
+				go lp.do(func() {
+					stalled <- struct{}{}
+					<-release
+				})
+				<-stalled // the loop is stuck before any connection is made
 			}
 		}
 		for range 5 {
