@@ -56,38 +56,15 @@ func (r *runner) connRate(ctx context.Context, in *peer.Instance) report.Result 
 	res := report.Result{Test: TestConnRate, Peer: in.Name, Unit: "conn/s"}
 	cfg := r.params.connRate
 	cfg.Addr = in.Front.Echo
-	// The proxy's CPU per connection is less noisy than the rate on a
-	// small shared machine, and says what a connection costs. The
-	// machine's CPU per connection (client, backend and proxy together)
-	// and its busy share tell the rest: with every process on the same
-	// cores, a rate below a peer's with no more CPU per connection means
-	// the machine sat idle, waiting on somebody's wake-ups.
-	pids := in.PIDs()
-	before, cpuErr := procstat.Tree(pids...)
-	machineBefore, machineErr := procstat.System()
+	cpu := watchCPU(in.PIDs()) // what a connection costs (see cpuWatch)
 	got, err := load.ConnRate(ctx, cfg)
-	machineAfter, machineAfterErr := procstat.System()
 	if err != nil {
 		res.Err = err.Error()
 		return res
 	}
 	res.Value = got.PerSecond()
 	res.Extra = map[string]float64{"ok": float64(got.OK), "failed": float64(got.Failed), "seconds": got.Elapsed.Seconds()}
-	var notes []string
-	if len(pids) > 0 && cpuErr == nil && got.OK > 0 {
-		if after, err := procstat.Tree(pids...); err == nil {
-			perConn := (after.CPU - before.CPU).Seconds() * 1e6 / float64(got.OK)
-			res.Extra["proxy_cpu_us_per_conn"] = perConn
-			notes = append(notes, fmt.Sprintf("proxy CPU %.0f µs/conn", perConn))
-		}
-	}
-	if machineErr == nil && machineAfterErr == nil && got.OK > 0 {
-		perConn := (machineAfter.Busy - machineBefore.Busy).Seconds() * 1e6 / float64(got.OK)
-		busy := machineBefore.Utilization(machineAfter)
-		res.Extra["machine_cpu_us_per_conn"] = perConn
-		res.Extra["machine_busy"] = busy
-		notes = append(notes, fmt.Sprintf("machine %.0f µs/conn, %.0f%% busy", perConn, 100*busy))
-	}
+	notes := cpu.report(&res, got.OK, "conn")
 	if got.Failed > 0 {
 		notes = append(notes, fmt.Sprintf("%d failed, first: %v", got.Failed, got.FirstErr))
 	}
@@ -134,6 +111,7 @@ func (r *runner) udpRate(ctx context.Context, in *peer.Instance) report.Result {
 	}
 	cfg := r.params.udp
 	cfg.Addr = in.Front.UDP
+	cpu := watchCPU(in.PIDs())
 	got, err := load.UDPRate(ctx, cfg)
 	if err != nil {
 		res.Err = err.Error()
@@ -141,8 +119,59 @@ func (r *runner) udpRate(ctx context.Context, in *peer.Instance) report.Result {
 	}
 	res.Value = got.PerSecond()
 	res.Extra = map[string]float64{"ok": float64(got.OK), "lost": float64(got.Lost), "seconds": got.Elapsed.Seconds()}
+	notes := cpu.report(&res, got.OK, "req")
 	if got.Lost > 0 {
-		res.Note = fmt.Sprintf("%d lost", got.Lost)
+		notes = append(notes, fmt.Sprintf("%d lost", got.Lost))
 	}
+	res.Note = strings.Join(notes, "; ")
 	return res
+}
+
+// cpuWatch holds the CPU samples taken before a test: the peer's process
+// tree, and the whole machine (client, backends and peer together). After
+// the test, the growth per unit of work says what a unit cost, which
+// varies less than the rate on a small shared machine, and the machine's
+// busy share tells a rate gap apart: a lower rate at no more machine CPU
+// per unit means the machine sat idle, waiting on somebody's wake-ups.
+type cpuWatch struct {
+	pids       []int
+	tree       procstat.Usage
+	treeErr    error
+	machine    procstat.Machine
+	machineErr error
+}
+
+func watchCPU(pids []int) cpuWatch {
+	w := cpuWatch{pids: pids}
+	if len(pids) > 0 {
+		w.tree, w.treeErr = procstat.Tree(pids...)
+	}
+	w.machine, w.machineErr = procstat.System()
+	return w
+}
+
+// report puts the CPU per unit of work into res.Extra
+// (proxy_cpu_us_per_<unit>, machine_cpu_us_per_<unit>, machine_busy) and
+// returns the notes to show. Samples that failed are left out.
+func (w cpuWatch) report(res *report.Result, done int64, unit string) []string {
+	var notes []string
+	if done <= 0 {
+		return nil
+	}
+	if len(w.pids) > 0 && w.treeErr == nil {
+		if after, err := procstat.Tree(w.pids...); err == nil {
+			per := (after.CPU - w.tree.CPU).Seconds() * 1e6 / float64(done)
+			res.Extra["proxy_cpu_us_per_"+unit] = per
+			notes = append(notes, fmt.Sprintf("proxy CPU %.0f µs/%s", per, unit))
+		}
+	}
+	if w.machineErr == nil {
+		if after, err := procstat.System(); err == nil {
+			per := (after.Busy - w.machine.Busy).Seconds() * 1e6 / float64(done)
+			res.Extra["machine_cpu_us_per_"+unit] = per
+			res.Extra["machine_busy"] = w.machine.Utilization(after)
+			notes = append(notes, fmt.Sprintf("machine %.0f µs/%s, %.0f%% busy", per, unit, 100*res.Extra["machine_busy"]))
+		}
+	}
+	return notes
 }
