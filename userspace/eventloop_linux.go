@@ -353,17 +353,20 @@ func (lp *eventLoop) waitBusy() (n int, idle bool, err error) {
 	if !now.Before(until) {
 		return 0, true, nil
 	}
-	if next := lp.nextDeadline(); !next.IsZero() && next.Before(until) {
-		until = next
-	}
-	n, err = rawEpollWait(lp.epfd, lp.events, waitMillis(until.Sub(now)))
+	n, err = lp.waitUntil(now, until)
 	return n, false, err
 }
 
-// waitMillis is d for epoll_wait, in whole milliseconds, rounded up so a
-// timer is never checked before it is due.
-func waitMillis(d time.Duration) int {
-	return max(0, int((d+time.Millisecond-1)/time.Millisecond))
+// waitUntil waits in epoll_wait itself for an event, until until or the
+// next timer deadline, whichever comes first. epoll_wait counts whole
+// milliseconds: the wait is rounded up, so a timer is never checked before
+// it is due.
+func (lp *eventLoop) waitUntil(now, until time.Time) (int, error) {
+	if next := lp.nextDeadline(); !next.IsZero() && next.Before(until) {
+		until = next
+	}
+	ms := max(0, int((until.Sub(now)+time.Millisecond-1)/time.Millisecond))
+	return rawEpollWait(lp.epfd, lp.events, ms)
 }
 
 // park waits for events in the runtime's poller, holding no P, until one
@@ -375,11 +378,8 @@ func waitMillis(d time.Duration) int {
 // epoll_wait itself again.
 func (lp *eventLoop) park() (int, error) {
 	wait := func() (int, error) {
-		ms := waitMillis(busyWait)
-		if next := lp.nextDeadline(); !next.IsZero() {
-			ms = min(ms, waitMillis(time.Until(next)))
-		}
-		return rawEpollWait(lp.epfd, lp.events, ms)
+		now := time.Now()
+		return lp.waitUntil(now, now.Add(busyWait))
 	}
 	dup, err := unix.FcntlInt(uintptr(lp.epfd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {

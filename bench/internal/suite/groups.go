@@ -154,10 +154,10 @@ func watchCPU(pids []int) cpuWatch {
 // (proxy_cpu_us_per_<unit>, machine_cpu_us_per_<unit>, machine_busy) and
 // returns the notes to show. Samples that failed are left out.
 func (w cpuWatch) report(res *report.Result, done int64, unit string) []string {
-	var notes []string
 	if done <= 0 {
 		return nil
 	}
+	var notes []string
 	if len(w.pids) > 0 && w.treeErr == nil {
 		if after, err := procstat.Tree(w.pids...); err == nil {
 			per := (after.CPU - w.tree.CPU).Seconds() * 1e6 / float64(done)
@@ -168,9 +168,10 @@ func (w cpuWatch) report(res *report.Result, done int64, unit string) []string {
 	if w.machineErr == nil {
 		if after, err := procstat.System(); err == nil {
 			per := (after.Busy - w.machine.Busy).Seconds() * 1e6 / float64(done)
+			busy := w.machine.Utilization(after)
 			res.Extra["machine_cpu_us_per_"+unit] = per
-			res.Extra["machine_busy"] = w.machine.Utilization(after)
-			notes = append(notes, fmt.Sprintf("machine %.0f µs/%s, %.0f%% busy", per, unit, 100*res.Extra["machine_busy"]))
+			res.Extra["machine_busy"] = busy
+			notes = append(notes, fmt.Sprintf("machine %.0f µs/%s, %.0f%% busy", per, unit, 100*busy))
 		}
 	}
 	return notes
