@@ -24,9 +24,10 @@ import (
 // hand-off between goroutines for every chunk of data, no runtime timer
 // (deadlines sit in a heap the loop checks). Every loop waits on every TCP
 // listening socket, with EPOLLEXCLUSIVE: the kernel wakes one loop that is
-// waiting, so a new connection goes to an idle loop, and stays there. UDP
-// sockets are spread over the loops; a session stays on the loop of its
-// socket.
+// waiting, so a new connection goes to an idle loop, and stays there. A UDP
+// service address has a socket in every loop, all on one port with
+// SO_REUSEPORT (udpGroup); a session stays on the loop of the socket its
+// client's datagrams arrive on.
 
 // eventLoop owns a set of sockets. Everything it owns is touched only on
 // its goroutine; other goroutines hand it work through do.
@@ -80,8 +81,7 @@ type loopSet struct {
 	loopOnce sync.Once // starts the loops on first use
 	loops    []*eventLoop
 	loopErr  error
-	loopNext atomic.Uint64 // round robin of UDP sockets over loops
-	procs    int           // Ps added for the loops (see addProcs)
+	procs    int // Ps added for the loops (see addProcs)
 }
 
 // loops returns the proxier's event loops, starting them on first use.
@@ -103,15 +103,6 @@ func (p *Proxier) eventLoops() ([]*eventLoop, error) {
 		return nil, p.loopErr
 	}
 	return p.loops, nil
-}
-
-// nextLoop picks the loop for a new listening socket, round robin.
-func (p *Proxier) nextLoop() (*eventLoop, error) {
-	loops, err := p.eventLoops()
-	if err != nil {
-		return nil, err
-	}
-	return loops[int(p.loopNext.Add(1)-1)%len(loops)], nil
 }
 
 // stopLoops ends every event loop; Close calls it once the listeners are

@@ -4,12 +4,18 @@ package userspace
 
 import (
 	"bufio"
+	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -134,5 +140,161 @@ func TestGOMAXPROCSFollowsLoops(t *testing.T) {
 	p.Close()
 	if got := runtime.GOMAXPROCS(0); got != before {
 		t.Fatalf("after Close GOMAXPROCS is %d, want %d again", got, before)
+	}
+}
+
+// udpMembers returns the sockets of a UDP service port's proxy-port group.
+func udpMembers(t *testing.T, p *Proxier, name state.ServicePortName) []*udpListener {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sp := p.services[name]
+	if sp == nil {
+		t.Fatalf("no service port %s", name)
+	}
+	for k, s := range sp.sockets {
+		if g, ok := s.(*udpGroup); ok && k.role == roleProxyPort {
+			return g.members
+		}
+	}
+	t.Fatalf("%s has no UDP proxy-port group", name)
+	return nil
+}
+
+// sessionsPerMember counts the sessions in each member's table, on its
+// loop.
+func sessionsPerMember(members []*udpListener) []int {
+	n := make([]int, len(members))
+	for i, l := range members {
+		l.lp.do(func() { n[i] = len(l.sessions) })
+	}
+	return n
+}
+
+// TestUDPClientsSpreadOverLoops: a UDP service address has a socket in
+// every loop, all on one port; the kernel spreads clients over them, and a
+// client's later datagrams reach the session it has (no second session on
+// another socket).
+func TestUDPClientsSpreadOverLoops(t *testing.T) {
+	withTwoLoops(t)
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, Config{UDPIdleTimeout: time.Minute})
+	name := spn("spread", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	members := udpMembers(t, p, name)
+	if len(members) != len(p.loops) || len(p.loops) < 2 {
+		t.Fatalf("%d sockets for %d loops, want one per loop (and at least 2 loops)", len(members), len(p.loops))
+	}
+	for i, l := range members {
+		if l.lp != p.loops[i] {
+			t.Fatalf("socket %d is on the wrong loop", i)
+		}
+	}
+	const clients = 32
+	var conns []*net.UDPConn
+	for i := range clients {
+		c := dialUDP(t, proxyAddr(t, p, name))
+		conns = append(conns, c)
+		if got, err := udpExchange(t, c, []byte(fmt.Sprint("first ", i))); err != nil || string(got) != fmt.Sprint("first ", i) {
+			t.Fatalf("client %d: %q, %v", i, got, err)
+		}
+	}
+	for round := range 3 {
+		for i, c := range conns {
+			msg := fmt.Sprint("again ", round, i)
+			if got, err := udpExchange(t, c, []byte(msg)); err != nil || string(got) != msg {
+				t.Fatalf("client %d, round %d: %q, %v", i, round, got, err)
+			}
+		}
+	}
+	if n := p.stats.UDPSessionsOpened.Load(); n != clients {
+		t.Fatalf("%d sessions opened for %d clients: a client's datagrams reached more than one socket", n, clients)
+	}
+	per := sessionsPerMember(members)
+	total := 0
+	for i, n := range per {
+		if n == 0 {
+			t.Fatalf("sessions per socket %v: socket %d (loop %d) served no client", per, i, i)
+		}
+		total += n
+	}
+	if total != clients {
+		t.Fatalf("sessions per socket %v add up to %d, want %d", per, total, clients)
+	}
+}
+
+// TestUDPSessionCapAcrossLoops: the cap is per service port, whichever of
+// its sockets (and loops) the clients arrive on.
+func TestUDPSessionCapAcrossLoops(t *testing.T) {
+	withTwoLoops(t)
+	be := startUDPBackend(t, "a")
+	const max = 24
+	p := newTestProxier(t, Config{UDPMaxSessions: max, UDPIdleTimeout: time.Minute})
+	name := spn("cap", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	addr := proxyAddr(t, p, name)
+	for i := range max {
+		if _, err := udpExchange(t, dialUDP(t, addr), []byte("hi")); err != nil {
+			t.Fatalf("client %d within the cap of %d: %v", i, max, err)
+		}
+	}
+	per := sessionsPerMember(udpMembers(t, p, name))
+	busy := 0
+	for _, n := range per {
+		if n > 0 {
+			busy++
+		}
+	}
+	if busy < 2 {
+		// 2^-23 with two loops: the kernel's hash would be broken.
+		t.Fatalf("sessions per socket %v: the clients did not spread over the loops", per)
+	}
+	for i := range 8 {
+		extra := dialUDP(t, addr)
+		extra.Write([]byte("over"))
+		extra.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := extra.Read(make([]byte, 10)); err == nil {
+			t.Fatalf("client %d past the cap of %d was served (sessions per socket %v)", max+i+1, max, per)
+		}
+	}
+	if n := p.stats.UDPSessionsRejected.Load(); n != 8 {
+		t.Fatalf("rejected = %d, want 8", n)
+	}
+	if n := p.stats.UDPSessionsActive.Load(); n != max {
+		t.Fatalf("active sessions = %d, want %d", n, max)
+	}
+}
+
+// TestUDPPortHeldWithReusePortIsNotJoined: a port that another socket of
+// the same user holds with SO_REUSEPORT is in use. Opening the proxy's
+// sockets there with SO_REUSEPORT straight away would succeed and share
+// that socket's datagrams; the proxy must fail with EADDRINUSE instead.
+func TestUDPPortHeldWithReusePortIsNotJoined(t *testing.T) {
+	withTwoLoops(t)
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	other, err := lc.ListenPacket(context.Background(), "udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	port := uint16(other.LocalAddr().(*net.UDPAddr).Port)
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, Config{PortRange: PortRange{Base: port, Size: 1}})
+	name := spn("taken", "", state.UDP)
+	err = p.Apply(state.NewSnapshot([]state.ServicePort{{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())}}))
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("Apply with the only proxy port %d held by another SO_REUSEPORT socket: %v, want EADDRINUSE", port, err)
+	}
+	if got := p.ProxyPort(name); got != 0 {
+		t.Fatalf("service got proxy port %d, want none", got)
 	}
 }

@@ -130,21 +130,30 @@ func (sp *servicePort) update(spec *state.ServicePort) {
 // admitUDP decides whether a datagram from client may open a new session,
 // and picks its endpoint from the balancer of the socket's role. It reports
 // false, and counts why, when the port's session cap is reached or it has
-// no endpoint.
+// no endpoint. On true the new session holds one place under the cap
+// (udpSessions), taken here so that sockets read by different goroutines
+// cannot together pass the cap; a session that then fails to open gives it
+// back with releaseUDP, and one that opens gives it back when it ends.
 func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balancer, netip.AddrPort, bool) {
 	p := sp.p
-	if max := p.cfg.UDPMaxSessions; max > 0 && sp.udpSessions.Load() >= int64(max) {
+	n := sp.udpSessions.Add(1)
+	if max := p.cfg.UDPMaxSessions; max > 0 && n > int64(max) {
+		sp.releaseUDP()
 		p.stats.UDPSessionsRejected.Add(1)
 		return nil, netip.AddrPort{}, false
 	}
 	b := sp.balancer(role)
 	ep, err := b.pick(client.Addr(), nil)
 	if err != nil {
+		sp.releaseUDP()
 		p.stats.UDPNoEndpoints.Add(1)
 		return nil, netip.AddrPort{}, false
 	}
 	return b, ep, true
 }
+
+// releaseUDP gives back the place under the cap that admitUDP took.
+func (sp *servicePort) releaseUDP() { sp.udpSessions.Add(-1) }
 
 // sweep drops expired affinity entries.
 func (sp *servicePort) sweep() {

@@ -168,11 +168,13 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		} else {
 			klog.V(2).InfoS("UDP dial failed", "service", l.sp.name, "endpoint", ep, "err", err)
 		}
+		l.sp.releaseUDP()
 		return nil
 	}
 	s = &udpSession{l: l, b: b, client: client, endpoint: ep, conn: conn, clientSA: sockaddr(l.fam, client)}
 	if s.rc, err = conn.SyscallConn(); err != nil {
 		conn.Close()
+		l.sp.releaseUDP()
 		return nil
 	}
 	s.setDst(dst)
@@ -181,11 +183,11 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	if l.closing {
 		l.mu.Unlock()
 		conn.Close()
+		l.sp.releaseUDP()
 		return nil
 	}
 	l.sessions[client] = s
 	l.mu.Unlock()
-	l.sp.udpSessions.Add(1)
 	p.stats.UDPSessionsOpened.Add(1)
 	p.stats.UDPSessionsActive.Add(1)
 	if klog.V(4).Enabled() {
@@ -383,7 +385,7 @@ func (s *udpSession) finish() {
 	l := s.l
 	s.conn.Close()
 	l.forget(s)
-	l.sp.udpSessions.Add(-1)
+	l.sp.releaseUDP()
 	l.sp.p.stats.UDPSessionsActive.Add(-1)
 	if klog.V(4).Enabled() {
 		klog.InfoS("UDP session ended", "service", l.sp.name, "client", s.client, "endpoint", s.endpoint)

@@ -16,40 +16,103 @@ import (
 // the loop reads a listener's datagrams in batches, forwards each on its
 // client's session, and sends the endpoint's replies back itself.
 
-// udpListener is one listening UDP socket of a service port.
+// udpListener is one listening UDP socket of a service port, read by one
+// loop.
 type udpListener struct {
 	lp       *eventLoop
 	sp       *servicePort
 	role     socketRole
 	fam      family
 	fd       int
-	port_    uint16
 	sessions map[netip.AddrPort]*udpSession // owned by the loop
 }
 
+// udpGroup serves one UDP service address: one socket per event loop, all
+// bound to the address with SO_REUSEPORT. The kernel hands each datagram
+// to one of them by a hash of its source and destination, so a client's
+// datagrams, and so its session, stay on one socket and one loop, while
+// different clients are read by all the loops at once. (One socket read
+// by one loop put all of a service's datagrams through that loop, and the
+// other CPUs sat idle.) With a single loop the group is one plain socket.
+type udpGroup struct {
+	members []*udpListener
+	port_   uint16
+}
+
 func listenUDP(sp *servicePort, k sockKey) (socket, error) {
-	lp, err := sp.p.nextLoop()
+	loops, err := sp.p.eventLoops()
 	if err != nil {
 		return nil, err
 	}
 	fam := familyOf(k.addr.Addr())
+	addr := k.addr
+	shared := len(loops) > 1
+	if shared {
+		// A socket with SO_REUSEPORT binds to a port that another
+		// SO_REUSEPORT socket of the same user holds, and shares its
+		// traffic; a kernel-chosen port can even be such a port. A plain
+		// socket first checks (or, for port 0, chooses) the port: it fails
+		// with EADDRINUSE on a port in any use. Only a socket bound to the
+		// port between its close and the group's binds could still join.
+		fd, port, err := bindUDP(fam, addr, false)
+		if err != nil {
+			return nil, err
+		}
+		unix.Close(fd)
+		addr = netip.AddrPortFrom(addr.Addr(), port)
+	}
+	g := &udpGroup{}
+	for _, lp := range loops {
+		l := &udpListener{lp: lp, sp: sp, role: k.role, fam: fam,
+			sessions: make(map[netip.AddrPort]*udpSession)}
+		if err := g.add(l, addr, shared); err != nil {
+			g.close()
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+// add binds l's socket to addr and registers it with l's loop.
+func (g *udpGroup) add(l *udpListener, addr netip.AddrPort, shared bool) error {
+	fd, port, err := bindUDP(l.fam, addr, shared)
+	if err != nil {
+		return err
+	}
+	l.fd = fd // before the loop can see an event for it
+	l.lp.do(func() { err = l.lp.register(fd, unix.EPOLLIN, l) })
+	if err != nil {
+		unix.Close(fd)
+		return err
+	}
+	g.members = append(g.members, l)
+	g.port_ = port
+	return nil
+}
+
+// bindUDP returns a non-blocking UDP socket bound to addr, with SO_REUSEPORT
+// when shared, and the port it is bound to.
+func bindUDP(fam family, addr netip.AddrPort, shared bool) (int, uint16, error) {
 	fd, err := udpSocket(fam)
 	if err != nil {
-		return nil, err
+		return -1, 0, err
+	}
+	if shared {
+		err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
 	}
 	// Ask for each datagram's destination address, so replies can leave
 	// from it: after a REDIRECT of locally generated traffic that is
 	// 127.0.0.1, and conntrack can only undo the NAT for a reply from there.
-	if fam == familyIPv6 {
+	if err == nil && fam == familyIPv6 {
 		err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
 		if err == nil {
 			err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1)
 		}
-	} else {
+	} else if err == nil {
 		err = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
 	}
 	if err == nil {
-		err = unix.Bind(fd, sockaddr(fam, k.addr))
+		err = unix.Bind(fd, sockaddr(fam, addr))
 	}
 	var port uint16
 	if err == nil {
@@ -57,16 +120,9 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 	}
 	if err != nil {
 		unix.Close(fd)
-		return nil, err
+		return -1, 0, err
 	}
-	l := &udpListener{lp: lp, sp: sp, role: k.role, fam: fam, fd: fd, port_: port,
-		sessions: make(map[netip.AddrPort]*udpSession)}
-	lp.do(func() { err = lp.register(fd, unix.EPOLLIN, l) })
-	if err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	return l, nil
+	return fd, port, nil
 }
 
 func udpSocket(f family) (int, error) {
@@ -95,10 +151,23 @@ func localPort(fd int) (uint16, error) {
 	return 0, errors.New("getsockname: unexpected address family")
 }
 
-func (l *udpListener) port() uint16 { return l.port_ }
+func (g *udpGroup) port() uint16 { return g.port_ }
 
-// close stops the socket and ends its sessions.
-func (l *udpListener) close() { l.lp.do(l.shut) }
+// close stops the sockets and ends their sessions.
+func (g *udpGroup) close() {
+	for _, l := range g.members {
+		l.lp.do(l.shut)
+	}
+}
+
+// dropStale ends the sessions whose endpoint their balancer no longer has.
+func (g *udpGroup) dropStale() int {
+	n := 0
+	for _, l := range g.members {
+		n += l.dropStale()
+	}
+	return n
+}
 
 // shut runs on the loop goroutine.
 func (l *udpListener) shut() {
@@ -167,6 +236,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		} else {
 			klog.V(2).InfoS("UDP dial failed", "service", l.sp.name, "endpoint", ep, "err", err)
 		}
+		l.sp.releaseUDP()
 		return nil
 	}
 	s := &udpSession{l: l, b: b, client: client, endpoint: ep, fd: fd,
@@ -175,11 +245,11 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	s.setDst(dst)
 	if err := l.lp.register(fd, unix.EPOLLIN, s); err != nil {
 		unix.Close(fd)
+		l.sp.releaseUDP()
 		return nil
 	}
 	l.sessions[client] = s
 	l.lp.schedule(&s.timer, s.expiry())
-	l.sp.udpSessions.Add(1)
 	p.stats.UDPSessionsOpened.Add(1)
 	p.stats.UDPSessionsActive.Add(1)
 	if klog.V(4).Enabled() {
@@ -326,7 +396,7 @@ func (s *udpSession) close() {
 	if l.sessions[s.client] == s {
 		delete(l.sessions, s.client)
 	}
-	l.sp.udpSessions.Add(-1)
+	l.sp.releaseUDP()
 	l.sp.p.stats.UDPSessionsActive.Add(-1)
 	if klog.V(4).Enabled() {
 		klog.InfoS("UDP session ended", "service", l.sp.name, "client", s.client, "endpoint", s.endpoint)
