@@ -298,3 +298,24 @@ func TestUDPPortHeldWithReusePortIsNotJoined(t *testing.T) {
 		t.Fatalf("service got proxy port %d, want none", got)
 	}
 }
+
+// TestUDPGroupClosesEveryMember: removing a UDP service closes the socket
+// of every loop, so the port is free again for anyone (a socket left open
+// with SO_REUSEPORT would still hold it).
+func TestUDPGroupClosesEveryMember(t *testing.T) {
+	withTwoLoops(t)
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, Config{})
+	name := spn("gone", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	if n := len(udpMembers(t, p, name)); n < 2 {
+		t.Fatalf("%d sockets, want one per loop (at least 2)", n)
+	}
+	port := p.ProxyPort(name)
+	mustApply(t, p)
+	u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: int(port)})
+	if err != nil {
+		t.Fatalf("port %d after the service is gone: %v", port, err)
+	}
+	u.Close()
+}
