@@ -258,8 +258,9 @@ func (lp *eventLoop) run() {
 	// preemption is turned off. An idle loop must hold no P and take no
 	// signals: once its waits have come back empty for busyWait, it parks
 	// in the runtime's poller (see park) until something happens.
+	now := time.Now() // read once per round: by the timers, then the next wait
 	for !lp.quit {
-		n, idle, werr := lp.waitBusy()
+		n, idle, werr := lp.waitBusy(now)
 		if idle {
 			n, werr = lp.park()
 		}
@@ -301,7 +302,8 @@ func (lp *eventLoop) run() {
 				}
 			}
 		}
-		lp.fire(time.Now())
+		now = time.Now()
+		lp.fire(now)
 		lp.flushCloses()
 	}
 	// Take no more work, run what was handed over already, then close what
@@ -334,9 +336,9 @@ const busyWait = 50 * time.Millisecond
 
 // waitBusy waits in epoll_wait until an event, the next timer deadline, or
 // busyWait after the loop's waits started to come back empty. idle says
-// that time has come.
-func (lp *eventLoop) waitBusy() (n int, idle bool, err error) {
-	now := time.Now()
+// that time has come. now is the time the loop last read: a few µs old at
+// most, which a wait counted in whole milliseconds, rounded up, absorbs.
+func (lp *eventLoop) waitBusy(now time.Time) (n int, idle bool, err error) {
 	if lp.quietSince.IsZero() {
 		lp.quietSince = now
 	}

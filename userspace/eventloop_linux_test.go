@@ -143,6 +143,18 @@ func TestGOMAXPROCSFollowsLoops(t *testing.T) {
 	}
 }
 
+// udpServiceOnLoops starts a proxier with at least two event loops that
+// serves one UDP service port, named after svc, in front of a UDP backend.
+func udpServiceOnLoops(t *testing.T, cfg Config, svc string) (*Proxier, state.ServicePortName) {
+	t.Helper()
+	withTwoLoops(t)
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, cfg)
+	name := spn(svc, "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	return p, name
+}
+
 // udpMembers returns the sockets of a UDP service port's proxy-port group.
 func udpMembers(t *testing.T, p *Proxier, name state.ServicePortName) []*udpListener {
 	t.Helper()
@@ -176,11 +188,7 @@ func sessionsPerMember(members []*udpListener) []int {
 // client's later datagrams reach the session it has (no second session on
 // another socket).
 func TestUDPClientsSpreadOverLoops(t *testing.T) {
-	withTwoLoops(t)
-	be := startUDPBackend(t, "a")
-	p := newTestProxier(t, Config{UDPIdleTimeout: time.Minute})
-	name := spn("spread", "", state.UDP)
-	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	p, name := udpServiceOnLoops(t, Config{UDPIdleTimeout: time.Minute}, "spread")
 	members := udpMembers(t, p, name)
 	if len(members) != len(p.loops) || len(p.loops) < 2 {
 		t.Fatalf("%d sockets for %d loops, want one per loop (and at least 2 loops)", len(members), len(p.loops))
@@ -226,12 +234,8 @@ func TestUDPClientsSpreadOverLoops(t *testing.T) {
 // TestUDPSessionCapAcrossLoops: the cap is per service port, whichever of
 // its sockets (and loops) the clients arrive on.
 func TestUDPSessionCapAcrossLoops(t *testing.T) {
-	withTwoLoops(t)
-	be := startUDPBackend(t, "a")
 	const max = 24
-	p := newTestProxier(t, Config{UDPMaxSessions: max, UDPIdleTimeout: time.Minute})
-	name := spn("cap", "", state.UDP)
-	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	p, name := udpServiceOnLoops(t, Config{UDPMaxSessions: max, UDPIdleTimeout: time.Minute}, "cap")
 	addr := proxyAddr(t, p, name)
 	for i := range max {
 		if _, err := udpExchange(t, dialUDP(t, addr), []byte("hi")); err != nil {
@@ -303,11 +307,7 @@ func TestUDPPortHeldWithReusePortIsNotJoined(t *testing.T) {
 // of every loop, so the port is free again for anyone (a socket left open
 // with SO_REUSEPORT would still hold it).
 func TestUDPGroupClosesEveryMember(t *testing.T) {
-	withTwoLoops(t)
-	be := startUDPBackend(t, "a")
-	p := newTestProxier(t, Config{})
-	name := spn("gone", "", state.UDP)
-	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	p, name := udpServiceOnLoops(t, Config{}, "gone")
 	if n := len(udpMembers(t, p, name)); n < 2 {
 		t.Fatalf("%d sockets, want one per loop (at least 2)", n)
 	}

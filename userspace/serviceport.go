@@ -155,6 +155,18 @@ func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balanc
 // releaseUDP gives back the place under the cap that admitUDP took.
 func (sp *servicePort) releaseUDP() { sp.udpSessions.Add(-1) }
 
+// udpDialFailed counts or logs a failed dial of a new session's endpoint
+// and gives back the session's place under the cap.
+func (sp *servicePort) udpDialFailed(ep netip.AddrPort, err error) {
+	if isResourceExhausted(err) {
+		sp.p.stats.Shed.Add(1)
+		sp.p.shed.log(err, sp.name.String())
+	} else {
+		klog.V(2).InfoS("UDP dial failed", "service", sp.name, "endpoint", ep, "err", err)
+	}
+	sp.releaseUDP()
+}
+
 // sweep drops expired affinity entries.
 func (sp *servicePort) sweep() {
 	sp.internal.sweep()

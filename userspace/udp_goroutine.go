@@ -162,13 +162,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	}
 	conn, err := net.DialUDP(udpNetwork(ep), nil, net.UDPAddrFromAddrPort(ep))
 	if err != nil {
-		if isResourceExhausted(err) {
-			p.stats.Shed.Add(1)
-			p.shed.log(err, l.sp.name.String())
-		} else {
-			klog.V(2).InfoS("UDP dial failed", "service", l.sp.name, "endpoint", ep, "err", err)
-		}
-		l.sp.releaseUDP()
+		l.sp.udpDialFailed(ep, err)
 		return nil
 	}
 	s = &udpSession{l: l, b: b, client: client, endpoint: ep, conn: conn, clientSA: sockaddr(l.fam, client)}
