@@ -216,7 +216,11 @@ type tcpConn struct {
 	// a short read means the socket is drained, and data that arrives later
 	// brings a new event, so the read that would only say EAGAIN is saved
 	// (nginx does the same). hup[i] says the source has shut down: then
-	// reading goes on until it returns the EOF.
+	// reading goes on until it returns the EOF. Both sockets are
+	// registered before the endpoint is connected, and registering a
+	// socket that already has data reports it, so the flags also tell
+	// whether data came while dialing: the first pump reads only a side
+	// that has something to read.
 	readable, hup [2]bool
 	halfClosed    bool
 	lastProgress  time.Time
@@ -301,6 +305,7 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 	}
 	_ = setTCPOptions(fd)
 	c.bfd = fd
+	c.readable[1], c.hup[1] = false, false // what a failed attempt's socket said
 	err = rawConnect(fd, fam, ep)
 	if err != nil && err != unix.EINPROGRESS {
 		c.dialFailed(err)
@@ -383,7 +388,6 @@ func (c *tcpConn) connected() {
 	c.dialing = false
 	c.lp.unschedule(&c.timer)
 	c.active = true
-	c.readable = [2]bool{true, true} // data may have come while dialing
 	p.stats.TCPActive.Add(1)
 	if klog.V(4).Enabled() {
 		klog.InfoS("Proxying connection", "service", c.l.sp.name, "client", c.client, "endpoint", c.endpoint)
