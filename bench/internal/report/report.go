@@ -150,8 +150,8 @@ func writeTable(b *strings.Builder, run Run, t Test) {
 			fmt.Fprintf(tw, "  %s\tn/a\t\t-\t-\t%s\n", p.Name, clip(why, noteWidth))
 			continue
 		}
-		vsBase := ratio(r, base, haveBase)
-		oursVs := ratio(ours, r, haveOurs)
+		vsBase := ratio(r, base, haveBase, r.Extra, BaseRatio)
+		oursVs := ratio(ours, r, haveOurs, r.Extra, OursRatio)
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", p.Name, FormatValue(r.Value), r.Unit, vsBase, oursVs, clip(r.Note, noteWidth))
 	}
 	tw.Flush()
@@ -169,11 +169,24 @@ func clip(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
+// Keys of Result.Extra for a run of several rounds: the median of the
+// ratios taken round by round, of ours to this peer and of this peer to
+// the base, with name+"_min" and name+"_max" for their range. The tables
+// show them in place of the ratio of the medians.
+const (
+	OursRatio = "ours_ratio"
+	BaseRatio = "base_ratio"
+)
+
 // ratio formats num/den as "1.23x", or "-" when either is missing or den is
-// zero.
-func ratio(num, den Result, have bool) string {
+// zero. When extra holds the round-by-round ratio under name, that is
+// shown instead, with its range: "1.23x (1.10–1.31)".
+func ratio(num, den Result, have bool, extra map[string]float64, name string) string {
 	if !have || !num.OK() || !den.OK() || den.Value == 0 {
 		return "-"
+	}
+	if med, ok := extra[name]; ok {
+		return fmt.Sprintf("%.2fx (%.2f–%.2f)", med, extra[name+"_min"], extra[name+"_max"])
 	}
 	return fmt.Sprintf("%.2fx", num.Value/den.Value)
 }

@@ -85,6 +85,32 @@ func TestWriteText(t *testing.T) {
 	}
 }
 
+// With round-by-round ratios in Extra, the ratio columns show their
+// median and range, not the ratio of the two medians.
+func TestWriteTextPairedRatios(t *testing.T) {
+	run := sampleRun()
+	for i, r := range run.Results {
+		if r.Test == "rate" && r.Peer == "haproxy" {
+			run.Results[i].Extra = map[string]float64{
+				OursRatio: 1.1, OursRatio + "_min": 0.95, OursRatio + "_max": 1.3,
+				BaseRatio: 0.5, BaseRatio + "_min": 0.45, BaseRatio + "_max": 0.55,
+			}
+		}
+	}
+	var b strings.Builder
+	if err := WriteText(&b, run); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if !lineHas(out, "haproxy", "8000", "0.50x (0.45–0.55)", "1.10x (0.95–1.30)", "failed 3") {
+		t.Errorf("haproxy rate row wrong:\n%s", out)
+	}
+	// Rows without them keep the ratio of the values.
+	if !lineHas(out, "ours", "10000", "0.50x", "1.00x") {
+		t.Errorf("ours rate row wrong:\n%s", out)
+	}
+}
+
 // lineHas reports whether some line starts with peer (after indentation) and
 // holds every field, in order.
 func lineHas(out, peer string, fields ...string) bool {

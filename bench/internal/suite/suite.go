@@ -173,6 +173,7 @@ func Run(ctx context.Context, cfg Config) (report.Run, error) {
 		rounds = append(rounds, results)
 	}
 	run.Results = medianOfRounds(rounds)
+	pairRatios(run.Results, rounds, run.Ours, run.Base)
 	run.Finished = time.Now()
 	if err := ctx.Err(); err != nil {
 		run.Interrupted = true
@@ -299,13 +300,13 @@ func medianOfRounds(rounds [][]report.Result) []report.Result {
 			continue
 		}
 		slices.SortFunc(ok, func(a, b report.Result) int { return cmp.Compare(a.Value, b.Value) })
-		mid := ok[len(ok)/2] // the round whose value is the median keeps its note and extras
-		med := mid.Value
-		if len(ok)%2 == 0 {
-			med = (ok[len(ok)/2-1].Value + mid.Value) / 2
+		values := make([]float64, len(ok))
+		for i, r := range ok {
+			values[i] = r.Value
 		}
+		mid := ok[len(ok)/2] // the round whose value is the median keeps its note and extras
 		r := mid
-		r.Value = med
+		r.Value = median(values)
 		r.Extra = maps.Clone(mid.Extra)
 		if r.Extra == nil {
 			r.Extra = map[string]float64{}
@@ -324,6 +325,76 @@ func medianOfRounds(rounds [][]report.Result) []report.Result {
 		out = append(out, r)
 	}
 	return out
+}
+
+// pairRatios gives every merged result of a run of several rounds the
+// ratios its table shows, taken round by round: ours to the peer, and the
+// peer to the base (no proxy). The peers of a round run one after another,
+// so a round's ratio compares numbers taken under the same load on the
+// machine; the median of those ratios moves less than the ratio of two
+// medians, whose rounds may come from quieter and busier minutes. The
+// median and range go in Extra (report.OursRatio, report.BaseRatio and
+// their _min and _max), from the rounds in which both peers have a value,
+// and only when there are two or more such rounds.
+func pairRatios(merged []report.Result, rounds [][]report.Result, ours, base string) {
+	if len(rounds) < 2 {
+		return
+	}
+	type key struct{ test, peer string }
+	value := make([]map[key]float64, len(rounds))
+	for i, results := range rounds {
+		value[i] = map[key]float64{}
+		for _, r := range results {
+			if r.OK() {
+				value[i][key{r.Test, r.Peer}] = r.Value
+			}
+		}
+	}
+	// ratios collects num/den over the rounds where both have a value.
+	ratios := func(test, num, den string) []float64 {
+		var out []float64
+		for _, v := range value {
+			n, okN := v[key{test, num}]
+			d, okD := v[key{test, den}]
+			if okN && okD && d != 0 {
+				out = append(out, n/d)
+			}
+		}
+		return out
+	}
+	set := func(r *report.Result, name string, rs []float64) {
+		if len(rs) < 2 {
+			return
+		}
+		if r.Extra == nil {
+			r.Extra = map[string]float64{}
+		}
+		slices.Sort(rs)
+		r.Extra[name] = median(rs)
+		r.Extra[name+"_min"] = rs[0]
+		r.Extra[name+"_max"] = rs[len(rs)-1]
+	}
+	for i := range merged {
+		r := &merged[i]
+		if !r.OK() {
+			continue
+		}
+		if r.Peer != ours {
+			set(r, report.OursRatio, ratios(r.Test, ours, r.Peer))
+		}
+		if r.Peer != base {
+			set(r, report.BaseRatio, ratios(r.Test, r.Peer, base))
+		}
+	}
+}
+
+// median is the middle of sorted values, or the mean of the middle two.
+func median(sorted []float64) float64 {
+	mid := len(sorted) / 2
+	if len(sorted)%2 == 0 {
+		return (sorted[mid-1] + sorted[mid]) / 2
+	}
+	return sorted[mid]
 }
 
 // roundedValue prints v as the tables do: whole numbers from 100 up, three

@@ -1,6 +1,7 @@
 package suite
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -100,6 +101,62 @@ func TestMedianOfRounds(t *testing.T) {
 	one := medianOfRounds(rounds[:1])
 	if one[0].Value != 5 || one[0].Note != "nours" || one[0].Extra != nil {
 		t.Errorf("one round changed: %+v", one[0])
+	}
+}
+
+func TestPairRatios(t *testing.T) {
+	res := func(peer string, v float64, errText string) report.Result {
+		return report.Result{Test: "udp-rate", Peer: peer, Value: v, Err: errText}
+	}
+	// The machine gets faster and slower from round to round; within a
+	// round, ours is always above nginx.
+	rounds := [][]report.Result{
+		{res("none", 100, ""), res("ours", 40, ""), res("nginx", 36, "")},
+		{res("none", 200, ""), res("ours", 80, ""), res("nginx", 64, "")},
+		{res("none", 60, ""), res("ours", 30, ""), res("nginx", 0, "crashed")},
+		{res("none", 300, ""), res("ours", 66, ""), res("nginx", 60, "")},
+	}
+	got := medianOfRounds(rounds)
+	pairRatios(got, rounds, "ours", "none")
+	byPeer := map[string]report.Result{}
+	for _, r := range got {
+		byPeer[r.Peer] = r
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	// Ours to nginx over the three rounds both ran: 40/36, 80/64, 66/60.
+	// The ratio of the medians, 53/60 = 0.88, would put ours below nginx,
+	// though ours was above it in every round.
+	if r := byPeer["ours"].Value / byPeer["nginx"].Value; !near(r, 53.0/60) {
+		t.Fatalf("ratio of medians %v; the example no longer shows the point", r)
+	}
+	ng := byPeer["nginx"].Extra
+	if !near(ng[report.OursRatio], 1.1111111111111112) || !near(ng[report.OursRatio+"_min"], 1.1) || !near(ng[report.OursRatio+"_max"], 1.25) {
+		t.Errorf("nginx ours ratio = %v; want median 40/36 of 1.10..1.25", ng)
+	}
+	// nginx to none: 0.36, 0.32, 0.2.
+	if !near(ng[report.BaseRatio], 0.32) || !near(ng[report.BaseRatio+"_min"], 0.2) || !near(ng[report.BaseRatio+"_max"], 0.36) {
+		t.Errorf("nginx base ratio = %v; want median 0.32 of 0.2..0.36", ng)
+	}
+	// Ours to none over four rounds: 0.4, 0.4, 0.5, 0.22: the mean of the middle two.
+	o := byPeer["ours"].Extra
+	if !near(o[report.BaseRatio], 0.4) || !near(o[report.BaseRatio+"_min"], 0.22) {
+		t.Errorf("ours base ratio = %v; want median 0.4 from 0.22", o)
+	}
+	if _, ok := o[report.OursRatio]; ok {
+		t.Errorf("ours has a ratio to itself: %v", o)
+	}
+	if _, ok := byPeer["none"].Extra[report.BaseRatio]; ok {
+		t.Errorf("none has a ratio to itself: %v", byPeer["none"].Extra)
+	}
+	// A peer with one round beside ours gets no round-by-round ratio.
+	short := [][]report.Result{
+		{res("ours", 40, ""), res("nginx", 36, "")},
+		{res("ours", 80, ""), res("nginx", 0, "crashed")},
+	}
+	got = medianOfRounds(short)
+	pairRatios(got, short, "ours", "none")
+	if _, ok := got[1].Extra[report.OursRatio]; ok {
+		t.Errorf("one paired round gave a ratio: %v", got[1].Extra)
 	}
 }
 
