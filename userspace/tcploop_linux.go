@@ -305,7 +305,6 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 	}
 	_ = setTCPOptions(fd)
 	c.bfd = fd
-	c.readable[1], c.hup[1] = false, false // what a failed attempt's socket said
 	err = rawConnect(fd, fam, ep)
 	if err != nil && err != unix.EINPROGRESS {
 		c.dialFailed(err)
@@ -376,11 +375,14 @@ func (c *tcpConn) dialFailed(err error) {
 	c.dial(ep)
 }
 
+// closeBackend drops a failed attempt's socket, and what its events said,
+// so the next attempt's socket starts with nothing read from it.
 func (c *tcpConn) closeBackend() {
 	if c.bfd >= 0 {
 		c.lp.closeFD(c.bfd)
 		c.bfd = -1
 	}
+	c.readable[1], c.hup[1] = false, false
 }
 
 func (c *tcpConn) connected() {
