@@ -319,3 +319,30 @@ func TestUDPGroupClosesEveryMember(t *testing.T) {
 	}
 	u.Close()
 }
+
+// TestUDPPktinfoOnlyOnWildcard: a UDP socket asks for each datagram's
+// destination (IP_PKTINFO, IPV6_RECVPKTINFO) only when bound to the
+// wildcard address; one bound to a single address replies from it anyway.
+func TestUDPPktinfoOnlyOnWildcard(t *testing.T) {
+	for _, tc := range []struct {
+		addr       string
+		level, opt int
+		want       int
+	}{
+		{"0.0.0.0:0", unix.IPPROTO_IP, unix.IP_PKTINFO, 1},
+		{"127.0.0.1:0", unix.IPPROTO_IP, unix.IP_PKTINFO, 0},
+		{"[::]:0", unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1},
+		{"[::1]:0", unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 0},
+	} {
+		addr := netip.MustParseAddrPort(tc.addr)
+		fd, _, err := bindUDP(familyOf(addr.Addr()), addr, false)
+		if err != nil {
+			t.Fatalf("bind %s: %v", tc.addr, err)
+		}
+		got, err := unix.GetsockoptInt(fd, tc.level, tc.opt)
+		unix.Close(fd)
+		if err != nil || got != tc.want {
+			t.Errorf("socket bound to %s: pktinfo option %d, %v; want %d", tc.addr, got, err, tc.want)
+		}
+	}
+}

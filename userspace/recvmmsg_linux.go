@@ -51,15 +51,22 @@ func newRecvBatch() *recvBatch {
 
 // recvmmsg reads the datagrams queued on the non-blocking socket fd, up to
 // udpBatch, in one recvmmsg(2) call. It returns EAGAIN when none is queued.
-func recvmmsg(fd int, b *recvBatch) (int, error) {
+// addrs asks for each datagram's sender and destination; a connected
+// socket knows them already, and the kernel is spared copying them out.
+func recvmmsg(fd int, b *recvBatch, addrs bool) (int, error) {
 	for i := range b.hdrs {
 		h := &b.hdrs[i].hdr
-		h.Name = (*byte)(unsafe.Pointer(&b.names[i]))
-		h.Namelen = uint32(unsafe.Sizeof(b.names[i]))
 		h.Iov = &b.iovs[i]
 		h.SetIovlen(1)
-		h.Control = &b.oobs[i][0]
-		h.SetControllen(len(b.oobs[i]))
+		if addrs {
+			h.Name = (*byte)(unsafe.Pointer(&b.names[i]))
+			h.Namelen = uint32(unsafe.Sizeof(b.names[i]))
+			h.Control = &b.oobs[i][0]
+			h.SetControllen(len(b.oobs[i]))
+		} else {
+			h.Name, h.Namelen, h.Control = nil, 0, nil
+			h.SetControllen(0)
+		}
 		h.Flags = 0
 		b.hdrs[i].len = 0
 	}
@@ -78,8 +85,11 @@ func recvmmsg(fd int, b *recvBatch) (int, error) {
 	for i := range n {
 		d := &b.dgrams[i]
 		d.n = int(b.hdrs[i].len)
-		d.from = parseSockaddr(&b.names[i])
-		d.to = parsePktinfo(b.oobs[i][:b.hdrs[i].hdr.Controllen])
+		d.from, d.to = netip.AddrPort{}, netip.Addr{}
+		if addrs {
+			d.from = parseSockaddr(&b.names[i])
+			d.to = parsePktinfo(b.oobs[i][:b.hdrs[i].hdr.Controllen])
+		}
 	}
 	return n, nil
 }

@@ -100,16 +100,21 @@ func bindUDP(fam family, addr netip.AddrPort, shared bool) (int, uint16, error) 
 	if shared {
 		err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
 	}
-	// Ask for each datagram's destination address, so replies can leave
-	// from it: after a REDIRECT of locally generated traffic that is
-	// 127.0.0.1, and conntrack can only undo the NAT for a reply from there.
 	if err == nil && fam == familyIPv6 {
 		err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
-		if err == nil {
+	}
+	// A socket bound to the wildcard address asks for each datagram's
+	// destination, so replies can leave from it: after a REDIRECT of
+	// locally generated traffic that is 127.0.0.1, and conntrack can only
+	// undo the NAT for a reply from there. A socket bound to one address
+	// receives only what was sent to it, and replies leave from it anyway;
+	// the control messages would cost a little on every datagram.
+	if err == nil && addr.Addr().IsUnspecified() {
+		if fam == familyIPv6 {
 			err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1)
+		} else {
+			err = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
 		}
-	} else if err == nil {
-		err = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
 	}
 	if err == nil {
 		err = unix.Bind(fd, sockaddr(fam, addr))
@@ -202,7 +207,7 @@ func (l *udpListener) dropStale() int {
 // the rest is read next time round).
 func (l *udpListener) readable() {
 	b := l.lp.batch
-	n, err := recvmmsg(l.fd, b)
+	n, err := recvmmsg(l.fd, b, true)
 	if err != nil {
 		if err != unix.EAGAIN {
 			klog.V(2).InfoS("UDP read failed", "service", l.sp.name, "err", err)
@@ -338,7 +343,7 @@ func (s *udpSession) readable() {
 	p := s.l.sp.p
 	batch := s.l.lp.batch
 	for range 2 { // then let other sockets have a turn
-		n, err := recvmmsg(s.fd, batch)
+		n, err := recvmmsg(s.fd, batch, false)
 		if err == unix.EAGAIN {
 			return
 		}
