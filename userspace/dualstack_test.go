@@ -13,11 +13,7 @@ import (
 // TestDualStackProxyPort: a service with IPv4 and IPv6 ClusterIPs gets one
 // proxy port, open on both families, when the bind address is unspecified.
 func TestDualStackProxyPort(t *testing.T) {
-	if c, err := net.Listen("tcp6", "[::1]:0"); err != nil {
-		t.Skipf("no IPv6 loopback: %v", err)
-	} else {
-		c.Close()
-	}
+	needIPv6Loopback(t)
 	tb := startTCPBackend(t, "t")
 	ub := startUDPBackend(t, "u")
 	p := newTestProxier(t, Config{BindAddress: netip.IPv6Unspecified()})
@@ -60,11 +56,7 @@ func TestDualStackProxyPort(t *testing.T) {
 // ClientIP affinity keys on the IPv6 client address the proxy read from
 // accept.
 func TestIPv6EndpointsAndClients(t *testing.T) {
-	if c, err := net.Listen("tcp6", "[::1]:0"); err != nil {
-		t.Skipf("no IPv6 loopback: %v", err)
-	} else {
-		c.Close()
-	}
+	needIPv6Loopback(t)
 	b1 := startTCPBackendOn(t, "b1", "[::1]:0")
 	b2 := startTCPBackendOn(t, "b2", "[::1]:0")
 	p := newTestProxier(t, Config{BindAddress: netip.IPv6Loopback()})

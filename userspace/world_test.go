@@ -239,9 +239,29 @@ func openFDs(t testing.TB) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		t.Skipf("cannot count fds: %v", err)
+		skipOrFail(t, "cannot count fds: %v", err)
 	}
 	return len(ents)
+}
+
+// needIPv6Loopback skips a test where ::1 cannot be listened on.
+func needIPv6Loopback(t testing.TB) {
+	t.Helper()
+	c, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		skipOrFail(t, "no IPv6 loopback: %v", err)
+	}
+	c.Close()
+}
+
+// skipOrFail skips for a missing prerequisite, except under CI (CI=true),
+// where every test must run: there it fails.
+func skipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
 }
 
 // settle waits, bounded, until check passes; used for counts the runtime
