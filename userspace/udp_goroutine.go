@@ -59,12 +59,12 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 	// replies can leave from it: after a REDIRECT of locally generated
 	// traffic that is 127.0.0.1, and conntrack can only undo the NAT for a
 	// reply from there. A socket bound to one address replies from it.
-	switch {
-	case !k.addr.Addr().IsUnspecified():
-	case fam == familyIPv6:
-		err = ipv6.NewPacketConn(conn).SetControlMessage(ipv6.FlagDst, true)
-	default:
-		err = ipv4.NewPacketConn(conn).SetControlMessage(ipv4.FlagDst, true)
+	if k.addr.Addr().IsUnspecified() {
+		if fam == familyIPv6 {
+			err = ipv6.NewPacketConn(conn).SetControlMessage(ipv6.FlagDst, true)
+		} else {
+			err = ipv4.NewPacketConn(conn).SetControlMessage(ipv4.FlagDst, true)
+		}
 	}
 	if err != nil {
 		conn.Close()
