@@ -186,7 +186,7 @@ func TestBadInputFailsClearly(t *testing.T) {
 		{name: "bad content type", args: []string{"--manifests", good, "--kube-api-content-type", "yaml"}, wantCode: 2, want: []string{"--kube-api-content-type"}},
 		{name: "bad udp timeout", args: []string{"--manifests", good, "--udp-timeout", "0s"}, wantCode: 2, want: []string{"--udp-timeout"}},
 		{name: "unknown flag", args: []string{"--manifests", good, "--no-such-flag"}, wantCode: 2, want: []string{"no-such-flag"}},
-		{name: "missing file", args: []string{"--manifests", filepath.Join(dir, "absent.yaml")}, wantCode: 1, want: []string{"absent.yaml"}},
+		{name: "missing file", args: []string{"--manifests", filepath.Join(dir, "absent.yaml")}, wantCode: 1, want: []string{"manifests: open ", "absent.yaml", "no such file"}},
 		{name: "bad manifest", args: []string{"--manifests", bad}, wantCode: 1, want: []string{"bad.yaml", "document 1", "spec.ports[1].protocol", "QUIC"}},
 	}
 	for _, tc := range tests {
@@ -214,6 +214,12 @@ func TestBadInputFailsClearly(t *testing.T) {
 			for _, w := range tc.want {
 				if !strings.Contains(string(out), w) {
 					t.Errorf("output does not mention %q:\n%s", w, out)
+				}
+			}
+			// Each layer names itself once: no "manifests: manifests:".
+			for _, word := range []string{"manifests: ", "kube-userspace-proxy: "} {
+				if n := strings.Count(string(out), word); n > 1 {
+					t.Errorf("output says %q %d times:\n%s", word, n, out)
 				}
 			}
 		})

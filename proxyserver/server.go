@@ -108,7 +108,7 @@ func Run(ctx context.Context, cfg *Config) error {
 			},
 		}
 		if err := src.Run(ctx, loop.offer); err != nil {
-			return fmt.Errorf("manifests: %w", err)
+			return err // says "manifests:" itself
 		}
 	} else {
 		client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType)

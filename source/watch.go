@@ -266,15 +266,15 @@ func reason(err error) string {
 func readManifest(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("read manifests: %w", err)
+		return nil, err // "open PATH: ..."
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxManifestBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("read manifests %s: %w", path, err)
+		return nil, err // "read PATH: ..."
 	}
 	if len(data) > maxManifestBytes {
-		return nil, fmt.Errorf("read manifests %s: larger than %d MiB", path, maxManifestBytes>>20)
+		return nil, fmt.Errorf("%s: larger than %d MiB", path, maxManifestBytes>>20)
 	}
 	return data, nil
 }
