@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -428,4 +429,41 @@ func TestBinarySurvivesAPIServerOutage(t *testing.T) {
 		}
 	}
 	t.Fatalf("the change made after the outage never reached traffic: last %+v", r)
+}
+
+// TestBinaryAPIServerRefuses points the binary at a loopback port nobody
+// listens on, as a wrong --master would. At the default verbosity client-go
+// retries a refused connection without a word: the proxy must say what is
+// wrong within seconds. And once client-go's back-off between attempts has
+// grown long, SIGTERM must still end the proxy at once.
+func TestBinaryAPIServerRefuses(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := "http://" + ln.Addr().String()
+	ln.Close()
+	// -v=2 only so the test can see client-go's back-off; the proxy's own
+	// report is an error, logged at any verbosity.
+	px := startProxy(t, "--master", master, "--portal=none", "-v=2")
+	px.waitLog(0, `Cannot list Services from the API server.*connection refused`, 1, 15*time.Second)
+
+	// client-go logs this before each sleep between watch-list attempts;
+	// the sleeps double from 0.8 s, with up to as much again of jitter, so
+	// the fifth lasts at least 12.8 s. (If client-go stops logging it,
+	// this wait fails and the test needs another way to see the back-off.)
+	px.waitLog(0, `watch-list failed - backing off.*type="\*v1.Service"`, 5, 60*time.Second)
+	start := time.Now()
+	if err := px.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-px.done:
+	case <-time.After(8 * time.Second):
+		t.Fatalf("still running %v after SIGTERM, while client-go backs off", time.Since(start).Round(time.Millisecond))
+	}
+	t.Logf("exited %v after SIGTERM (%v)", time.Since(start).Round(time.Millisecond), px.err)
+	if px.err != nil {
+		t.Errorf("exit status: %v", px.err)
+	}
 }
