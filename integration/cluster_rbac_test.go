@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -63,5 +64,37 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 	px.waitLog(0, `"Informer caches synced"`, 1, 60*time.Second)
 	if n := strings.Count(px.log(), "forbids reading"); n != 1 {
 		t.Errorf("said %d times that reading is forbidden, want once", n)
+	}
+}
+
+// TestBinaryNamesMissingNode: a --hostname-override (or host name) that no
+// Node carries leaves the proxy with no local endpoints, without a word
+// from the API server. The proxy says so once its caches have synced, and
+// says nothing of the kind when the Node exists.
+func TestBinaryNamesMissingNode(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	ctx := context.Background()
+	const report = "The API server has no Node of this name"
+	base := []string{"--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32"}
+
+	missing := fmt.Sprintf("kup-missing-%d", time.Now().UnixNano())
+	px := startProxy(t, append(base, "--hostname-override="+missing)...)
+	px.waitLog(0, `"Informer caches synced"`, 1, 60*time.Second)
+	px.waitLog(0, report+`.*node="`+missing+`"`, 1, 10*time.Second)
+
+	present := fmt.Sprintf("kup-present-%d", time.Now().UnixNano())
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: present}}
+	if _, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), present, metav1.DeleteOptions{}) })
+	px2 := startProxy(t, append(base, "--hostname-override="+present)...)
+	px2.waitLog(0, `"Informer caches synced"`, 1, 60*time.Second)
+	// The report would follow the sync line at once, written by the same
+	// goroutine; half a second is plenty.
+	time.Sleep(500 * time.Millisecond)
+	if strings.Contains(px2.log(), report) {
+		t.Errorf("reported a missing Node while %s exists:\n%s", present, px2.log())
 	}
 }

@@ -135,12 +135,14 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		return fmt.Errorf("cluster: watch EndpointSlices: %w", err)
 	}
 	synced := []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced}
+	var nodeStore cache.Store
 	if c.NodeName != "" {
 		nodeFactory = informers.NewSharedInformerFactoryWithOptions(c.Client, resync,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, c.NodeName).String()
 			}))
 		nodes := nodeFactory.Core().V1().Nodes().Informer()
+		nodeStore = nodes.GetStore()
 		if err := reportForbidden(nodes, "nodes", ""); err != nil {
 			return err
 		}
@@ -165,6 +167,12 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		return nil // ctx is done
 	}
 	klog.InfoS("Informer caches synced", "took", time.Since(start).Round(time.Millisecond))
+	if nodeStore != nil {
+		if _, found, _ := nodeStore.GetByKey(c.NodeName); !found {
+			// Usually a host name that is not the Node's name.
+			klog.ErrorS(nil, "The API server has no Node of this name; if this node's Node is named otherwise, set --hostname-override to that name, or no endpoint counts as local here. Topology hints are ignored until the Node exists", "node", c.NodeName)
+		}
+	}
 
 	view := indexerView{services: services.GetIndexer(), slices: slices.GetIndexer()}
 	cur := newServed()
