@@ -385,8 +385,9 @@ func TestBinaryClusterSemantics(t *testing.T) {
 }
 
 // TestBinarySurvivesAPIServerOutage stops the API server for 30 s: traffic
-// through the proxy never stops, and a change made after it is back still
-// applies.
+// through the proxy never stops, the proxy says it cannot reach the server
+// and, later, that it answers again, and a change made after it is back
+// still applies.
 func TestBinarySurvivesAPIServerOutage(t *testing.T) {
 	api := requireAPIServer(t)
 	w := newWorld(t)
@@ -401,6 +402,7 @@ func TestBinarySurvivesAPIServerOutage(t *testing.T) {
 	putSlice(t, c, newSlice(ns, "web", "web-1", readyEP("198.18.12.2")))
 	eventually(t, w.pod, "tcp", "198.18.0.66:80", "be1:")
 
+	logged := px.lineCount()
 	api.StopAPIServer()
 	restarted := false
 	defer func() {
@@ -413,6 +415,9 @@ func TestBinarySurvivesAPIServerOutage(t *testing.T) {
 			t.Fatalf("traffic stopped %v into the outage: %+v", time.Since(start).Round(time.Second), r)
 		}
 	}
+	// The watches broke when the server went; their next attempts found
+	// nobody (through the relay: a connection that closes at once).
+	logged = px.waitLog(logged, `"Cannot reach the API server`, 1, time.Second)
 	if err := api.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}
@@ -425,6 +430,7 @@ func TestBinarySurvivesAPIServerOutage(t *testing.T) {
 	var r clientResult
 	for deadline := time.Now().Add(150 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		if r = dial(t, w.pod, "tcp", "198.18.0.66:80", "ping", 0); strings.HasPrefix(r.Reply, "be2:") {
+			px.waitLog(logged, `"The API server answers again"`, 1, time.Second)
 			return
 		}
 	}
@@ -446,7 +452,7 @@ func TestBinaryAPIServerRefuses(t *testing.T) {
 	// -v=2 only so the test can see client-go's back-off; the proxy's own
 	// report is an error, logged at any verbosity.
 	px := startProxy(t, "--master", master, "--portal=none", "-v=2")
-	px.waitLog(0, `Cannot list Services from the API server.*connection refused`, 1, 15*time.Second)
+	px.waitLog(0, `Cannot reach the API server.*connection refused`, 1, 15*time.Second)
 
 	// client-go logs this before each sleep between watch-list attempts;
 	// the sleeps double from 0.8 s, with up to as much again of jitter, so

@@ -20,7 +20,8 @@ const userAgent = "kube-userspace-proxy"
 // rate (--kube-api-qps, --kube-api-burst; zero means client-go's 5 and 10);
 // contentType is the encoding it sends and asks for
 // (--kube-api-content-type, e.g. "application/vnd.kubernetes.protobuf"); if
-// empty, JSON.
+// empty, JSON. The client logs when the API server stops answering and
+// when it answers again (see contact).
 func NewClient(kubeconfig, master string, qps float32, burst int, contentType string) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
@@ -40,6 +41,7 @@ func NewClient(kubeconfig, master string, qps float32, burst int, contentType st
 	cfg.QPS = qps
 	cfg.Burst = burst
 	rest.AddUserAgent(cfg, userAgent)
+	cfg.Wrap(newContact().wrap)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("api client: %w", err)

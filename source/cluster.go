@@ -96,10 +96,8 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	var nodeFactory informers.SharedInformerFactory
-	var wg sync.WaitGroup
 	defer func() {
 		cancel()
-		wg.Wait()
 		stopped := make(chan struct{})
 		go func() {
 			factory.Shutdown() // waits for the informers' goroutines
@@ -157,13 +155,9 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 
 	klog.InfoS("Waiting for the API server's Services and EndpointSlices", "node", c.NodeName, "labelSelector", selector)
 	start := time.Now()
-	waiting := make(chan struct{})
-	wg.Go(func() { c.reportWaiting(ctx, waiting, selector, start) })
 	// Not WaitForNamedCacheSync: it logs a second "waiting" line, and an
 	// error when the proxy is merely told to stop.
-	ok := cache.WaitForCacheSync(ctx.Done(), synced...)
-	close(waiting)
-	if !ok {
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return nil // ctx is done
 	}
 	klog.InfoS("Informer caches synced", "took", time.Since(start).Round(time.Millisecond))
@@ -227,44 +221,6 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 // minute) without looking at ctx, and a proxy told to stop must not sit
 // that out.
 const informerStopWait = 2 * time.Second
-
-// When Run first says why the caches have not synced, and how often after.
-const (
-	firstWaitReport = 3 * time.Second
-	waitReportEvery = 30 * time.Second
-)
-
-// reportWaiting says why the caches have not synced, from firstWaitReport
-// after start until waiting is closed or ctx is done. At the default
-// verbosity client-go retries a refused connection without a word, so a
-// wrong --master or a server that is down would look like a proxy that
-// hangs. A list of one Service, what the informers ask for, shows what the
-// server answers.
-func (c *Cluster) reportWaiting(ctx context.Context, waiting <-chan struct{}, selector string, start time.Time) {
-	delay := firstWaitReport
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-waiting:
-			return
-		case <-time.After(delay):
-		}
-		delay = waitReportEvery
-		listCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := c.Client.CoreV1().Services("").List(listCtx, metav1.ListOptions{LabelSelector: selector, Limit: 1})
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		waited := time.Since(start).Round(time.Second)
-		if err != nil {
-			klog.ErrorS(err, "Cannot list Services from the API server; nothing is served until it answers", "waited", waited)
-		} else {
-			klog.InfoS("Still waiting for the API server's Services and EndpointSlices", "waited", waited)
-		}
-	}
-}
 
 // listSelector is the label selector of kube-proxy's informers: Services
 // (and, since the EndpointSlice controller copies their labels, their

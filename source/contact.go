@@ -1,0 +1,88 @@
+package source
+
+import (
+	"net/http"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// contactReminder is how often, while the API server stays unreachable,
+// the log says so again.
+const contactReminder = time.Minute
+
+// contact watches the client's requests and logs when the API server stops
+// answering and when it answers again. client-go retries a refused
+// connection without a word at the default verbosity, backing off for up
+// to a minute between attempts; without this, a proxy cut off from its
+// cluster, serving what it last heard, would look like a healthy one.
+//
+// Only requests that get no answer at all count: an HTTP error status is
+// an answer, and client-go reports those itself.
+type contact struct {
+	now    func() time.Time
+	report func(err error, msg string, kv ...any) // err is nil for good news
+
+	mu        sync.Mutex // guards the fields below
+	downSince time.Time  // zero while the server answers
+	failures  int        // requests without an answer since downSince
+	reported  time.Time  // when the outage was last logged
+}
+
+func newContact() *contact {
+	return &contact{
+		now: time.Now,
+		report: func(err error, msg string, kv ...any) {
+			if err != nil { // depth 1: the caller of report, not this closure
+				klog.ErrorSDepth(1, err, msg, kv...)
+			} else {
+				klog.InfoSDepth(1, msg, kv...)
+			}
+		},
+	}
+}
+
+// wrap is a rest.Config transport wrapper.
+func (c *contact) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(req)
+		switch {
+		case err == nil:
+			c.answered()
+		case req.Context().Err() == nil: // not a request given up on by its caller
+			c.failed(req.URL.Host, err)
+		}
+		return resp, err
+	})
+}
+
+func (c *contact) failed(server string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	c.failures++
+	switch {
+	case c.downSince.IsZero():
+		c.downSince, c.failures, c.reported = now, 1, now
+		c.report(err, "Cannot reach the API server; what is served stays as it is until it answers", "server", server)
+	case now.Sub(c.reported) >= contactReminder:
+		c.reported = now
+		c.report(err, "Still cannot reach the API server", "server", server,
+			"for", now.Sub(c.downSince).Round(time.Second), "failedRequests", c.failures)
+	}
+}
+
+func (c *contact) answered() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.downSince.IsZero() {
+		return
+	}
+	c.report(nil, "The API server answers again", "after", c.now().Sub(c.downSince).Round(time.Second), "failedRequests", c.failures)
+	c.downSince, c.failures = time.Time{}, 0
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
