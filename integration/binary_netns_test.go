@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -298,6 +299,18 @@ func TestBinaryAutoPortal(t *testing.T) {
 	nobody := startCommand(t, "ip", args...)
 	nobody.waitLog(0, `"Portal chosen" portal="none"`, 1, 20*time.Second)
 	nobody.waitLog(0, `"Serving".*:30053.*node-port`, 1, 20*time.Second)
+
+	nobody.cmd.Process.Signal(syscall.SIGTERM) // it holds the node ports
+	<-nobody.done
+
+	// Root without CAP_NET_ADMIN, as in a container that was not granted
+	// it: iptables is out, and so is bind, which would fail on every sync.
+	args = []string{"netns", "exec", string(w.node), "setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin",
+		proxyBin, "--manifests", file, "--hostname-override=node", "--portal=auto"}
+	capless := startCommand(t, "ip", args...)
+	capless.waitLog(0, `"Portal chosen" portal="none"`, 1, 20*time.Second)
+	capless.waitLog(0, `bindError=".*CAP_NET_ADMIN`, 1, time.Second) // a later line of the same entry
+	capless.waitLog(0, `"Serving".*:30053.*node-port`, 1, 20*time.Second)
 }
 
 // TestBinaryNodePortAddressesFollowTheHost: without kernel portals the

@@ -4,6 +4,7 @@ package integration
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -173,6 +174,7 @@ func TestBadInputFailsClearly(t *testing.T) {
 
 	tests := []struct {
 		name     string
+		nobody   bool // run as nobody, without capabilities
 		args     []string
 		wantCode int
 		want     []string
@@ -188,11 +190,19 @@ func TestBadInputFailsClearly(t *testing.T) {
 		{name: "unknown flag", args: []string{"--manifests", good, "--no-such-flag"}, wantCode: 2, want: []string{"no-such-flag"}},
 		{name: "missing file", args: []string{"--manifests", filepath.Join(dir, "absent.yaml")}, wantCode: 1, want: []string{"manifests: open ", "absent.yaml", "no such file"}},
 		{name: "bad manifest", args: []string{"--manifests", bad}, wantCode: 1, want: []string{"bad.yaml", "document 1", "spec.ports[1].protocol", "QUIC"}},
+		{name: "bind portal without CAP_NET_ADMIN", nobody: true, args: []string{"--manifests", good, "--portal=bind"}, wantCode: 1, want: []string{"--portal=bind", "CAP_NET_ADMIN"}},
+		{name: "cleanup without CAP_NET_ADMIN", nobody: true, args: []string{"--cleanup"}, wantCode: 1, want: []string{"cleanup", "CAP_NET_ADMIN"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			// Never let a failing case program the host: no portal.
-			cmd := exec.Command(proxyBin, append([]string{"--portal=none"}, tc.args...)...)
+			// Never let a failing case program the host: no portal, or no
+			// capabilities.
+			args := append([]string{"--portal=none"}, tc.args...)
+			cmd := exec.Command(proxyBin, args...)
+			if tc.nobody && os.Geteuid() == 0 { // as anyone else, already without
+				requireTool(t, "setpriv")
+				cmd = exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", proxyBin}, args...)...)
+			}
 			done := make(chan struct{})
 			var out []byte
 			var err error

@@ -38,8 +38,12 @@ type Bind struct {
 var _ Interface = (*Bind)(nil)
 
 // NewBind returns the bind portal for the current network namespace. It
-// changes nothing until the first Sync.
+// changes nothing until the first Sync, and fails at once without
+// CAP_NET_ADMIN, which every Sync would need.
 func NewBind(_ context.Context, cfg BindConfig) (*Bind, error) {
+	if err := CheckNetAdmin(); err != nil {
+		return nil, fmt.Errorf("portal: bind: %w", err)
+	}
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("portal: bind: open netlink: %w", err)
@@ -240,5 +244,20 @@ func (b *Bind) Cleanup(_ context.Context) error {
 // Close releases the netlink socket. The addresses stay.
 func (b *Bind) Close() error {
 	b.h.Close()
+	return nil
+}
+
+// CheckNetAdmin returns an error unless this process holds CAP_NET_ADMIN,
+// which adding addresses and interfaces, and every iptables change, take.
+// Running as root is not enough: a container's root often lacks it.
+func CheckNetAdmin() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData // version 3 takes two
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("read this process's capabilities: %w", err)
+	}
+	if data[unix.CAP_NET_ADMIN/32].Effective&(1<<(unix.CAP_NET_ADMIN%32)) == 0 {
+		return errors.New("changing the network configuration takes CAP_NET_ADMIN, which this process does not have (run as root, or grant the capability)")
+	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -46,13 +45,12 @@ func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, e
 		return p, PortalIPTables, nil
 	}
 	iptErr := err
-	if os.Geteuid() == 0 {
-		if bp, err := bind(); err == nil {
-			klog.InfoS("Portal chosen", "portal", PortalBind, "reason", "iptables is not usable and we may change addresses", "iptablesError", iptErr.Error())
-			return bp, PortalBind, nil
-		}
+	bp, err := bind() // fails without CAP_NET_ADMIN
+	if err == nil {
+		klog.InfoS("Portal chosen", "portal", PortalBind, "reason", "iptables is not usable and we may change addresses", "iptablesError", iptErr.Error())
+		return bp, PortalBind, nil
 	}
-	klog.InfoS("Portal chosen", "portal", PortalNone, "reason", "iptables is not usable and we may not change addresses: clients use the proxy ports and node ports directly", "iptablesError", iptErr.Error())
+	klog.InfoS("Portal chosen", "portal", PortalNone, "reason", "iptables is not usable and we may not change addresses: clients use the proxy ports and node ports directly", "iptablesError", iptErr.Error(), "bindError", err.Error())
 	return portal.Noop{}, PortalNone, nil
 }
 

@@ -164,6 +164,11 @@ func preferredPorts(previous []portal.Portal) func(state.ServicePortName, bool) 
 
 // cleanup removes what every portal may have left, in both families.
 func cleanup(ctx context.Context, cfg *Config) error {
+	// Without the capability nothing could be read or removed, and "nothing
+	// to clean up" would be a false all-clear.
+	if err := portal.CheckNetAdmin(); err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
 	var errs *multierror.Error
 	if ipt, err := portal.NewIPTables(ctx, portal.IPTablesConfig{}); err != nil {
 		klog.InfoS("No iptables to clean up", "reason", err.Error())
