@@ -320,6 +320,20 @@ status:
 			},
 		},
 		{
+			name: "ip families",
+			data: svcHead + "spec:\n  clusterIPs: [10.0.0.1, fd00::1]\n  ipFamilies: [IPv6, IPv4]\n  ports: [{port: 80}]\n" +
+				"---\n" + strings.Replace(svcHead, "web", "web2", 1) + "spec:\n  ipFamilies: [IPv6, IPv6]\n  ports: [{port: 80}]\n" +
+				"---\n" + strings.Replace(svcHead, "web", "web3", 1) + "spec:\n  ipFamilies: [IPv5]\n  ports: [{port: 80}]\n" +
+				"---\n" + strings.Replace(svcHead, "web", "web4", 1) + "spec:\n  clusterIP: 10.0.0.1\n  ipFamilies: [IPv6]\n  ports: [{port: 80}]\n",
+			want: []string{
+				"document 1 (Service demo/web): spec.ipFamilies[0]: IPv6 does not match spec.clusterIPs[0] 10.0.0.1, an IPv4 address",
+				"document 1 (Service demo/web): spec.ipFamilies[1]: IPv4 does not match spec.clusterIPs[1] fd00::1, an IPv6 address",
+				"document 2 (Service demo/web2): spec.ipFamilies[1]: IPv6 is given twice",
+				`document 3 (Service demo/web3): spec.ipFamilies[0]: unknown IP family "IPv5" (want IPv4 or IPv6)`,
+				"document 4 (Service demo/web4): spec.ipFamilies[0]: IPv6 does not match spec.clusterIP 10.0.0.1, an IPv4 address",
+			},
+		},
+		{
 			name: "cluster IPs of one family",
 			data: svcHead + "spec:\n  clusterIPs: [10.0.0.1, 10.0.0.2]\n  ports: [{port: 80}]\n",
 			want: []string{"spec.clusterIPs: the two addresses must be of different IP families"},

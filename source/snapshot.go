@@ -174,6 +174,7 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 		lbIPs = b.appendFrontend(lbIPs, ref, fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
 	}
 	affinity := b.affinity(svc, ref)
+	families := b.ipFamilies(svc, ref)
 
 	internalLocal := false
 	if p := svc.Spec.InternalTrafficPolicy; p != nil {
@@ -230,6 +231,7 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 			NodePort:        uint16(p.NodePort),
 			ExternalIPs:     slices.Clone(externalIPs),
 			LoadBalancerIPs: slices.Clone(lbIPs),
+			IPFamilies:      families,
 			Affinity:        affinity,
 			InternalLocal:   internalLocal,
 		}
@@ -241,6 +243,22 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 			sp.HealthCheckNodePort = healthCheck
 		}
 		out = append(out, sp)
+	}
+	return out
+}
+
+// ipFamilies returns spec.ipFamilies, without unknown or repeated entries
+// (reported). Service ports share the slice: nothing modifies it.
+func (b *builder) ipFamilies(svc *corev1.Service, ref objectRef) []state.IPFamily {
+	var out []state.IPFamily
+	for i, f := range svc.Spec.IPFamilies {
+		fam := state.IPFamily(f)
+		switch {
+		case fam != state.IPv4 && fam != state.IPv6:
+			b.report("Service", ref, fmt.Sprintf("spec.ipFamilies[%d]", i), fmt.Errorf("unknown IP family %q (want IPv4 or IPv6), ignored", f))
+		case !slices.Contains(out, fam):
+			out = append(out, fam)
+		}
 	}
 	return out
 }

@@ -90,6 +90,16 @@ func TestBuildSnapshotServices(t *testing.T) {
 			want: []state.ServicePort{with(func(sp *state.ServicePort) { sp.ClusterIPs = nil })},
 		},
 		{
+			name: "ipFamilies are kept, without unknown or repeated ones",
+			services: []*corev1.Service{service("web", func(s *corev1.Service) {
+				s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
+				s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol, "IPv5", corev1.IPv6Protocol}
+			})},
+			opts:         Options{AllowNoClusterIP: true},
+			want:         []state.ServicePort{with(func(sp *state.ServicePort) { sp.ClusterIPs, sp.IPFamilies = nil, []state.IPFamily{state.IPv6} })},
+			wantProblems: []string{`Service demo/web: spec.ipFamilies[1]: unknown IP family "IPv5" (want IPv4 or IPv6), ignored`},
+		},
+		{
 			name: "clusterIPs wins over clusterIP, both families",
 			services: []*corev1.Service{service("web", func(s *corev1.Service) {
 				s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.10", []string{"10.96.0.10", "fd00::10"}

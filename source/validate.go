@@ -104,6 +104,7 @@ func validateService(svc *corev1.Service) []finding {
 	}
 
 	validateClusterIPs(&fs, svc)
+	validateIPFamilies(&fs, svc)
 	for i, s := range svc.Spec.ExternalIPs {
 		fs.ip(spec.Child("externalIPs").Index(i), s, "")
 	}
@@ -227,6 +228,46 @@ func validateClusterIPs(fs *findings, svc *corev1.Service) {
 		b, errB := parseIP(ips[1])
 		if errA == nil && errB == nil && a.Is4() == b.Is4() {
 			fs.errorf(p, "the two addresses must be of different IP families")
+		}
+	}
+}
+
+// validateIPFamilies checks spec.ipFamilies as the API server does: IPv4
+// or IPv6, each at most once, in the order of the cluster IPs' families.
+func validateIPFamilies(fs *findings, svc *corev1.Service) {
+	p := field.NewPath("spec", "ipFamilies")
+	fams := svc.Spec.IPFamilies
+	if len(fams) > 2 {
+		fs.errorf(p, "at most two families are allowed, got %d", len(fams))
+		return
+	}
+	for i, f := range fams {
+		switch {
+		case f != corev1.IPv4Protocol && f != corev1.IPv6Protocol:
+			fs.errorf(p.Index(i), "unknown IP family %q (want IPv4 or IPv6)", f)
+		case i == 1 && f == fams[0]:
+			fs.errorf(p.Index(i), "%s is given twice", f)
+		}
+	}
+	ips, ipsPath := svc.Spec.ClusterIPs, field.NewPath("spec", "clusterIPs")
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips, ipsPath = []string{svc.Spec.ClusterIP}, field.NewPath("spec", "clusterIP")
+	}
+	for i, s := range ips {
+		ip, err := parseIP(s)
+		if i >= len(fams) || err != nil { // None, or reported with the cluster IPs
+			continue
+		}
+		want := corev1.IPv6Protocol
+		if ip.Unmap().Is4() {
+			want = corev1.IPv4Protocol
+		}
+		if fams[i] != want {
+			at := ipsPath
+			if len(svc.Spec.ClusterIPs) > 0 {
+				at = ipsPath.Index(i)
+			}
+			fs.errorf(p.Index(i), "%s does not match %s %s, an %s address", fams[i], at, s, want)
 		}
 	}
 }

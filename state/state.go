@@ -27,6 +27,15 @@ func ParseProtocol(s string) (Protocol, error) {
 	return "", fmt.Errorf("unknown protocol %q (want TCP, UDP or SCTP)", s)
 }
 
+// IPFamily is an IP family, as a Service's spec.ipFamilies names it.
+type IPFamily string
+
+// The IP families.
+const (
+	IPv4 IPFamily = "IPv4"
+	IPv6 IPFamily = "IPv6"
+)
+
 // ServicePortName names one port of one Service, the unit the proxy serves.
 type ServicePortName struct {
 	Namespace string
@@ -141,7 +150,11 @@ type ServicePort struct {
 	// LoadBalancerIPs are the status.loadBalancer ingress IPs whose ipMode
 	// is VIP (or unset).
 	LoadBalancerIPs []netip.Addr
-	Affinity        Affinity
+	// IPFamilies are the Service's spec.ipFamilies. They decide the
+	// families of a port with no frontends (a manifest without cluster
+	// IPs); otherwise the frontends do.
+	IPFamilies []IPFamily
+	Affinity   Affinity
 	// InternalLocal is internalTrafficPolicy: Local; ExternalLocal is
 	// externalTrafficPolicy: Local on an externally reachable service.
 	InternalLocal bool
@@ -188,8 +201,9 @@ func (sp *ServicePort) Frontends() []netip.AddrPort {
 }
 
 // Families reports which IP families the port's frontends (ClusterIPs,
-// ExternalIPs, load-balancer IPs) use. A port with no frontends counts as
-// IPv4, the family it is served on then.
+// ExternalIPs, load-balancer IPs) use. A port with no frontends has those
+// of IPFamilies, or IPv4 when that is empty too: the families it is served
+// on then.
 func (sp *ServicePort) Families() (ipv4, ipv6 bool) {
 	for _, list := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
 		for _, ip := range list {
@@ -200,6 +214,9 @@ func (sp *ServicePort) Families() (ipv4, ipv6 bool) {
 			}
 		}
 	}
+	if !ipv4 && !ipv6 {
+		ipv4, ipv6 = slices.Contains(sp.IPFamilies, IPv4), slices.Contains(sp.IPFamilies, IPv6)
+	}
 	return ipv4 || !ipv6, ipv6
 }
 
@@ -209,6 +226,7 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 		slices.Equal(sp.ClusterIPs, o.ClusterIPs) &&
 		slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		slices.Equal(sp.IPFamilies, o.IPFamilies) &&
 		sp.Affinity == o.Affinity &&
 		sp.InternalLocal == o.InternalLocal && sp.ExternalLocal == o.ExternalLocal &&
 		sp.HealthCheckNodePort == o.HealthCheckNodePort &&

@@ -20,6 +20,9 @@ func TestServicePortFamilies(t *testing.T) {
 		{name: "IPv6 cluster IP, IPv4 external IP", sp: ServicePort{ClusterIPs: []netip.Addr{v6}, ExternalIPs: []netip.Addr{v4}}, want4: true, want6: true},
 		{name: "IPv6 load-balancer IP only", sp: ServicePort{LoadBalancerIPs: []netip.Addr{v6}}, want6: true},
 		{name: "IPv4-mapped counts as IPv4", sp: ServicePort{ClusterIPs: []netip.Addr{mapped}}, want4: true},
+		{name: "no frontends, ipFamilies IPv6", sp: ServicePort{IPFamilies: []IPFamily{IPv6}}, want6: true},
+		{name: "no frontends, ipFamilies dual", sp: ServicePort{IPFamilies: []IPFamily{IPv6, IPv4}}, want4: true, want6: true},
+		{name: "frontends decide over ipFamilies", sp: ServicePort{ClusterIPs: []netip.Addr{v4}, IPFamilies: []IPFamily{IPv6}}, want4: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

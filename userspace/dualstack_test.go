@@ -86,3 +86,40 @@ func TestIPv6EndpointsAndClients(t *testing.T) {
 		t.Fatalf("affinity clients %v, want only ::1", b.clients)
 	}
 }
+
+// TestIPFamiliesWithoutFrontends: a manifest Service without cluster IPs
+// is served on the families of its spec.ipFamilies, so an IPv6-only one
+// gets its proxy port on :: and not on 0.0.0.0; a change of families moves
+// the listeners.
+func TestIPFamiliesWithoutFrontends(t *testing.T) {
+	needIPv6Loopback(t)
+	b := startTCPBackendOn(t, "b6", "[::1]:0")
+	p := newTestProxier(t, Config{BindAddress: netip.IPv4Unspecified()})
+	name := spn("v6", "nofrontend", state.TCP)
+	sp := state.ServicePort{Name: name, Port: 80, IPFamilies: []state.IPFamily{state.IPv6}, ClusterEndpoints: eps(b.addr())}
+	listening := func() map[string]bool {
+		on := map[string]bool{}
+		for _, l := range p.Listeners() {
+			if l.Service == name {
+				on[l.Addr.Addr().String()] = true
+			}
+		}
+		return on
+	}
+	mustApply(t, p, sp)
+	if on := listening(); !on["::"] || len(on) != 1 {
+		t.Fatalf("listening on %v, want :: alone", on)
+	}
+	if got := tcpWho(t, fmt.Sprintf("[::1]:%d", p.ProxyPort(name))); got != "b6" {
+		t.Fatalf("reached %q", got)
+	}
+
+	sp.IPFamilies = []state.IPFamily{state.IPv6, state.IPv4}
+	mustApply(t, p, sp)
+	if on := listening(); !on["::"] || !on["0.0.0.0"] || len(on) != 2 {
+		t.Fatalf("dual stack: listening on %v, want :: and 0.0.0.0", on)
+	}
+	if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(name))); got != "b6" {
+		t.Fatalf("via IPv4 reached %q", got)
+	}
+}
