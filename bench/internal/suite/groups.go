@@ -21,11 +21,13 @@ func (r *runner) runGroup(ctx context.Context, group string, in *peer.Instance) 
 			r.throughput(ctx, in, TestThroughput8, streamsMany),
 		}
 	case GroupConnRate:
-		return []report.Result{r.connRate(ctx, in)}
+		rate := r.connRate(ctx, in)
+		return []report.Result{rate, cpuResult(TestConnCPU, rate, "conn")}
 	case GroupLatency:
 		return r.latency(ctx, in)
 	case GroupUDP:
-		return []report.Result{r.udpRate(ctx, in)}
+		rate := r.udpRate(ctx, in)
+		return []report.Result{rate, cpuResult(TestUDPCPU, rate, "req")}
 	case GroupIdle:
 		return r.idle(ctx, in)
 	}
@@ -124,6 +126,28 @@ func (r *runner) udpRate(ctx context.Context, in *peer.Instance) report.Result {
 		notes = append(notes, fmt.Sprintf("%d lost", got.Lost))
 	}
 	res.Note = strings.Join(notes, "; ")
+	return res
+}
+
+// cpuResult makes the proxy CPU per unit of work measured in rate a row of
+// its own (lower is better), so that rounds pair it with the other peers'
+// as they pair rates: CPU per operation varies less than the rate on a
+// small shared machine.
+func cpuResult(id string, rate report.Result, unit string) report.Result {
+	res := report.Result{Test: id, Peer: rate.Peer, Unit: "µs"}
+	per, ok := rate.Extra["proxy_cpu_us_per_"+unit]
+	switch {
+	case rate.Err != "":
+		res.Err = rate.Err
+	case rate.Peer == peer.None:
+		res.Err = "no proxy: the client talks to the backends"
+	case !ok:
+		res.Err = "its CPU time could not be read"
+	default:
+		res.Value = per
+		res.Extra = map[string]float64{"machine_cpu_us_per_" + unit: rate.Extra["machine_cpu_us_per_"+unit]}
+		res.Note = fmt.Sprintf("machine %.0f µs/%s", rate.Extra["machine_cpu_us_per_"+unit], unit)
+	}
 	return res
 }
 

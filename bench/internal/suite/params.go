@@ -13,9 +13,11 @@ const (
 	TestThroughput1  = "tcp-throughput-1"
 	TestThroughput8  = "tcp-throughput-8"
 	TestConnRate     = "tcp-connect-rate"
+	TestConnCPU      = "tcp-connect-cpu"
 	TestLatencyP50   = "tcp-latency-p50"
 	TestLatencyP99   = "tcp-latency-p99"
 	TestUDPRate      = "udp-rate"
+	TestUDPCPU       = "udp-cpu"
 	TestIdleHeld     = "idle-held"
 	TestIdleRSS      = "idle-rss"
 	TestIdleFDs      = "idle-fds"
@@ -82,6 +84,7 @@ func (p params) groupTests(group string) []report.Test {
 		c := p.connRate
 		return []report.Test{
 			{ID: TestConnRate, Title: fmt.Sprintf("TCP connections per second: connect, %d B echo, close; %d workers, at most %d conns or %s", c.Size, c.Workers, c.MaxConns, c.Duration), Unit: "conn/s"},
+			{ID: TestConnCPU, Title: "Proxy CPU per TCP connection in " + TestConnRate + " (user + system time of its process tree)", Unit: "µs", LowerIsBetter: true},
 		}
 	case GroupLatency:
 		l := p.latency
@@ -94,6 +97,7 @@ func (p params) groupTests(group string) []report.Test {
 		u := p.udp
 		return []report.Test{
 			{ID: TestUDPRate, Title: fmt.Sprintf("UDP request/response rate, %d B datagrams, %d clients with a socket each, at most %d requests or %s", u.Size, u.Clients, u.MaxRequests, u.Duration), Unit: "req/s"},
+			{ID: TestUDPCPU, Title: "Proxy CPU per UDP request in " + TestUDPRate + " (user + system time of its process tree)", Unit: "µs", LowerIsBetter: true},
 		}
 	case GroupIdle:
 		n := p.hold.Conns

@@ -167,3 +167,38 @@ func TestRoundedValue(t *testing.T) {
 		}
 	}
 }
+
+func TestCPUResult(t *testing.T) {
+	rate := func(name string, extra map[string]float64, errText string) report.Result {
+		return report.Result{Test: TestUDPRate, Peer: name, Value: 1000, Unit: "req/s", Extra: extra, Err: errText}
+	}
+	measured := map[string]float64{"proxy_cpu_us_per_req": 27.5, "machine_cpu_us_per_req": 61}
+	tests := []struct {
+		name      string
+		rate      report.Result
+		wantValue float64
+		wantErr   string
+	}{
+		{name: "measured", rate: rate(peer.Nginx, measured, ""), wantValue: 27.5},
+		{name: "the rate failed", rate: rate(peer.Nginx, nil, "crashed"), wantErr: "crashed"},
+		{name: "no proxy", rate: rate(peer.None, map[string]float64{"machine_cpu_us_per_req": 30}, ""), wantErr: "no proxy"},
+		{name: "not sampled", rate: rate(peer.Ours, map[string]float64{}, ""), wantErr: "could not be read"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := cpuResult(TestUDPCPU, tc.rate, "req")
+			if got.Test != TestUDPCPU || got.Peer != tc.rate.Peer || got.Unit != "µs" {
+				t.Fatalf("row %+v", got)
+			}
+			if tc.wantErr != "" {
+				if !strings.Contains(got.Err, tc.wantErr) {
+					t.Fatalf("error %q, want it to say %q", got.Err, tc.wantErr)
+				}
+				return
+			}
+			if got.Err != "" || got.Value != tc.wantValue || !strings.Contains(got.Note, "machine 61 µs/req") {
+				t.Fatalf("row %+v, want %v µs and the machine's 61 µs/req in the note", got, tc.wantValue)
+			}
+		})
+	}
+}
