@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -459,16 +458,11 @@ func TestBinaryAPIServerRefuses(t *testing.T) {
 	// the fifth lasts at least 12.8 s. (If client-go stops logging it,
 	// this wait fails and the test needs another way to see the back-off.)
 	px.waitLog(0, `watch-list failed - backing off.*type="\*v1.Service"`, 5, 60*time.Second)
-	start := time.Now()
-	if err := px.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	took, ok := px.terminate(8 * time.Second)
+	if !ok {
+		t.Fatalf("still running %v after SIGTERM, while client-go backs off", took.Round(time.Millisecond))
 	}
-	select {
-	case <-px.done:
-	case <-time.After(8 * time.Second):
-		t.Fatalf("still running %v after SIGTERM, while client-go backs off", time.Since(start).Round(time.Millisecond))
-	}
-	t.Logf("exited %v after SIGTERM (%v)", time.Since(start).Round(time.Millisecond), px.err)
+	t.Logf("exited %v after SIGTERM (%v)", took.Round(time.Millisecond), px.err)
 	if px.err != nil {
 		t.Errorf("exit status: %v", px.err)
 	}

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -300,8 +299,7 @@ func TestBinaryAutoPortal(t *testing.T) {
 	nobody.waitLog(0, `"Portal chosen" portal="none"`, 1, 20*time.Second)
 	nobody.waitLog(0, `"Serving".*:30053.*node-port`, 1, 20*time.Second)
 
-	nobody.cmd.Process.Signal(syscall.SIGTERM) // it holds the node ports
-	<-nobody.done
+	nobody.terminate(10 * time.Second) // it holds the node ports
 
 	// Root without CAP_NET_ADMIN, as in a container that was not granted
 	// it: iptables is out, and so is bind, which would fail on every sync.

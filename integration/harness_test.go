@@ -99,10 +99,7 @@ func startCommand(t *testing.T, name string, args ...string) *proxyProc {
 	p := &proxyProc{t: t, cmd: cmd, done: make(chan struct{}), notify: make(chan struct{})}
 	go p.read(stderr)
 	t.Cleanup(func() {
-		p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
+		if _, ok := p.terminate(10 * time.Second); !ok {
 			p.cmd.Process.Kill()
 			<-p.done
 		}
@@ -111,6 +108,19 @@ func startCommand(t *testing.T, name string, args ...string) *proxyProc {
 		}
 	})
 	return p
+}
+
+// terminate sends SIGTERM and waits up to within for the process to exit.
+// It reports how long the exit took, or false when it had not exited.
+func (p *proxyProc) terminate(within time.Duration) (time.Duration, bool) {
+	start := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return time.Since(start), true
+	case <-time.After(within):
+		return time.Since(start), false
+	}
 }
 
 func (p *proxyProc) read(r io.Reader) {

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -150,10 +149,7 @@ func TestManifestEndToEnd(t *testing.T) {
 	})
 
 	t.Run("SIGTERM stops cleanly", func(t *testing.T) {
-		p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
+		if _, ok := p.terminate(10 * time.Second); !ok {
 			t.Fatal("the proxy did not exit within 10s of SIGTERM")
 		}
 		if p.err != nil {

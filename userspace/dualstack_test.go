@@ -41,12 +41,7 @@ func TestDualStackProxyPort(t *testing.T) {
 			t.Fatalf("UDP via %s: %q, %v", addr, got, err)
 		}
 	}
-	fams := map[string]bool{}
-	for _, l := range p.Listeners() {
-		if l.Service == tn {
-			fams[l.Addr.Addr().String()] = true
-		}
-	}
+	fams := listenIPs(p, tn)
 	if !fams["0.0.0.0"] || !fams["::"] || len(fams) != 2 {
 		t.Fatalf("TCP listeners on %v, want 0.0.0.0 and ::", fams)
 	}
@@ -97,17 +92,8 @@ func TestIPFamiliesWithoutFrontends(t *testing.T) {
 	p := newTestProxier(t, Config{BindAddress: netip.IPv4Unspecified()})
 	name := spn("v6", "nofrontend", state.TCP)
 	sp := state.ServicePort{Name: name, Port: 80, IPFamilies: []state.IPFamily{state.IPv6}, ClusterEndpoints: eps(b.addr())}
-	listening := func() map[string]bool {
-		on := map[string]bool{}
-		for _, l := range p.Listeners() {
-			if l.Service == name {
-				on[l.Addr.Addr().String()] = true
-			}
-		}
-		return on
-	}
 	mustApply(t, p, sp)
-	if on := listening(); !on["::"] || len(on) != 1 {
+	if on := listenIPs(p, name); !on["::"] || len(on) != 1 {
 		t.Fatalf("listening on %v, want :: alone", on)
 	}
 	if got := tcpWho(t, fmt.Sprintf("[::1]:%d", p.ProxyPort(name))); got != "b6" {
@@ -116,10 +102,21 @@ func TestIPFamiliesWithoutFrontends(t *testing.T) {
 
 	sp.IPFamilies = []state.IPFamily{state.IPv6, state.IPv4}
 	mustApply(t, p, sp)
-	if on := listening(); !on["::"] || !on["0.0.0.0"] || len(on) != 2 {
+	if on := listenIPs(p, name); !on["::"] || !on["0.0.0.0"] || len(on) != 2 {
 		t.Fatalf("dual stack: listening on %v, want :: and 0.0.0.0", on)
 	}
 	if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(name))); got != "b6" {
 		t.Fatalf("via IPv4 reached %q", got)
 	}
+}
+
+// listenIPs is the set of addresses name's listeners are bound to.
+func listenIPs(p *Proxier, name state.ServicePortName) map[string]bool {
+	on := map[string]bool{}
+	for _, l := range p.Listeners() {
+		if l.Service == name {
+			on[l.Addr.Addr().String()] = true
+		}
+	}
+	return on
 }
