@@ -370,7 +370,26 @@ func (m *manifest) addSlice(at origin, s *discoveryv1.EndpointSlice) {
 	}
 	ok := m.check(at, "EndpointSlice", s.Namespace, s.Name, validateSlice(s))
 	if m.register(at, "EndpointSlice", objectRef{s.Namespace, s.Name}) && ok {
+		defaultSlicePorts(s)
 		m.slices = append(m.slices, s)
+	}
+}
+
+// defaultSlicePorts sets what the API server defaults in a slice's ports: a
+// port without a name is named "", one without a protocol is TCP. A slice
+// read from a cluster always has both, and the shared semantics skip a port
+// whose name is nil, as kube-proxy does; without these defaults the usual
+// slice of a one-port Service, written without a port name, would serve
+// nothing.
+func defaultSlicePorts(s *discoveryv1.EndpointSlice) {
+	for i := range s.Ports {
+		p := &s.Ports[i]
+		if p.Name == nil {
+			p.Name = new("")
+		}
+		if p.Protocol == nil {
+			p.Protocol = new(corev1.ProtocolTCP)
+		}
 	}
 }
 

@@ -78,6 +78,57 @@ func TestParseManifests(t *testing.T) {
 	}
 }
 
+// A slice port written without a name or protocol gets the API server's
+// defaults ("" and TCP), so it feeds the Service's unnamed port as it would
+// in a cluster instead of being skipped.
+func TestParseManifestsDefaultsSlicePorts(t *testing.T) {
+	data := `apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [127.0.0.1]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dns}
+spec: {ports: [{port: 53, protocol: UDP}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports: [{port: 5353, protocol: UDP}]
+endpoints: [{addresses: [127.0.0.1]}]
+`
+	svcs, sl, warnings, err := ParseManifests("demo.yaml", []byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warnings) != 0 {
+		t.Errorf("unexpected warnings: %v", warnings)
+	}
+	snap, problems := BuildSnapshot(svcs, sl, Options{AllowLoopback: true, AllowNoClusterIP: true})
+	checkProblems(t, problems, nil)
+	for name, want := range map[state.ServicePortName]string{
+		{Namespace: "default", Name: "web", Protocol: state.TCP}: "127.0.0.1:8080",
+		{Namespace: "default", Name: "dns", Protocol: state.UDP}: "127.0.0.1:5353",
+	} {
+		sp := snap.Get(name)
+		if sp == nil {
+			t.Fatalf("%s: not in the snapshot (ports %v)", name, snap.Names())
+		}
+		if got := addrs(sp.ClusterEndpoints); !slices.Equal(got, []string{want}) {
+			t.Errorf("%s endpoints: got %q, want %s", name, got, want)
+		}
+	}
+}
+
 func TestParseManifestsForms(t *testing.T) {
 	tests := []struct {
 		name                   string
