@@ -3,6 +3,7 @@ package source
 import (
 	"bufio"
 	"bytes"
+	stdjson "encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -158,11 +159,63 @@ func parseManifests(name string, data []byte) (*manifest, error) {
 		if empty(chunk) {
 			continue
 		}
-		m.document(dec, at, chunk)
-		doc++
+		values, badLine, err := jsonValues(chunk)
+		if values == nil { // YAML
+			m.document(dec, at, chunk)
+			doc++
+			continue
+		}
+		for _, v := range values {
+			m.document(dec, origin{document: doc, line: at.line + v.line, item: -1}, v.data)
+			doc++
+		}
+		if err != nil {
+			line := at.line + badLine
+			m.errs = append(m.errs, &ObjectError{File: name, Document: doc, Line: line, Err: fmt.Errorf("line %d: %w", line, err)})
+			break
+		}
 	}
 	m.crossCheck()
 	return m, errors.Join(m.errs...)
+}
+
+// jsonValue is one JSON value of a document, and the line it starts on,
+// counted from the document's first line.
+type jsonValue struct {
+	data []byte
+	line int
+}
+
+// jsonValues splits a document that is a stream of JSON objects, as
+// `kubectl apply -f` reads a JSON file, into its values; each is then a
+// document of its own. A document that is not JSON (its first value does
+// not parse as JSON: YAML, which may also start with "{") yields no values.
+// After a first good value, anything that does not parse is an error, on
+// line badLine of the document (counted from 0), so that a second object an
+// editor has half written, or trailing text, is not silently dropped.
+func jsonValues(doc []byte) (values []jsonValue, badLine int, err error) {
+	if !utilyaml.IsJSONBuffer(doc) {
+		return nil, 0, nil
+	}
+	d := stdjson.NewDecoder(bytes.NewReader(doc))
+	for {
+		var raw stdjson.RawMessage
+		rest := doc[d.InputOffset():]
+		err := d.Decode(&raw)
+		if err == io.EOF {
+			return values, 0, nil
+		}
+		// The value's first line, not the whitespace before it.
+		start := len(doc) - len(bytes.TrimLeft(rest, " \t\r\n"))
+		line := bytes.Count(doc[:start], []byte("\n"))
+		if err != nil {
+			if values == nil {
+				return nil, 0, nil
+			}
+			return values, line, fmt.Errorf("invalid JSON after object %d: %w", len(values), err)
+		}
+		values = append(values, jsonValue{data: raw, line: line})
+	}
 }
 
 // documentLines returns the line where each document of data starts, as

@@ -142,6 +142,22 @@ func TestParseManifestsForms(t *testing.T) {
 			wantServices: 1,
 		},
 		{
+			name: "a stream of JSON objects, as kubectl reads a JSON file",
+			data: `{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}
+{
+  "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+  "metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+  "addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.1"]}]
+} {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "dns"}, "spec": {"ports": [{"port": 53, "protocol": "UDP"}]}}
+`,
+			wantServices: 2, wantSlcs: 1,
+		},
+		{
+			name:         "YAML in flow style is not taken for JSON",
+			data:         "{apiVersion: v1, kind: Service, metadata: {name: web}, spec: {ports: [{port: 80}]}}\n",
+			wantServices: 1,
+		},
+		{
 			name: "v1 List",
 			data: `apiVersion: v1
 kind: List
@@ -449,6 +465,23 @@ addressType: IPv9
 				"demo.yaml: document 1 (Service default/web): items[0].spec.ports[0].nodePot: unknown field",
 				"demo.yaml: document 1 (List): items[1]: a List may not hold another list",
 			},
+		},
+		{
+			name: "text after JSON objects",
+			data: "{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"web\"}, \"spec\": {\"ports\": [{\"port\": 80}]}}\n\nthis is not JSON\n",
+			want: []string{"demo.yaml: document 2: line 3: invalid JSON after object 1: invalid character 'h' in literal true (expecting 'r')"},
+		},
+		{
+			name: "a JSON object half written",
+			data: "{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"web\"}, \"spec\": {\"ports\": [{\"port\": 80}]}}\n" +
+				"{\"apiVersion\": \"v1\", \"kind\": \"Serv",
+			want: []string{"demo.yaml: document 2: line 2: invalid JSON after object 1: "},
+		},
+		{
+			name: "errors in a JSON stream name the object's document",
+			data: "{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"web\"}, \"spec\": {\"ports\": [{\"port\": 80}]}}\n" +
+				"{\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"dns\"}, \"spec\": {\"ports\": [{\"port\": 0}]}}\n",
+			want: []string{"demo.yaml: document 2 (Service default/dns): spec.ports[0].port: 0 is out of range 1-65535"},
 		},
 		{
 			name: "bad document separator",
