@@ -213,7 +213,7 @@ type udpSession struct {
 	rc       syscall.RawConn
 
 	lastActive atomic.Int64 // unix nanoseconds of the last datagram either way
-	awaiting   atomic.Bool  // a client datagram has had no reply yet
+	unanswered atomic.Int32 // client datagrams without a reply yet (each reply answers one)
 	refused    atomic.Bool
 
 	dstMu sync.Mutex // guards the fields below
@@ -249,7 +249,9 @@ func (s *udpSession) send(b []byte, dst netip.Addr) {
 		s.setDst(dst)
 	}
 	s.lastActive.Store(time.Now().UnixNano())
-	s.awaiting.Store(true)
+	if s.unanswered.Load() < maxUnanswered {
+		s.unanswered.Add(1)
+	}
 	var werr error
 	err := s.rc.Write(func(fd uintptr) bool {
 		_, werr = unix.Write(int(fd), b)
@@ -280,12 +282,12 @@ func (s *udpSession) refuse() {
 }
 
 // expiry is when the session ends if nothing more happens: the idle timeout
-// after the last datagram, or the longer reply timeout while a client
-// datagram is unanswered.
+// after the last datagram, or the longer reply timeout while client
+// datagrams are unanswered.
 func (s *udpSession) expiry() time.Time {
 	cfg := &s.l.sp.p.cfg
 	timeout := cfg.UDPIdleTimeout
-	if s.awaiting.Load() && cfg.UDPReplyTimeout > timeout {
+	if s.unanswered.Load() > 0 && cfg.UDPReplyTimeout > timeout {
 		timeout = cfg.UDPReplyTimeout
 	}
 	return time.Unix(0, s.lastActive.Load()).Add(timeout)
@@ -344,13 +346,25 @@ func (s *udpSession) replyLoop() {
 			return
 		}
 		s.lastActive.Store(time.Now().UnixNano())
-		s.awaiting.Store(false)
+		s.answered()
 		if err := l.sendTo((*bp)[:n], s.replyOOB(), s.clientSA); err != nil {
 			p.stats.UDPDropped.Add(1)
 		} else {
 			p.stats.UDPDatagramsOut.Add(1)
 		}
 		datagramPool.Put(bp)
+	}
+}
+
+// answered counts one reply against the unanswered client datagrams: a
+// client with several questions out (a resolver's A and AAAA) keeps the
+// reply timeout until each has had one.
+func (s *udpSession) answered() {
+	for {
+		n := s.unanswered.Load()
+		if n == 0 || s.unanswered.CompareAndSwap(n, n-1) {
+			return
+		}
 	}
 }
 

@@ -111,6 +111,48 @@ func TestUDPSlowFirstReply(t *testing.T) {
 	}
 }
 
+// TestUDPSlowSecondReply: a client with two questions out from one socket,
+// as a resolver sends A and AAAA, gets both answers although the second
+// comes long after the first and after the idle timeout: the first reply
+// answers one datagram, not the session's every datagram.
+func TestUDPSlowSecondReply(t *testing.T) {
+	be, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	go func() {
+		buf := make([]byte, 100)
+		for i := range 2 {
+			n, from, err := be.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if i == 1 {
+				time.Sleep(600 * time.Millisecond) // the backend's own slowness, not test synchronisation
+			}
+			be.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	p := newTestProxier(t, Config{UDPIdleTimeout: 100 * time.Millisecond, UDPReplyTimeout: 3 * time.Second})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.LocalAddr().(*net.UDPAddr).AddrPort())})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	for _, q := range []string{"A", "AAAA"} {
+		if _, err := c.Write([]byte(q)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 100)
+	for _, want := range []string{"A", "AAAA"} {
+		n, err := c.Read(buf)
+		if err != nil || string(buf[:n]) != want {
+			t.Fatalf("answer %s: got %q, %v", want, buf[:n], err)
+		}
+	}
+}
+
 func TestUDP64KiBDatagram(t *testing.T) {
 	be := startUDPBackend(t, "a")
 	p := newTestProxier(t, Config{})

@@ -16,6 +16,10 @@ import (
 // 4 KiB).
 const maxDatagram = 65535
 
+// maxUnanswered bounds a session's count of client datagrams without a
+// reply, so a one-way flow (syslog) cannot wrap it round.
+const maxUnanswered = 1 << 20
+
 func sockaddr(f family, ap netip.AddrPort) unix.Sockaddr {
 	if f == familyIPv6 {
 		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}

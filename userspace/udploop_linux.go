@@ -283,7 +283,7 @@ type udpSession struct {
 	dst        netip.Addr // where the client's datagrams arrive
 	oob        []byte     // control message that sends replies from dst
 	lastActive time.Time  // the last datagram either way
-	awaiting   bool       // a client datagram has had no reply yet
+	unanswered int        // client datagrams without a reply yet (each reply answers one)
 	timer      timerEntry // its expiry, in the loop's heap
 }
 
@@ -304,12 +304,12 @@ func (s *udpSession) setDst(dst netip.Addr) {
 }
 
 // expiry is when the session ends if nothing more happens: the idle timeout
-// after the last datagram, or the longer reply timeout while a client
-// datagram is unanswered.
+// after the last datagram, or the longer reply timeout while client
+// datagrams are unanswered.
 func (s *udpSession) expiry() time.Time {
 	cfg := &s.l.sp.p.cfg
 	timeout := cfg.UDPIdleTimeout
-	if s.awaiting && cfg.UDPReplyTimeout > timeout {
+	if s.unanswered > 0 && cfg.UDPReplyTimeout > timeout {
 		timeout = cfg.UDPReplyTimeout
 	}
 	return s.lastActive.Add(timeout)
@@ -323,7 +323,7 @@ func (s *udpSession) send(b []byte, dst netip.Addr) {
 		s.setDst(dst)
 	}
 	s.lastActive = time.Now()
-	s.awaiting = true
+	s.unanswered = min(s.unanswered+1, maxUnanswered)
 	_, err := rawWrite(s.fd, b)
 	switch err {
 	case nil:
@@ -356,11 +356,17 @@ func (s *udpSession) readable() {
 			return
 		}
 		s.lastActive = time.Now()
-		if s.awaiting {
-			s.awaiting = false
-			// The expiry moved earlier (idle instead of reply timeout):
-			// keep the heap honest so the session does not outstay.
-			s.l.lp.schedule(&s.timer, s.expiry())
+		if s.unanswered > 0 {
+			// Count a reply per datagram: a client with several questions
+			// out (a resolver's A and AAAA) keeps the reply timeout until
+			// each has had one.
+			s.unanswered = max(0, s.unanswered-n)
+			if s.unanswered == 0 {
+				// The expiry moved earlier (idle instead of reply
+				// timeout): keep the heap honest so the session does not
+				// outstay.
+				s.l.lp.schedule(&s.timer, s.expiry())
+			}
 		}
 		for _, d := range batch.dgrams[:n] {
 			if err := rawSendmsg(s.l.fd, d.buf[:d.n], s.oob, &s.clientSA); err != nil {
