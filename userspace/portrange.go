@@ -91,13 +91,31 @@ var ErrPortRangeExhausted = errors.New("proxy port range exhausted")
 type portAllocator struct {
 	r PortRange
 
-	mu   sync.Mutex // guards the fields below
-	used []bool     // indexed by port - r.Base
-	free int
+	mu       sync.Mutex // guards the fields below
+	used     []bool     // indexed by port - r.Base
+	free     int
+	reserved map[uint16]bool // never handed out: node ports the proxier listens on
 }
 
 func newPortAllocator(r PortRange) *portAllocator {
 	return &portAllocator{r: r, used: make([]bool, r.Size), free: r.Size}
+}
+
+// reserve sets the ports that are never handed out or claimed, in place of
+// those set before: the node ports the proxier listens on itself, which a
+// range that overlaps the node-port range would otherwise hand out as
+// proxy ports.
+func (a *portAllocator) reserve(ports map[uint16]bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.reserved = ports
+}
+
+// isReserved reports whether port is reserved.
+func (a *portAllocator) isReserved(port uint16) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.reserved[port]
 }
 
 // allocate returns a free port, chosen at a random offset and then scanning
@@ -108,24 +126,23 @@ func (a *portAllocator) allocate() (uint16, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.free == 0 {
-		return 0, fmt.Errorf("%w: all %d ports of %s are in use", ErrPortRangeExhausted, a.r.Size, a.r)
-	}
-	start := rand.IntN(a.r.Size)
-	for i := range a.r.Size {
-		off := (start + i) % a.r.Size
-		if !a.used[off] {
-			a.used[off] = true
-			a.free--
-			return a.r.Base + uint16(off), nil
+	if a.free > 0 {
+		start := rand.IntN(a.r.Size)
+		for i := range a.r.Size {
+			off := (start + i) % a.r.Size
+			if !a.used[off] && !a.reserved[a.r.Base+uint16(off)] {
+				a.used[off] = true
+				a.free--
+				return a.r.Base + uint16(off), nil
+			}
 		}
 	}
-	panic("userspace: port allocator free count out of sync") // unreachable: free > 0
+	return 0, fmt.Errorf("%w: all %d ports of %s are in use (as proxy ports or node ports)", ErrPortRangeExhausted, a.r.Size, a.r)
 }
 
 // claim marks a specific port as used, e.g. one the kernel chose or one we
-// keep from before; it reports false if the port is outside the range or
-// already used.
+// keep from before; it reports false if the port is outside the range,
+// already used or reserved.
 func (a *portAllocator) claim(port uint16) bool {
 	if !a.r.Contains(port) {
 		return false
@@ -133,7 +150,7 @@ func (a *portAllocator) claim(port uint16) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	off := int(port - a.r.Base)
-	if a.used[off] {
+	if a.used[off] || a.reserved[port] {
 		return false
 	}
 	a.used[off] = true

@@ -194,6 +194,22 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 			errs = multierror.Append(errs, fmt.Errorf("userspace: list local addresses for node ports: %w", err))
 		}
 	}
+	if p.cfg.ServeNodePorts {
+		// A node port the proxier listens on is never a proxy port, even
+		// when --proxy-port-range overlaps the node-port range.
+		nodePorts := make(map[uint16]bool)
+		for spec := range snap.All {
+			if spec.NodePort != 0 {
+				nodePorts[spec.NodePort] = true
+			}
+		}
+		p.ports.reserve(nodePorts)
+	}
+	type work struct {
+		sp    *servicePort
+		extra []sockKey
+	}
+	var todo []work
 	for spec := range snap.All {
 		sp, ok := p.services[spec.Name]
 		if !ok {
@@ -209,7 +225,16 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		} else {
 			sp.sweep() // unchanged: only drop expired affinity
 		}
-		if err := sp.reconcile(p.desiredSockets(sp, spec, localAddrs)); err != nil {
+		todo = append(todo, work{sp, p.desiredSockets(sp, spec, localAddrs)})
+	}
+	// Close what every service port no longer wants before opening
+	// anything, so that a port passed from one service port to another
+	// (two Services swapping node ports) is free when it is opened.
+	for _, w := range todo {
+		w.sp.prune(w.extra)
+	}
+	for _, w := range todo {
+		if err := w.sp.reconcile(w.extra); err != nil {
 			errs = multierror.Append(errs, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -184,6 +185,100 @@ func freeTCPPort(t *testing.T) uint16 {
 	}
 	t.Fatal("no free port")
 	return 0
+}
+
+// freePortRun returns the first of n consecutive ports that are free for
+// TCP and UDP, below the kernel's ephemeral range (see freeTCPPort).
+func freePortRun(t *testing.T, n int) uint16 {
+	t.Helper()
+	free := func(port int) bool {
+		ln, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			return false
+		}
+		ln.Close()
+		u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+		if err != nil {
+			return false
+		}
+		u.Close()
+		return true
+	}
+	for range 200 {
+		base := 20000 + rand.IntN(12000)
+		ok := true
+		for i := range n {
+			ok = ok && free(base+i)
+		}
+		if ok {
+			return uint16(base)
+		}
+	}
+	t.Fatal("no run of free ports")
+	return 0
+}
+
+// TestNodePortsAreNotProxyPorts: with a proxy port range that overlaps the
+// node ports (a user's --proxy-port-range inside 30000-32767), no proxy
+// port takes a node port, and a proxy port that a Service now asks for as
+// its node port moves. A proxy port on a node port made it serve the
+// wrong Service there.
+func TestNodePortsAreNotProxyPorts(t *testing.T) {
+	a, b := startTCPBackend(t, "a"), startTCPBackend(t, "b")
+	base := freePortRun(t, 4)
+	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil },
+		PortRange:  PortRange{Base: base, Size: 4}})
+	sa, sb := spn("a", "", state.TCP), spn("b", "", state.TCP)
+
+	// Two node ports in the range: the proxy ports get the other two.
+	mustApply(t, p,
+		state.ServicePort{Name: sa, Port: 80, NodePort: base, ClusterEndpoints: eps(a.addr())},
+		state.ServicePort{Name: sb, Port: 80, NodePort: base + 1, ClusterEndpoints: eps(b.addr())})
+	if got := []uint16{p.ProxyPort(sa), p.ProxyPort(sb)}; slices.Contains(got, base) || slices.Contains(got, base+1) {
+		t.Fatalf("proxy ports %v take node ports %d and %d", got, base, base+1)
+	}
+	for port, want := range map[uint16]string{base: "a", base + 1: "b"} {
+		if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", port)); got != want {
+			t.Fatalf("node port %d reached %q, want %q", port, got, want)
+		}
+	}
+
+	// b's node port becomes a's proxy port: a's proxy port moves.
+	taken := p.ProxyPort(sa)
+	mustApply(t, p,
+		state.ServicePort{Name: sa, Port: 80, ClusterEndpoints: eps(a.addr())},
+		state.ServicePort{Name: sb, Port: 80, NodePort: taken, ClusterEndpoints: eps(b.addr())})
+	if got := p.ProxyPort(sa); got == taken || !(PortRange{Base: base, Size: 4}).Contains(got) {
+		t.Fatalf("a's proxy port is %d; want it moved off %d, within the range", got, taken)
+	}
+	if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", taken)); got != "b" {
+		t.Fatalf("node port %d reached %q, want b", taken, got)
+	}
+	if got := tcpWho(t, proxyAddr(t, p, sa)); got != "a" {
+		t.Fatalf("a's new proxy port reached %q", got)
+	}
+}
+
+// TestNodePortSwap: two Services that swap node ports in one change are
+// both served at once; the second was refused its new port until the next
+// retry, because the first still held it.
+func TestNodePortSwap(t *testing.T) {
+	a, b := startTCPBackend(t, "a"), startTCPBackend(t, "b")
+	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }})
+	sa, sb := spn("a", "", state.TCP), spn("b", "", state.TCP)
+	x, y := freeTCPPort(t), freeTCPPort(t)
+	for _, ports := range [][2]uint16{{x, y}, {y, x}} {
+		mustApply(t, p,
+			state.ServicePort{Name: sa, Port: 80, NodePort: ports[0], ClusterEndpoints: eps(a.addr())},
+			state.ServicePort{Name: sb, Port: 80, NodePort: ports[1], ClusterEndpoints: eps(b.addr())})
+		for port, want := range map[uint16]string{ports[0]: "a", ports[1]: "b"} {
+			if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", port)); got != want {
+				t.Fatalf("node port %d reached %q, want %q", port, got, want)
+			}
+		}
+	}
 }
 
 func TestNodePortServedDirectly(t *testing.T) {

@@ -182,23 +182,11 @@ func (sp *servicePort) balancer(r socketRole) *balancer {
 	return sp.internal
 }
 
-// reconcile opens missing sockets and closes unwanted ones. The proxy-port
-// sockets are opened once and kept for the service port's lifetime.
-func (sp *servicePort) reconcile(extra []sockKey) error {
-	var errs *multierror.Error
+// wanted is every socket the service port should have: its proxy ports on
+// the addresses of its families, and extra.
+func (sp *servicePort) wanted(extra []sockKey) map[sockKey]bool {
 	want := make(map[sockKey]bool, len(extra)+2)
 	if !sp.p.cfg.DisableProxyPorts {
-		if err := sp.ensureProxyPort(roleProxyPort, &sp.proxyPort); err != nil {
-			errs = multierror.Append(errs, err)
-		}
-		if sp.spec.InternalLocal != sp.spec.ExternalLocal {
-			if err := sp.ensureProxyPort(roleExternalProxyPort, &sp.extProxyPort); err != nil {
-				errs = multierror.Append(errs, err)
-			}
-		} else if sp.extProxyPort != 0 {
-			sp.p.ports.release(sp.extProxyPort)
-			sp.extProxyPort = 0
-		}
 		// The families served can change with the frontends; every family
 		// uses the same proxy port.
 		for _, a := range sp.p.proxyPortAddrs(sp.spec) {
@@ -213,6 +201,25 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 	for _, k := range extra {
 		want[k] = true
 	}
+	return want
+}
+
+// prune closes the sockets the service port no longer wants. A proxy port
+// that a Service now has as its node port is given up, and reconcile opens
+// another: the node port is what the Service asks for.
+func (sp *servicePort) prune(extra []sockKey) {
+	for _, port := range []*uint16{&sp.proxyPort, &sp.extProxyPort} {
+		if *port != 0 && sp.p.ports.isReserved(*port) {
+			klog.InfoS("Moving a proxy port: a Service has it as its node port", "service", sp.name, "proxyPort", *port)
+			sp.p.ports.release(*port)
+			*port = 0
+		}
+	}
+	if sp.extProxyPort != 0 && sp.spec.InternalLocal == sp.spec.ExternalLocal {
+		sp.p.ports.release(sp.extProxyPort)
+		sp.extProxyPort = 0
+	}
+	want := sp.wanted(extra)
 	for k, s := range sp.sockets {
 		if !want[k] {
 			klog.V(2).InfoS("Closing listener", "service", sp.name, "addr", k.addr, "role", k.role)
@@ -220,7 +227,25 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 			delete(sp.sockets, k)
 		}
 	}
-	for k := range want {
+}
+
+// reconcile closes unwanted sockets and opens missing ones. The proxy-port
+// sockets are opened once and kept for the service port's lifetime (unless
+// their port becomes a node port).
+func (sp *servicePort) reconcile(extra []sockKey) error {
+	sp.prune(extra)
+	var errs *multierror.Error
+	if !sp.p.cfg.DisableProxyPorts {
+		if err := sp.ensureProxyPort(roleProxyPort, &sp.proxyPort); err != nil {
+			errs = multierror.Append(errs, err)
+		}
+		if sp.spec.InternalLocal != sp.spec.ExternalLocal {
+			if err := sp.ensureProxyPort(roleExternalProxyPort, &sp.extProxyPort); err != nil {
+				errs = multierror.Append(errs, err)
+			}
+		}
+	}
+	for k := range sp.wanted(extra) {
 		if _, ok := sp.sockets[k]; ok {
 			continue
 		}
@@ -263,6 +288,13 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 			return fmt.Errorf("userspace: service %s: %w", sp.name, err)
 		}
 		opened, actual, err := sp.listenAll(addrs, want, role)
+		if err == nil && sp.p.ports.isReserved(actual) {
+			// The kernel chose a port that a Service has as its node port.
+			for _, o := range opened {
+				o.close()
+			}
+			err = fmt.Errorf("port %d: %w (it is a node port)", actual, syscall.EADDRINUSE)
+		}
 		if err == nil {
 			if want == 0 {
 				sp.p.ports.claim(actual) // a kernel-chosen port inside the range is ours
