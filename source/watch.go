@@ -72,7 +72,10 @@ const (
 // The parent directory is watched rather than the file, so that editors that
 // write a new file and rename it over the old one, and ConfigMap volumes
 // (where kubelet swaps a "..data" symbolic link), are followed; the path is
-// resolved again after every change.
+// resolved again after every change. Twice a second the file and its
+// directory are looked at too, for what the watch cannot see: the
+// directory replaced, or reached through a symbolic link that now points
+// elsewhere.
 //
 // apply is called from Run's goroutine, one call at a time. Run returns nil
 // when ctx is done, after every goroutine it started has finished.
@@ -94,6 +97,8 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	if err := w.Add(l.dir); err != nil {
 		return fmt.Errorf("manifests: watch %s: %w", l.dir, err)
 	}
+	l.dirInfo, _ = os.Stat(l.dir)
+	l.fileInfo, _ = os.Stat(l.path)
 	snap, _, err := l.load()
 	if err != nil {
 		return fmt.Errorf("manifests: %w", err)
@@ -122,6 +127,8 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		defer t.Stop()
 		resync = t.C
 	}
+	poll := time.NewTicker(statPoll)
+	defer poll.Stop()
 
 	for {
 		select {
@@ -147,6 +154,11 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 			l.reload(apply)
 		case <-resync:
 			l.reload(apply)
+		case <-poll.C:
+			l.rewatch()
+			if l.statChanged() {
+				schedule()
+			}
 		}
 	}
 }
@@ -162,8 +174,10 @@ type loader struct {
 	// reloaded is Manifests.reloaded, or nil.
 	reloaded func(reloadOutcome, error)
 
-	target    string // path with symbolic links resolved, or ""
-	targetDir string // extra directory watched for target, or ""
+	target    string      // path with symbolic links resolved, or ""
+	targetDir string      // extra directory watched for target, or ""
+	dirInfo   os.FileInfo // the directory watched as dir, or nil
+	fileInfo  os.FileInfo // the file at the last poll, or nil
 
 	seen    string         // content hash or error of the last read
 	current state.Snapshot // last applied
@@ -277,6 +291,44 @@ func readManifest(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: larger than %d MiB", path, maxManifestBytes>>20)
 	}
 	return data, nil
+}
+
+// statPoll is how often the file and its directory are looked at, for the
+// changes a directory watch cannot see: the directory deleted and made
+// again (the watch ends with the old one), or reached through a symbolic
+// link that now points elsewhere (the watch stays on the old target).
+const statPoll = 500 * time.Millisecond
+
+// rewatch watches dir again when it is no longer the directory watched.
+func (l *loader) rewatch() {
+	fi, err := os.Stat(l.dir)
+	if err != nil || l.dirInfo != nil && os.SameFile(fi, l.dirInfo) {
+		return // gone for now, or still the one watched
+	}
+	_ = l.watcher.Remove(l.dir) // its watch may have ended with it
+	if err := l.watcher.Add(l.dir); err != nil {
+		klog.V(2).InfoS("Cannot watch the manifest file's directory", "file", l.name, "dir", l.dir, "err", err)
+		return
+	}
+	klog.V(2).InfoS("Watching the manifest file's directory again: it was replaced", "file", l.name, "dir", l.dir)
+	l.dirInfo = fi
+}
+
+// statChanged reports whether the file is another file, or has another size
+// or modification time, than at the last poll.
+func (l *loader) statChanged() bool {
+	fi, err := os.Stat(l.path)
+	if err != nil {
+		fi = nil
+	}
+	prev := l.fileInfo
+	l.fileInfo = fi
+	switch {
+	case fi == nil || prev == nil:
+		return (fi == nil) != (prev == nil)
+	default:
+		return !os.SameFile(fi, prev) || fi.Size() != prev.Size() || !fi.ModTime().Equal(prev.ModTime())
+	}
 }
 
 // follow resolves symbolic links in the path again and, when the file

@@ -299,6 +299,79 @@ func TestManifestsSymlinkElsewhere(t *testing.T) {
 	}
 }
 
+// TestManifestsDirectoryReplaced: the file's directory is deleted and made
+// again (a deployment tool that replaces the whole directory); the new file
+// and later edits to it are applied, though the directory watch ended with
+// the old directory. The periodic re-read is off, so only the watch and
+// the poll can see the edits.
+func TestManifestsDirectoryReplaced(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "conf")
+	path := filepath.Join(dir, "demo.yaml")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(manifestWith("127.0.0.1")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := startWatch(t, path)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(outcomeRejected) // the file is gone for a moment
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(manifestWith("127.0.0.2")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(outcomeApplied)
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"127.0.0.2:8080"}) {
+		t.Fatalf("after the directory was replaced: got %q", got)
+	}
+	writeByRename(t, path, manifestWith("127.0.0.3"))
+	w.waitFor(outcomeApplied)
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"127.0.0.3:8080"}) {
+		t.Fatalf("after an edit in the new directory: got %q", got)
+	}
+}
+
+// TestManifestsSymlinkedDirectorySwap: the path goes through a symbolic
+// link to a release directory ("current" -> "r1"), which a deployment
+// swaps to another ("current" -> "r2"); the new release's file and later
+// edits to it are applied, though the directory watch was on r1.
+func TestManifestsSymlinkedDirectorySwap(t *testing.T) {
+	root := t.TempDir()
+	for i, addr := range []string{"127.0.0.1", "127.0.0.2"} {
+		release := filepath.Join(root, []string{"r1", "r2"}[i])
+		if err := os.Mkdir(release, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(release, "demo.yaml"), []byte(manifestWith(addr)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	current := filepath.Join(root, "current")
+	if err := os.Symlink("r1", current); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := startWatch(t, filepath.Join(current, "demo.yaml"))
+	if err := os.Symlink("r2", current+".tmp"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(current+".tmp", current); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(outcomeApplied)
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"127.0.0.2:8080"}) {
+		t.Fatalf("after the swap: got %q", got)
+	}
+	writeByRename(t, filepath.Join(root, "r2", "demo.yaml"), manifestWith("127.0.0.3"))
+	w.waitFor(outcomeApplied)
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"127.0.0.3:8080"}) {
+		t.Fatalf("after an edit in the new release: got %q", got)
+	}
+}
+
 func TestManifestsStartupErrors(t *testing.T) {
 	dir := t.TempDir()
 	broken := filepath.Join(dir, "broken.yaml")
