@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +160,30 @@ func TestManifestEndToEnd(t *testing.T) {
 			t.Fatal("node port still answers after the proxy exited")
 		}
 	})
+}
+
+// TestBinaryUDPSessionCapSaysSo: clients that --udp-max-sessions turns away
+// get no answer, and the log says why, once, not per datagram.
+func TestBinaryUDPSessionCapSaysSo(t *testing.T) {
+	a, ua := httpBackend(t, "a"), udpBackend(t, "ua")
+	np := freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, manifest(np, "None", []int{a}, []int{ua}))
+	p := startProxy(t, append(proxyArgs(file), "--udp-max-sessions=1", "--udp-timeout=1m")...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 2, 20*time.Second)
+	if reply, err := ncUDP(t, "127.0.0.1", np, "first"); err != nil || reply != "ua:first" {
+		t.Fatalf("the first client: %q, %v", reply, err)
+	}
+	const capLine = `"UDP session cap reached.*service="e2e/app:dns/UDP" maxSessions=1`
+	for i := range 2 {
+		if reply, _ := ncUDP(t, "127.0.0.1", np, "over"); reply != "" {
+			t.Fatalf("client %d past the cap got %q", i+2, reply)
+		}
+		p.waitLog(0, capLine, 1, 5*time.Second)
+	}
+	if n := len(regexp.MustCompile(capLine).FindAllString(p.log(), -1)); n != 1 {
+		t.Fatalf("the cap was logged %d times for two clients; want once a minute at most:\n%s", n, p.log())
+	}
 }
 
 func TestBadInputFailsClearly(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-multierror"
 	"k8s.io/klog/v2"
@@ -70,6 +71,10 @@ type servicePort struct {
 	external atomic.Pointer[balancer]
 	// udpSessions counts live UDP sessions across the port's sockets.
 	udpSessions atomic.Int64
+	// capTurnedAway counts clients the session cap turned away since
+	// capLogged (unix nanoseconds), when that was last logged.
+	capTurnedAway atomic.Int64
+	capLogged     atomic.Int64
 
 	spec      *state.ServicePort
 	proxyPort uint16
@@ -140,6 +145,7 @@ func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balanc
 	if max := p.cfg.UDPMaxSessions; max > 0 && n > int64(max) {
 		sp.releaseUDP()
 		p.stats.UDPSessionsRejected.Add(1)
+		sp.capReached(max)
 		return nil, netip.AddrPort{}, false
 	}
 	b := sp.balancer(role)
@@ -150,6 +156,22 @@ func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balanc
 		return nil, netip.AddrPort{}, false
 	}
 	return b, ep, true
+}
+
+// capLogEvery is how often a service port at its UDP session cap says so.
+const capLogEvery = time.Minute
+
+// capReached counts a client the session cap turned away, and logs it the
+// first time and then at most once every capLogEvery, with the count.
+func (sp *servicePort) capReached(max int) {
+	sp.capTurnedAway.Add(1)
+	now := time.Now().UnixNano()
+	last := sp.capLogged.Load()
+	if last != 0 && now-last < int64(capLogEvery) || !sp.capLogged.CompareAndSwap(last, now) {
+		return
+	}
+	klog.InfoS("UDP session cap reached; datagrams from new clients are dropped (see --udp-max-sessions)",
+		"service", sp.name, "maxSessions", max, "clientsTurnedAway", sp.capTurnedAway.Swap(0))
 }
 
 // releaseUDP gives back the place under the cap that admitUDP took.
