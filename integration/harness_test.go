@@ -113,8 +113,13 @@ func startCommand(t *testing.T, name string, args ...string) *proxyProc {
 // terminate sends SIGTERM and waits up to within for the process to exit.
 // It reports how long the exit took, or false when it had not exited.
 func (p *proxyProc) terminate(within time.Duration) (time.Duration, bool) {
+	return p.stop(syscall.SIGTERM, within)
+}
+
+// stop is terminate with another signal.
+func (p *proxyProc) stop(sig syscall.Signal, within time.Duration) (time.Duration, bool) {
 	start := time.Now()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(sig)
 	select {
 	case <-p.done:
 		return time.Since(start), true

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -183,6 +184,37 @@ func TestBinaryUDPSessionCapSaysSo(t *testing.T) {
 	}
 	if n := len(regexp.MustCompile(capLine).FindAllString(p.log(), -1)); n != 1 {
 		t.Fatalf("the cap was logged %d times for two clients; want once a minute at most:\n%s", n, p.log())
+	}
+}
+
+// TestBinaryHelpVersionAndHangUp: --help and --version print to standard
+// output (so `| less` and scripts read them) and exit 0; SIGHUP ends the
+// proxy as cleanly as SIGTERM, saying so, where it used to die silently.
+func TestBinaryHelpVersionAndHangUp(t *testing.T) {
+	for flag, want := range map[string]string{"--help": "--manifests string", "--version": "kube-userspace-proxy "} {
+		var stdout, stderr strings.Builder
+		cmd := exec.Command(proxyBin, flag)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("%s: %v\n%s", flag, err, stderr.String())
+		}
+		if !strings.Contains(stdout.String(), want) || stderr.Len() != 0 {
+			short := func(s string) string { return s[:min(len(s), 200)] }
+			t.Fatalf("%s: stdout %q, stderr %q; want %q on stdout only", flag, short(stdout.String()), short(stderr.String()), want)
+		}
+	}
+
+	a, ua := httpBackend(t, "a"), udpBackend(t, "ua")
+	np := freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, manifest(np, "None", []int{a}, []int{ua}))
+	p := startProxy(t, proxyArgs(file)...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 2, 20*time.Second)
+	if _, ok := p.stop(syscall.SIGHUP, 10*time.Second); !ok {
+		t.Fatal("the proxy did not exit within 10s of SIGHUP")
+	}
+	if p.err != nil || !strings.Contains(p.log(), `"Shutting down"`) {
+		t.Fatalf("exit after SIGHUP: %v; want a clean exit that logs it", p.err)
 	}
 }
 

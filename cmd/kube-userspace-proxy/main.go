@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -19,7 +21,9 @@ import (
 func main() {
 	cfg := proxyserver.NewConfig()
 	fs := pflag.NewFlagSet("kube-userspace-proxy", pflag.ContinueOnError)
+	fs.SetOutput(os.Stdout) // --help is asked for: it goes where `| less` reads
 	cfg.AddFlags(fs)
+	version := fs.Bool("version", false, "Print the version and exit.")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -30,6 +34,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kube-userspace-proxy:", err)
 		os.Exit(2)
 	}
+	if *version {
+		fmt.Println("kube-userspace-proxy", buildVersion())
+		os.Exit(0)
+	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (every option is a flag)\n", fs.Args())
 		os.Exit(2)
@@ -38,7 +46,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid options:\n%v\n", err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: a closed terminal or a stray reload request ends the
+	// proxy as cleanly, and as visibly, as SIGTERM.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	err := proxyserver.Run(ctx, cfg)
 	klog.Flush()
@@ -46,4 +56,30 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kube-userspace-proxy:", err)
 		os.Exit(1)
 	}
+}
+
+// buildVersion describes the build: the module version (or "(devel)"), the
+// commit when the binary was built from a checkout, and the Go toolchain
+// and platform.
+func buildVersion() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown) " + runtime.Version()
+	}
+	v := info.Main.Version
+	var rev, modified string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = " (modified)"
+			}
+		}
+	}
+	if rev != "" {
+		v += " commit " + rev[:min(12, len(rev))] + modified
+	}
+	return fmt.Sprintf("%s %s %s/%s", v, info.GoVersion, runtime.GOOS, runtime.GOARCH)
 }
