@@ -325,10 +325,12 @@ func TestBinaryNodePortAddressesFollowTheHost(t *testing.T) {
 	if strings.Contains(px.log(), ":30080") {
 		t.Fatalf("a node port is served before any address in 198.18.77.0/24 exists:\n%s", px.log())
 	}
+	px.waitLog(0, `"No address of this host is in --nodeport-addresses`, 1, 5*time.Second)
 	from := px.lineCount()
 	start := time.Now()
 	w.node.mustRun(t, "ip", "addr", "add", "198.18.77.1/32", "dev", "lo")
 	px.waitLog(from, `"Serving".*198.18.77.1:30080`, 1, 5*time.Second)
+	px.waitLog(from, `"An address of this host is in --nodeport-addresses again`, 1, 5*time.Second)
 	t.Logf("served %v after the address came", time.Since(start).Round(time.Millisecond))
 	expectReply(t, w.node, "tcp", "198.18.77.1:30080", "be1:")
 

@@ -136,6 +136,9 @@ type Proxier struct {
 	skipped  map[state.ServicePortName]bool // reported as unsupported
 	sctpOff  bool                           // SCTP unavailability has been logged
 	closed   bool
+	// noNodePortAddrs: no local address matches NodePortAddresses, and
+	// that has been logged.
+	noNodePortAddrs bool
 
 	conns  connTracker // live TCP connections, where goroutines serve them
 	assocs sctpTracker // live SCTP associations
@@ -192,6 +195,8 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		var err error
 		if localAddrs, err = p.cfg.LocalAddrs(); err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("userspace: list local addresses for node ports: %w", err))
+		} else {
+			p.checkNodePortAddrs(snap, localAddrs)
 		}
 	}
 	if p.cfg.ServeNodePorts {
@@ -239,6 +244,28 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		}
 	}
 	return errs.ErrorOrNil()
+}
+
+// checkNodePortAddrs says so when no local address matches
+// NodePortAddresses while services have node ports, which are then served
+// nowhere, and again when one does.
+func (p *Proxier) checkNodePortAddrs(snap state.Snapshot, localAddrs []netip.Addr) {
+	matched := slices.ContainsFunc(localAddrs, func(a netip.Addr) bool {
+		return slices.ContainsFunc(p.cfg.NodePortAddresses, func(pfx netip.Prefix) bool { return pfx.Contains(a) })
+	})
+	wanted := false
+	for spec := range snap.All {
+		wanted = wanted || spec.NodePort != 0
+	}
+	switch {
+	case !matched && wanted && !p.noNodePortAddrs:
+		p.noNodePortAddrs = true
+		klog.InfoS("No address of this host is in --nodeport-addresses: node ports are served nowhere until one is",
+			"nodePortAddresses", p.cfg.NodePortAddresses, "hostAddresses", localAddrs)
+	case matched && p.noNodePortAddrs:
+		p.noNodePortAddrs = false
+		klog.InfoS("An address of this host is in --nodeport-addresses again: node ports are served", "nodePortAddresses", p.cfg.NodePortAddresses)
+	}
 }
 
 // supported reports whether this proxier can serve a protocol here.
