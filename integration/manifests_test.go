@@ -218,6 +218,32 @@ func TestBinaryHelpVersionAndHangUp(t *testing.T) {
 	}
 }
 
+// TestBinaryCapsRepeatedMessages: a file with many problems logs the first
+// twenty of its warnings, and of a rejected edit's errors, and then how
+// many more there are, not hundreds of lines on every edit.
+func TestBinaryCapsRepeatedMessages(t *testing.T) {
+	services := func(port string) string {
+		var b strings.Builder
+		for i := range 25 {
+			fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Service\nmetadata: {name: s%d}\nspec: {selector: {app: x}, ports: [{port: %s}]}\n", i, port)
+		}
+		return b.String()
+	}
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, services("80"))
+	p := startProxy(t, proxyArgs(file)...)
+	p.waitLog(0, `"More manifest warnings not shown".* count=5`, 1, 20*time.Second)
+	if n := strings.Count(p.log(), `"Manifest warning"`); n != 20 {
+		t.Fatalf("%d warnings logged for 25 Services without slices; want 20 and a count", n)
+	}
+	from := p.lineCount()
+	writeFile(t, file, services("0"))
+	p.waitLog(from, `"More problems in the manifest file not shown".* count=5`, 1, 5*time.Second)
+	if n := strings.Count(strings.Join(strings.Split(p.log(), "\n")[from:], "\n"), `"Manifest edit rejected`); n != 20 {
+		t.Fatalf("%d errors logged for 25 bad Services; want 20 and a count", n)
+	}
+}
+
 func TestBadInputFailsClearly(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")

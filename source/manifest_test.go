@@ -158,6 +158,40 @@ func TestParseManifestsForms(t *testing.T) {
 			wantServices: 1,
 		},
 		{
+			name: "Services that get no endpoints or are left to others say so",
+			data: `apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {selector: {app: web}, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: other, labels: {service.kubernetes.io/service-proxy-name: cilium}}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: nohead, labels: {service.kubernetes.io/headless: ""}}
+spec: {selector: {app: web}, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sliced}
+spec: {selector: {app: web}, ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sliced-1, labels: {kubernetes.io/service-name: sliced}}
+addressType: IPv4
+`,
+			wantServices: 4, wantSlcs: 1,
+			wantWarnings: []string{
+				"demo.yaml: document 1 (Service default/web): spec.selector: selects pods, which only a cluster has, and no EndpointSlice in the file has label kubernetes.io/service-name: web; it has no endpoints",
+				`demo.yaml: document 2 (Service default/other): metadata.labels: label service.kubernetes.io/service-proxy-name="cilium" gives it to another proxy; skipped, as kube-proxy does`,
+				"demo.yaml: document 3 (Service default/nohead): metadata.labels: label service.kubernetes.io/headless marks it headless; skipped, as kube-proxy does",
+			},
+		},
+		{
 			name: "v1 List",
 			data: `apiVersion: v1
 kind: List

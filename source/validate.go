@@ -178,13 +178,29 @@ func validateService(svc *corev1.Service) []finding {
 		}
 	}
 
+	labels := field.NewPath("metadata", "labels")
+	_, headlessLabel := svc.Labels[corev1.IsHeadlessService]
+	proxyName, otherProxy := svc.Labels[LabelServiceProxyName]
 	switch {
 	case externalName:
 		fs.warnf(nil, "type ExternalName is served by DNS, not by the proxy; skipped")
 	case headless:
 		fs.warnf(nil, "headless (clusterIP: None) is served by DNS, not by the proxy; skipped")
+	case headlessLabel:
+		fs.warnf(labels, "label %s marks it headless; skipped, as kube-proxy does", corev1.IsHeadlessService)
+	case otherProxy:
+		fs.warnf(labels, "label %s=%q gives it to another proxy; skipped, as kube-proxy does", LabelServiceProxyName, proxyName)
 	}
 	return fs
+}
+
+// servedKind reports whether svc is a Service the proxy serves at all, by
+// the tests validateService warns about.
+func servedKind(svc *corev1.Service) bool {
+	_, headlessLabel := svc.Labels[corev1.IsHeadlessService]
+	_, otherProxy := svc.Labels[LabelServiceProxyName]
+	headless := svc.Spec.ClusterIP == corev1.ClusterIPNone || len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone
+	return svc.Spec.Type != corev1.ServiceTypeExternalName && !headless && !headlessLabel && !otherProxy
 }
 
 func orTCP(p corev1.Protocol) corev1.Protocol {
@@ -367,6 +383,24 @@ func (m *manifest) crossCheck() {
 			}
 			nodePorts[key] = ref
 		}
+	}
+
+	named := make(map[objectRef]bool) // Services some slice names
+	for _, s := range m.slices {
+		named[objectRef{s.Namespace, s.Labels[discoveryv1.LabelServiceName]}] = true
+	}
+	for _, svc := range m.services {
+		ref := objectRef{svc.Namespace, svc.Name}
+		if named[ref] || len(svc.Spec.Selector) == 0 || !servedKind(svc) {
+			continue
+		}
+		at := m.origins[objectKey{"Service", ref}]
+		m.warnings = append(m.warnings, &ObjectError{
+			File: m.file, Document: at.document, Line: at.line, Kind: "Service", Namespace: ref.namespace, Name: ref.name,
+			Field: joinPath(at.fieldPrefix(), "spec.selector"),
+			Err: fmt.Errorf("selects pods, which only a cluster has, and no EndpointSlice in the file has label %s: %s; it has no endpoints, and its connections are reset",
+				discoveryv1.LabelServiceName, ref.name),
+		})
 	}
 
 	for _, s := range m.slices {

@@ -207,7 +207,11 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 	if err != nil {
 		return state.Snapshot{}, true, err
 	}
-	for _, w := range m.warnings {
+	for i, w := range m.warnings {
+		if i == maxLoggedErrors {
+			klog.InfoS("More manifest warnings not shown", "file", l.name, "count", len(m.warnings)-i)
+			break
+		}
 		klog.InfoS("Manifest warning", append(logValues(w), "reason", reason(w))...)
 	}
 	snap, problems := BuildSnapshot(m.services, m.slices, l.opts)
@@ -276,8 +280,13 @@ func reason(err error) string {
 	return err.Error()
 }
 
-// readManifest reads at most maxManifestBytes of the file.
+// readManifest reads at most maxManifestBytes of the file, which must be a
+// regular file: opening a named pipe would wait for a writer, and even
+// SIGTERM could not end that wait.
 func readManifest(path string) ([]byte, error) {
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s): it is read again after every change", path, fileKind(fi.Mode()))
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err // "open PATH: ..."
@@ -329,6 +338,21 @@ func (l *loader) statChanged() bool {
 	default:
 		return !os.SameFile(fi, prev) || fi.Size() != prev.Size() || !fi.ModTime().Equal(prev.ModTime())
 	}
+}
+
+// fileKind names the type of a file that is not a regular one.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return m.Type().String()
 }
 
 // follow resolves symbolic links in the path again and, when the file

@@ -382,9 +382,18 @@ func TestManifestsStartupErrors(t *testing.T) {
 		name, path, want string
 	}{
 		{"no path", "", "no file given"},
+		{"a directory", dir, "not a regular file (a directory)"},
 		{"missing file", filepath.Join(dir, "missing.yaml"), "no such file"},
 		{"missing directory", filepath.Join(dir, "nope", "x.yaml"), "nope"},
 		{"broken file", broken, "broken.yaml: document 1 (Service default/web): spec.ports[0].port: 0 is out of range 1-65535"},
+	}
+	fifo := filepath.Join(dir, "fifo.yaml")
+	switch err := mkfifo(fifo); {
+	case err == nil:
+		tests = append(tests, struct{ name, path, want string }{
+			"a named pipe, whose open would wait for a writer", fifo, "fifo.yaml: not a regular file (a named pipe)"})
+	case !errors.Is(err, errors.ErrUnsupported):
+		t.Fatal(err)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
