@@ -4,6 +4,7 @@ package integration
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -241,6 +242,31 @@ func TestBinaryCapsRepeatedMessages(t *testing.T) {
 	p.waitLog(from, `"More problems in the manifest file not shown".* count=5`, 1, 5*time.Second)
 	if n := strings.Count(strings.Join(strings.Split(p.log(), "\n")[from:], "\n"), `"Manifest edit rejected`); n != 20 {
 		t.Fatalf("%d errors logged for 25 bad Services; want 20 and a count", n)
+	}
+}
+
+// TestBinaryBusyNodePortRecovers: a node port another program holds is
+// reported once, with how the retries go, and served as soon as a retry
+// finds it free.
+func TestBinaryBusyNodePortRecovers(t *testing.T) {
+	a, ua := httpBackend(t, "a"), udpBackend(t, "ua")
+	np := freePort(t)
+	holder, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", np))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, manifest(np, "None", []int{a}, []int{ua}))
+	p := startProxy(t, proxyArgs(file)...)
+	// The error spans lines; the fields come after it.
+	from := p.waitLog(0, `"Sync failed; will retry, less often each time, until it succeeds"`, 1, 20*time.Second)
+	from = p.waitLog(from, fmt.Sprintf(`127.0.0.1:%d \(node-port\): bind: address already in use`, np), 1, time.Second)
+	p.waitLog(from, `retryIn="1s" maxRetryInterval="30s"`, 1, time.Second)
+	holder.Close()
+	p.waitLog(0, `"Sync recovered"`, 1, 10*time.Second)
+	if body, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/", np)); err != nil || body != "a" {
+		t.Fatalf("node port after recovery: %q, %v", body, err)
 	}
 }
 

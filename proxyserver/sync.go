@@ -89,8 +89,11 @@ func (l *syncLoop) run(ctx context.Context) {
 			next = backoff
 			// Log a repeated failure once, not every retry.
 			if msg := err.Error(); msg != lastErr {
-				klog.ErrorS(err, "Sync failed; will retry", "retryIn", next, "servicePorts", snap.Len())
+				klog.ErrorS(err, "Sync failed; will retry, less often each time, until it succeeds",
+					"retryIn", next, "maxRetryInterval", l.resync, "servicePorts", snap.Len())
 				lastErr = msg
+			} else {
+				klog.V(2).InfoS("Sync failed again", "retryIn", next)
 			}
 		} else {
 			if lastErr != "" {
