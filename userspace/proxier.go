@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -116,7 +117,7 @@ func (c *Config) setDefaults() {
 		c.Clock = realClock{}
 	}
 	if c.LocalAddrs == nil {
-		c.LocalAddrs = interfaceAddrs
+		c.LocalAddrs = HostAddrs
 	}
 }
 
@@ -139,6 +140,10 @@ type Proxier struct {
 	// noNodePortAddrs: no local address matches NodePortAddresses, and
 	// that has been logged.
 	noNodePortAddrs bool
+
+	// hostAddrs are this host's addresses, read on Apply while a service
+	// port has a Local external traffic policy (see servicePort.balancer).
+	hostAddrs atomic.Pointer[map[netip.Addr]bool]
 
 	conns  connTracker // live TCP connections, where goroutines serve them
 	assocs sctpTracker // live SCTP associations
@@ -199,6 +204,7 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 			p.checkNodePortAddrs(snap, localAddrs)
 		}
 	}
+	p.readHostAddrs(snap, localAddrs)
 	if p.cfg.ServeNodePorts {
 		// A node port the proxier listens on is never a proxy port, even
 		// when --proxy-port-range overlaps the node-port range.
@@ -244,6 +250,40 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		}
 	}
 	return errs.ErrorOrNil()
+}
+
+// readHostAddrs keeps this host's addresses (localAddrs, when the caller
+// has read them already) while some service port of snap has a Local
+// external traffic policy: its external traffic from this host goes to
+// the cluster endpoints. If they cannot be read, the last ones are kept.
+func (p *Proxier) readHostAddrs(snap state.Snapshot, localAddrs []netip.Addr) {
+	needed := false
+	for spec := range snap.All {
+		needed = needed || spec.ExternalLocal
+	}
+	if !needed {
+		p.hostAddrs.Store(nil)
+		return
+	}
+	if localAddrs == nil {
+		var err error
+		if localAddrs, err = p.cfg.LocalAddrs(); err != nil {
+			klog.ErrorS(err, "Cannot list this host's addresses; its own traffic to Services with externalTrafficPolicy: Local is told apart by the last list")
+			return
+		}
+	}
+	set := make(map[netip.Addr]bool, len(localAddrs))
+	for _, a := range localAddrs {
+		set[a.Unmap()] = true
+	}
+	p.hostAddrs.Store(&set)
+}
+
+// isHostAddr reports whether a is one of this host's addresses, as
+// readHostAddrs last read them.
+func (p *Proxier) isHostAddr(a netip.Addr) bool {
+	set := p.hostAddrs.Load()
+	return set != nil && (*set)[a.Unmap()]
 }
 
 // checkNodePortAddrs says so when no local address matches
@@ -458,7 +498,8 @@ var (
 	bothFamilies = []family{familyIPv4, familyIPv6}
 )
 
-func interfaceAddrs() ([]netip.Addr, error) {
+// HostAddrs lists the addresses of every interface of this host.
+func HostAddrs() ([]netip.Addr, error) {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return nil, err

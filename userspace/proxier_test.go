@@ -309,7 +309,11 @@ func TestNodePortServedDirectly(t *testing.T) {
 }
 
 // TestExternalTrafficPolicyLocal: node-port traffic uses the local
-// endpoints, proxy-port (cluster) traffic the cluster set.
+// endpoints, proxy-port (cluster) traffic the cluster set. The external
+// clients come from 127.0.0.2, which the test's host does not have; a
+// client on one of the host's own addresses (127.0.0.1) gets the cluster
+// endpoints on the node port too, as kube-proxy routes such traffic (see
+// TestExternalTrafficFromTheHost).
 func TestExternalTrafficPolicyLocal(t *testing.T) {
 	local, remote := startTCPBackend(t, "local"), startTCPBackend(t, "remote")
 	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
@@ -319,13 +323,13 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 	mustApply(t, p, state.ServicePort{Name: name, Port: 80, NodePort: np, ExternalLocal: true,
 		ClusterEndpoints: eps(local.addr(), remote.addr()), LocalEndpoints: eps(local.addr())})
 	for range 4 {
-		if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", np)); got != "local" {
+		if got := tcpWhoFrom(t, outsider, fmt.Sprintf("127.0.0.1:%d", np)); got != "local" {
 			t.Fatalf("node port with eTP=Local reached %q", got)
 		}
 	}
 	seen := map[string]bool{}
 	for range 4 {
-		seen[tcpWho(t, proxyAddr(t, p, name))] = true
+		seen[tcpWhoFrom(t, outsider, proxyAddr(t, p, name))] = true
 	}
 	if !seen["remote"] {
 		t.Fatalf("cluster traffic only reached %v", seen)
@@ -336,7 +340,7 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 		t.Fatalf("external proxy port %d, proxy port %d: want a separate one", ext, p.ProxyPort(name))
 	}
 	for range 4 {
-		if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", ext)); got != "local" {
+		if got := tcpWhoFrom(t, outsider, fmt.Sprintf("127.0.0.1:%d", ext)); got != "local" {
 			t.Fatalf("external proxy port with eTP=Local reached %q", got)
 		}
 	}
@@ -347,6 +351,72 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 		t.Fatalf("with no Local policy the external proxy port is %d, want the proxy port %d", got, p.ProxyPort(name))
 	}
 	expectClosedTCP(t, fmt.Sprintf("127.0.0.1:%d", ext))
+}
+
+// outsider is a client address the test host of TestExternalTrafficPolicyLocal
+// and TestExternalTrafficFromTheHost does not have.
+var outsider = netip.MustParseAddr("127.0.0.2")
+
+// TestExternalTrafficFromTheHost: external traffic that starts on this
+// host (its source is one of the host's addresses) goes to the cluster
+// endpoints even with externalTrafficPolicy: Local, as kube-proxy routes
+// it, so the node is not cut off from its own Service when it has no
+// endpoint of it. With internalTrafficPolicy: Local as well, cluster
+// traffic stays local, and the host's external traffic still uses every
+// endpoint. The legacy answer was a reset for a node without endpoints.
+func TestExternalTrafficFromTheHost(t *testing.T) {
+	local, remote := startTCPBackend(t, "local"), startTCPBackend(t, "remote")
+	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }})
+	np := freeTCPPort(t)
+	name := spn("etp", "", state.TCP)
+	host := netip.MustParseAddr("127.0.0.1")
+	reached := func(from netip.Addr, addr string) map[string]int {
+		seen := map[string]int{}
+		for range 6 {
+			seen[tcpWhoFrom(t, from, addr)]++
+		}
+		return seen
+	}
+	nodePort := fmt.Sprintf("127.0.0.1:%d", np)
+	for _, internalLocal := range []bool{false, true} {
+		mustApply(t, p, state.ServicePort{Name: name, Port: 80, NodePort: np, ExternalLocal: true, InternalLocal: internalLocal,
+			ClusterEndpoints: eps(local.addr(), remote.addr()), LocalEndpoints: eps(local.addr())})
+		if got := reached(host, nodePort); got["local"] != 3 || got["remote"] != 3 {
+			t.Fatalf("iTP Local %v: the host's own node-port traffic reached %v; want both endpoints, round robin", internalLocal, got)
+		}
+		if got := reached(outsider, nodePort); got["local"] != 6 {
+			t.Fatalf("iTP Local %v: outside node-port traffic reached %v; want the local endpoint only", internalLocal, got)
+		}
+		wantCluster := map[bool]int{false: 3, true: 6}[internalLocal]
+		if got := reached(host, proxyAddr(t, p, name)); got["local"] != wantCluster {
+			t.Fatalf("iTP Local %v: cluster traffic reached %v", internalLocal, got)
+		}
+	}
+	// No local endpoint: the node's own traffic is still served.
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80, NodePort: np, ExternalLocal: true,
+		ClusterEndpoints: eps(remote.addr())})
+	if got := tcpWhoFrom(t, host, nodePort); got != "remote" {
+		t.Fatalf("the host's own node-port traffic with no local endpoint reached %q", got)
+	}
+	if _, err := tcpWhoFromErr(outsider, nodePort); err == nil {
+		t.Fatal("outside node-port traffic with no local endpoint was served")
+	}
+}
+
+// tcpWhoFrom is tcpWho from a client bound to address from.
+func tcpWhoFrom(t testing.TB, from netip.Addr, addr string) string {
+	t.Helper()
+	name, err := tcpWhoFromErr(from, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+func tcpWhoFromErr(from netip.Addr, addr string) (string, error) {
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0)), Timeout: 5 * time.Second}
+	return tcpWhoDial(func() (net.Conn, error) { return d.Dial("tcp", addr) }, addr)
 }
 
 func TestApplyReportsFailuresAndServesTheRest(t *testing.T) {

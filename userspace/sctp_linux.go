@@ -98,7 +98,7 @@ func (l *sctpListener) serve(client *sctp.Conn) {
 		klog.V(2).InfoS("Reading the client's stream count failed", "service", l.sp.name, "client", client.RemoteAddr(), "err", err)
 		in = 0
 	}
-	b := l.sp.balancer(l.role)
+	b := l.sp.balancer(l.role, client.RemoteAddr().Addr())
 	backend, ep, err := dialWithFailover(p, b, client.RemoteAddr().Addr(), l.sp, p.stats.sctpDialCounters(),
 		func(ctx context.Context, ep netip.AddrPort) (*sctp.Conn, error) {
 			return sctp.Dial(ctx, ep, sctp.Options{OutStreams: in, SendBuffer: maxSCTPMessage / 2})

@@ -69,6 +69,12 @@ type servicePort struct {
 	// internal itself unless the traffic policies give the two different
 	// endpoint sets.
 	external atomic.Pointer[balancer]
+	// fromHost balances external traffic that starts on this host, under
+	// externalTrafficPolicy: Local (else it is nil): over the cluster
+	// endpoints, as kube-proxy routes it, so that the policy does not cut
+	// the node off from its own Service. It is internal itself unless
+	// internalTrafficPolicy is Local too.
+	fromHost atomic.Pointer[balancer]
 	// udpSessions counts live UDP sessions across the port's sockets.
 	udpSessions atomic.Int64
 	// capTurnedAway counts clients the session cap turned away since
@@ -99,15 +105,25 @@ func newServicePort(p *Proxier, spec *state.ServicePort) *servicePort {
 }
 
 func (sp *servicePort) setExternal(spec *state.ServicePort) {
-	if spec.InternalLocal == spec.ExternalLocal {
-		sp.external.Store(sp.internal)
+	sp.external.Store(sp.separate(sp.external.Load(), spec.InternalLocal != spec.ExternalLocal, spec.ExternalEndpoints(), spec))
+	if !spec.ExternalLocal {
+		sp.fromHost.Store(nil)
 		return
 	}
-	if ext := sp.external.Load(); ext != nil && ext != sp.internal {
-		ext.update(spec.ExternalEndpoints(), spec.Affinity)
-		return
+	sp.fromHost.Store(sp.separate(sp.fromHost.Load(), spec.InternalLocal, spec.ClusterEndpoints, spec))
+}
+
+// separate returns a balancer of its own over eps, reusing b when it is
+// one, when own; else internal.
+func (sp *servicePort) separate(b *balancer, own bool, eps []state.Endpoint, spec *state.ServicePort) *balancer {
+	switch {
+	case !own:
+		return sp.internal
+	case b != nil && b != sp.internal:
+		b.update(eps, spec.Affinity)
+		return b
 	}
-	sp.external.Store(newBalancer(sp.p.cfg.Clock, spec.ExternalEndpoints(), spec.Affinity))
+	return newBalancer(sp.p.cfg.Clock, eps, spec.Affinity)
 }
 
 // update swaps in a new spec: endpoints and affinity take effect for the
@@ -148,7 +164,7 @@ func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balanc
 		sp.capReached(max)
 		return nil, netip.AddrPort{}, false
 	}
-	b := sp.balancer(role)
+	b := sp.balancer(role, client.Addr())
 	ep, err := b.pick(client.Addr(), nil)
 	if err != nil {
 		sp.releaseUDP()
@@ -192,16 +208,23 @@ func (sp *servicePort) udpDialFailed(ep netip.AddrPort, err error) {
 // sweep drops expired affinity entries.
 func (sp *servicePort) sweep() {
 	sp.internal.sweep()
-	if ext := sp.external.Load(); ext != sp.internal {
-		ext.sweep()
+	for _, b := range []*balancer{sp.external.Load(), sp.fromHost.Load()} {
+		if b != nil && b != sp.internal {
+			b.sweep()
+		}
 	}
 }
 
-func (sp *servicePort) balancer(r socketRole) *balancer {
-	if r.external() {
-		return sp.external.Load()
+// balancer is the balancer for a connection or session from client on a
+// socket of role r.
+func (sp *servicePort) balancer(r socketRole, client netip.Addr) *balancer {
+	if !r.external() {
+		return sp.internal
 	}
-	return sp.internal
+	if fh := sp.fromHost.Load(); fh != nil && sp.p.isHostAddr(client) {
+		return fh
+	}
+	return sp.external.Load()
 }
 
 // wanted is every socket the service port should have: its proxy ports on

@@ -64,7 +64,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	p := l.sp.p
 	defer p.wg.Done()
 	client := addrPortOf(c.RemoteAddr())
-	b := l.sp.balancer(l.role)
+	b := l.sp.balancer(l.role, client.Addr())
 	backend, ep, err := dialWithFailover(p, b, client.Addr(), l.sp, p.stats.tcpDialCounters(),
 		func(ctx context.Context, ep netip.AddrPort) (*net.TCPConn, error) {
 			d := net.Dialer{KeepAliveConfig: keepAlive}

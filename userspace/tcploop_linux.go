@@ -268,7 +268,7 @@ const connEvents = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
 // for it.
 func startConn(lp *eventLoop, l *tcpListener, cfd int, client netip.AddrPort) {
 	p := l.sp.p
-	c := &tcpConn{lp: lp, l: l, b: l.sp.balancer(l.role), client: client, cfd: cfd, bfd: -1}
+	c := &tcpConn{lp: lp, l: l, b: l.sp.balancer(l.role, client.Addr()), client: client, cfd: cfd, bfd: -1}
 	c.timer = timerEntry{index: -1, owner: c}
 	c.clientSide = connSide{c: c}
 	c.backendSide = connSide{c: c, backend: true}

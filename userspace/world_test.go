@@ -174,7 +174,12 @@ func tcpWho(t testing.TB, addr string) string {
 }
 
 func tcpWhoErr(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	return tcpWhoDial(func() (net.Conn, error) { return net.DialTimeout("tcp", addr, 5*time.Second) }, addr)
+}
+
+// tcpWhoDial is tcpWhoErr with a connection from dial.
+func tcpWhoDial(dial func() (net.Conn, error), addr string) (string, error) {
+	c, err := dial()
 	if err != nil {
 		return "", err
 	}
