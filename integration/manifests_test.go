@@ -270,6 +270,67 @@ func TestBinaryBusyNodePortRecovers(t *testing.T) {
 	}
 }
 
+// TestBinaryHealthCheckNodePort: a LoadBalancer Service with
+// externalTrafficPolicy: Local has its healthCheckNodePort answered as
+// kube-proxy answers it, so a cloud load balancer sends traffic only to
+// nodes with an endpoint: 200 while this node has a ready one, 503 when it
+// has none, and nothing once the Service no longer asks for the port.
+func TestBinaryHealthCheckNodePort(t *testing.T) {
+	a := httpBackend(t, "a")
+	np, hc := freePort(t), freePort(t)
+	lb := func(node string, withHealthCheck bool) string {
+		typ, extra := "NodePort", ""
+		if withHealthCheck {
+			typ, extra = "LoadBalancer", fmt.Sprintf("\n  healthCheckNodePort: %d", hc)
+		}
+		return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: e2e}
+spec:
+  type: %s
+  clusterIP: 198.18.0.30
+  externalTrafficPolicy: Local%s
+  ports: [{name: http, port: 80, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-1, namespace: e2e, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, port: %d}]
+endpoints:
+- {addresses: [127.0.0.1], nodeName: %s}
+`, typ, extra, np, a, node)
+	}
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, lb("node", true))
+	p := startProxy(t, append(proxyArgs(file), "--hostname-override=node")...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+
+	url := fmt.Sprintf("http://127.0.0.1:%d/healthz", hc)
+	check := func(wantCode, wantBody string) { // wantBody "*": any
+		t.Helper()
+		var code, body string
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			// Standard output is the body, a newline and the status
+			// (000 when nothing answered).
+			out, _ := exec.Command(requireTool(t, "curl"), "-s", "--max-time", "2", "-w", "\n%{http_code}", url).Output()
+			i := strings.LastIndexByte(string(out), '\n')
+			body, code = string(out[:max(i, 0)]), string(out[i+1:])
+			if code == wantCode && (body == wantBody || wantBody == "*") || time.Now().After(deadline) {
+				break
+			}
+		}
+		if code != wantCode || body != wantBody && wantBody != "*" {
+			t.Fatalf("curl %s: %s %q; want %s %q", url, code, body, wantCode, wantBody)
+		}
+	}
+	check("200", `{"service":{"namespace":"e2e","name":"lb"},"localEndpoints":1,"serviceProxyHealthy":true}`)
+	replaceFile(t, file, lb("other", true))
+	check("503", `{"service":{"namespace":"e2e","name":"lb"},"localEndpoints":0,"serviceProxyHealthy":true}`)
+	replaceFile(t, file, lb("node", false))
+	check("000", "*") // curl's code when nothing answers
+}
+
 func TestBadInputFailsClearly(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")

@@ -64,6 +64,8 @@ func Run(ctx context.Context, cfg *Config) error {
 		}
 	}
 	rep := &listenerReport{}
+	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.HostAddrs}
+	defer hc.closeAll()
 	loop := newSyncLoop(func(s state.Snapshot) error {
 		var errs []error
 		if mode == PortalBind {
@@ -76,6 +78,7 @@ func Run(ctx context.Context, cfg *Config) error {
 			errs = append(errs, ks.sync(ctx, redirectPortals(s, p)))
 		}
 		rep.report(p.Listeners())
+		errs = append(errs, hc.sync(s))
 		return joinErrors(errs...)
 	}, cfg.MinSyncPeriod, cfg.SyncPeriod)
 
@@ -90,9 +93,10 @@ func Run(ctx context.Context, cfg *Config) error {
 		cancel()
 		wg.Wait()
 	}()
-	if pcfg.ServeNodePorts && len(pcfg.NodePortAddresses) > 0 {
-		// Node ports listen on the local addresses --nodeport-addresses
-		// selects: follow the host's addresses as they come and go.
+	if len(pcfg.NodePortAddresses) > 0 {
+		// Node ports (and health-check node ports) listen on the local
+		// addresses --nodeport-addresses selects: follow the host's
+		// addresses as they come and go.
 		if err := watchAddresses(ctx, loop.poke); err != nil {
 			klog.ErrorS(err, "New node addresses will be served from the next resync")
 		}

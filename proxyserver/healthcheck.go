@@ -1,0 +1,238 @@
+package proxyserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// healthChecks serves the health-check node ports of Services that have
+// one (LoadBalancer Services with externalTrafficPolicy: Local), as
+// kube-proxy does. A cloud load balancer asks every node on that port and
+// sends the Service's traffic only to the nodes that answer 200, those with
+// a ready endpoint of the Service; the others answer 503. Without an answer
+// at all, every node looks down and the Service gets no traffic.
+//
+// The port is a plain listener whatever the portal: kube-proxy does not
+// redirect it either.
+type healthChecks struct {
+	// nodePortAddresses restricts the addresses listened on, as for node
+	// ports; empty means every address.
+	nodePortAddresses []netip.Prefix
+	// localAddrs lists this host's addresses, to match nodePortAddresses.
+	localAddrs func() ([]netip.Addr, error)
+
+	mu      sync.Mutex // guards servers; held for a whole sync
+	servers map[uint16]*healthServer
+}
+
+// healthServer answers on one health-check node port.
+type healthServer struct {
+	port   uint16
+	addrs  []netip.AddrPort // listened on; nil for the wildcard
+	status atomic.Pointer[healthStatus]
+	srv    *http.Server
+	done   chan struct{} // closed when every Serve has returned
+}
+
+// healthStatus is what a health-check port reports.
+type healthStatus struct {
+	Service struct {
+		Namespace string `json:"namespace"`
+		Name      string `json:"name"`
+	} `json:"service"`
+	// LocalEndpoints counts this node's ready endpoints of the Service
+	// (distinct addresses over all its ports), as kube-proxy counts them.
+	LocalEndpoints int `json:"localEndpoints"`
+	// ServiceProxyHealthy is true: the port is served only while the
+	// proxy runs.
+	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
+}
+
+// sync serves the health-check ports of s and closes those no Service has
+// any more. A port that cannot be opened is reported; the others are
+// served.
+func (h *healthChecks) sync(s state.Snapshot) error {
+	want := make(map[uint16]*healthStatus)
+	addrsOf := make(map[uint16]map[netip.Addr]bool)
+	for sp := range s.All {
+		port := sp.HealthCheckNodePort
+		if port == 0 {
+			continue
+		}
+		st := want[port]
+		if st == nil {
+			st = &healthStatus{ServiceProxyHealthy: true}
+			st.Service.Namespace, st.Service.Name = sp.Name.Namespace, sp.Name.Name
+			want[port] = st
+			addrsOf[port] = make(map[netip.Addr]bool)
+		}
+		for _, e := range sp.LocalEndpoints {
+			if e.Local && e.Ready {
+				addrsOf[port][e.Addr.Addr()] = true
+			}
+		}
+	}
+	for port, st := range want {
+		st.LocalEndpoints = len(addrsOf[port])
+	}
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.servers == nil {
+		h.servers = make(map[uint16]*healthServer)
+	}
+	listen, err := h.listenAddrs()
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for port, srv := range h.servers {
+		if want[port] == nil || err == nil && !slices.Equal(srv.addrs, listenOn(listen, port)) {
+			srv.close()
+			delete(h.servers, port)
+		}
+	}
+	for port, st := range want {
+		if srv := h.servers[port]; srv != nil {
+			srv.status.Store(st)
+			continue
+		}
+		if err != nil || listen != nil && len(listen) == 0 {
+			continue // no addresses to listen on (yet)
+		}
+		srv, err := startHealthServer(port, listenOn(listen, port), st)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("health check node port %d of Service %s/%s: %w", port, st.Service.Namespace, st.Service.Name, err))
+			continue
+		}
+		h.servers[port] = srv
+		klog.V(1).InfoS("Serving health check node port", "service", st.Service.Namespace+"/"+st.Service.Name, "port", port, "addrs", srv.addrs)
+	}
+	return errors.Join(errs...)
+}
+
+// listenAddrs is where health-check ports listen: the host's addresses in
+// nodePortAddresses (maybe none), or, with none given, nil for the
+// wildcard.
+func (h *healthChecks) listenAddrs() ([]netip.Addr, error) {
+	if len(h.nodePortAddresses) == 0 {
+		return nil, nil
+	}
+	local, err := h.localAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("health check node ports: list local addresses: %w", err)
+	}
+	out := []netip.Addr{} // not nil: nil is the wildcard
+	for _, a := range local {
+		if slices.ContainsFunc(h.nodePortAddresses, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+// listenOn pairs addrs with port; nil (no addresses given) stays nil, the
+// wildcard of both families.
+func listenOn(addrs []netip.Addr, port uint16) []netip.AddrPort {
+	if addrs == nil {
+		return nil
+	}
+	out := make([]netip.AddrPort, len(addrs))
+	for i, a := range addrs {
+		out[i] = netip.AddrPortFrom(a, port)
+	}
+	return out
+}
+
+func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthStatus) (*healthServer, error) {
+	s := &healthServer{port: port, addrs: addrs, done: make(chan struct{})}
+	s.status.Store(st)
+	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
+	var lns []net.Listener
+	listen := func(network, addr string) error {
+		ln, err := net.Listen(network, addr)
+		if err == nil {
+			lns = append(lns, ln)
+		}
+		return err
+	}
+	var err error
+	if addrs == nil {
+		err = listen("tcp", fmt.Sprintf(":%d", port)) // both families where the host has both
+	}
+	for _, a := range addrs {
+		network := "tcp6"
+		if a.Addr().Is4() {
+			network = "tcp4"
+		}
+		if err = listen(network, a.String()); err != nil {
+			break
+		}
+	}
+	if err != nil {
+		for _, l := range lns {
+			l.Close()
+		}
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	for _, ln := range lns {
+		wg.Go(func() { _ = s.srv.Serve(ln) })
+	}
+	go func() {
+		wg.Wait()
+		close(s.done)
+	}()
+	return s, nil
+}
+
+// ServeHTTP answers every request with the Service's status: 200 when this
+// node has a ready endpoint of it, else 503.
+func (s *healthServer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	st := s.status.Load()
+	body, _ := json.Marshal(st)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(st.LocalEndpoints))
+	if st.LocalEndpoints > 0 {
+		w.WriteHeader(http.StatusOK)
+	} else {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_, _ = w.Write(body)
+}
+
+// close stops the server and waits, a bounded time, for its requests.
+func (s *healthServer) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.srv.Shutdown(ctx); err != nil {
+		_ = s.srv.Close()
+	}
+	<-s.done
+}
+
+// closeAll stops every health-check port.
+func (h *healthChecks) closeAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for port, s := range h.servers {
+		s.close()
+		delete(h.servers, port)
+	}
+}
