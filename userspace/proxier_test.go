@@ -134,8 +134,7 @@ func TestEndpointUpdateKeepsListenerAndConnections(t *testing.T) {
 // frontends leaves other services' connections alone.
 func TestPortChangeReplacesOnlyThatListener(t *testing.T) {
 	a := startTCPBackend(t, "a")
-	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }})
+	p := newTestProxier(t, loopbackNodePorts(Config{}))
 	one, two := spn("one", "", state.TCP), spn("two", "", state.TCP)
 	np1, np2 := freeTCPPort(t), freeTCPPort(t)
 	svcOne := state.ServicePort{Name: one, Port: 80, NodePort: np1, ClusterEndpoints: eps(a.addr())}
@@ -226,9 +225,7 @@ func freePortRun(t *testing.T, n int) uint16 {
 func TestNodePortsAreNotProxyPorts(t *testing.T) {
 	a, b := startTCPBackend(t, "a"), startTCPBackend(t, "b")
 	base := freePortRun(t, 4)
-	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil },
-		PortRange:  PortRange{Base: base, Size: 4}})
+	p := newTestProxier(t, loopbackNodePorts(Config{PortRange: PortRange{Base: base, Size: 4}}))
 	sa, sb := spn("a", "", state.TCP), spn("b", "", state.TCP)
 
 	// Two node ports in the range: the proxy ports get the other two.
@@ -265,8 +262,7 @@ func TestNodePortsAreNotProxyPorts(t *testing.T) {
 // retry, because the first still held it.
 func TestNodePortSwap(t *testing.T) {
 	a, b := startTCPBackend(t, "a"), startTCPBackend(t, "b")
-	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }})
+	p := newTestProxier(t, loopbackNodePorts(Config{}))
 	sa, sb := spn("a", "", state.TCP), spn("b", "", state.TCP)
 	x, y := freeTCPPort(t), freeTCPPort(t)
 	for _, ports := range [][2]uint16{{x, y}, {y, x}} {
@@ -279,6 +275,15 @@ func TestNodePortSwap(t *testing.T) {
 			}
 		}
 	}
+}
+
+// loopbackNodePorts sets cfg to serve node ports itself on 127.0.0.1, a
+// host whose only address that is.
+func loopbackNodePorts(cfg Config) Config {
+	cfg.ServeNodePorts = true
+	cfg.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	cfg.LocalAddrs = func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }
+	return cfg
 }
 
 func TestNodePortServedDirectly(t *testing.T) {
@@ -316,8 +321,7 @@ func TestNodePortServedDirectly(t *testing.T) {
 // TestExternalTrafficFromTheHost).
 func TestExternalTrafficPolicyLocal(t *testing.T) {
 	local, remote := startTCPBackend(t, "local"), startTCPBackend(t, "remote")
-	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }})
+	p := newTestProxier(t, loopbackNodePorts(Config{}))
 	np := freeTCPPort(t)
 	name := spn("etp", "", state.TCP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 80, NodePort: np, ExternalLocal: true,
@@ -366,8 +370,7 @@ var outsider = netip.MustParseAddr("127.0.0.2")
 // endpoint. The legacy answer was a reset for a node without endpoints.
 func TestExternalTrafficFromTheHost(t *testing.T) {
 	local, remote := startTCPBackend(t, "local"), startTCPBackend(t, "remote")
-	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }})
+	p := newTestProxier(t, loopbackNodePorts(Config{}))
 	np := freeTCPPort(t)
 	name := spn("etp", "", state.TCP)
 	host := netip.MustParseAddr("127.0.0.1")
@@ -428,8 +431,7 @@ func TestApplyReportsFailuresAndServesTheRest(t *testing.T) {
 	}
 	defer busy.Close()
 	busyPort := uint16(busy.Addr().(*net.TCPAddr).Port)
-	p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
-		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }})
+	p := newTestProxier(t, loopbackNodePorts(Config{}))
 	bad, good := spn("bad", "", state.TCP), spn("good", "", state.TCP)
 	err = p.Apply(state.NewSnapshot([]state.ServicePort{
 		{Name: bad, Port: 80, NodePort: busyPort, ClusterEndpoints: eps(a.addr())},

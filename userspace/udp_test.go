@@ -88,27 +88,37 @@ func TestUDPIdleTimeout(t *testing.T) {
 // still reaches the client, because an unanswered datagram gets the longer
 // reply timeout (the legacy 250 ms idle timeout lost slow DNS answers).
 func TestUDPSlowFirstReply(t *testing.T) {
-	slow, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Close()
-	go func() {
-		buf := make([]byte, 100)
-		n, from, err := slow.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			return
-		}
-		time.Sleep(600 * time.Millisecond) // the backend's own slowness, not test synchronisation
-		slow.WriteToUDPAddrPort(buf[:n], from)
-	}()
+	be := udpEchoAfter(t, 600*time.Millisecond)
 	p := newTestProxier(t, Config{UDPIdleTimeout: 100 * time.Millisecond, UDPReplyTimeout: 3 * time.Second})
 	name := spn("dns", "", state.UDP)
-	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(slow.LocalAddr().(*net.UDPAddr).AddrPort())})
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be)})
 	c := dialUDP(t, proxyAddr(t, p, name))
 	if got, err := udpExchange(t, c, []byte("slow")); err != nil || string(got) != "slow" {
 		t.Fatalf("slow reply: %q, %v", got, err)
 	}
+}
+
+// udpEchoAfter starts a UDP backend that echoes the i-th datagram it gets
+// after delays[i] (the backend's own slowness, not test synchronisation),
+// and then stops answering.
+func udpEchoAfter(t *testing.T, delays ...time.Duration) netip.AddrPort {
+	be, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	go func() {
+		buf := make([]byte, 100)
+		for _, d := range delays {
+			n, from, err := be.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			time.Sleep(d)
+			be.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	return be.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
 // TestUDPSlowSecondReply: a client with two questions out from one socket,
@@ -116,27 +126,10 @@ func TestUDPSlowFirstReply(t *testing.T) {
 // comes long after the first and after the idle timeout: the first reply
 // answers one datagram, not the session's every datagram.
 func TestUDPSlowSecondReply(t *testing.T) {
-	be, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer be.Close()
-	go func() {
-		buf := make([]byte, 100)
-		for i := range 2 {
-			n, from, err := be.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			if i == 1 {
-				time.Sleep(600 * time.Millisecond) // the backend's own slowness, not test synchronisation
-			}
-			be.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
+	be := udpEchoAfter(t, 0, 600*time.Millisecond)
 	p := newTestProxier(t, Config{UDPIdleTimeout: 100 * time.Millisecond, UDPReplyTimeout: 3 * time.Second})
 	name := spn("dns", "", state.UDP)
-	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.LocalAddr().(*net.UDPAddr).AddrPort())})
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be)})
 	c := dialUDP(t, proxyAddr(t, p, name))
 	for _, q := range []string{"A", "AAAA"} {
 		if _, err := c.Write([]byte(q)); err != nil {
