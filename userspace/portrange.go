@@ -94,7 +94,7 @@ type portAllocator struct {
 	mu       sync.Mutex // guards the fields below
 	used     []bool     // indexed by port - r.Base
 	free     int
-	reserved map[uint16]bool // never handed out: node ports the proxier listens on
+	reserved map[uint16]bool // never handed out: node ports this host serves itself
 }
 
 func newPortAllocator(r PortRange) *portAllocator {
@@ -102,9 +102,9 @@ func newPortAllocator(r PortRange) *portAllocator {
 }
 
 // reserve sets the ports that are never handed out or claimed, in place of
-// those set before: the node ports the proxier listens on itself, which a
-// range that overlaps the node-port range would otherwise hand out as
-// proxy ports.
+// those set before: the node ports this host serves itself, which a range
+// that overlaps the node-port range would otherwise hand out as proxy
+// ports.
 func (a *portAllocator) reserve(ports map[uint16]bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

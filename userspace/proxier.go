@@ -205,17 +205,20 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		}
 	}
 	p.readHostAddrs(snap, localAddrs)
-	if p.cfg.ServeNodePorts {
-		// A node port the proxier listens on is never a proxy port, even
-		// when --proxy-port-range overlaps the node-port range.
-		nodePorts := make(map[uint16]bool)
-		for spec := range snap.All {
-			if spec.NodePort != 0 {
-				nodePorts[spec.NodePort] = true
-			}
+	// A port this host serves itself is never a proxy port, even when
+	// --proxy-port-range overlaps the node-port range: a node port the
+	// proxier listens on, and a health-check node port (which has a
+	// listener of its own whatever the portal).
+	hostPorts := make(map[uint16]bool)
+	for spec := range snap.All {
+		if spec.NodePort != 0 && p.cfg.ServeNodePorts {
+			hostPorts[spec.NodePort] = true
 		}
-		p.ports.reserve(nodePorts)
+		if spec.HealthCheckNodePort != 0 {
+			hostPorts[spec.HealthCheckNodePort] = true
+		}
 	}
+	p.ports.reserve(hostPorts)
 	type work struct {
 		sp    *servicePort
 		extra []sockKey

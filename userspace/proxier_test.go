@@ -257,6 +257,25 @@ func TestNodePortsAreNotProxyPorts(t *testing.T) {
 	}
 }
 
+// TestHealthCheckPortsAreNotProxyPorts: a health-check node port has a
+// listener of its own whatever the portal, so no proxy port takes it, with
+// iptables portals too (node ports not served by the proxier).
+func TestHealthCheckPortsAreNotProxyPorts(t *testing.T) {
+	a := startTCPBackend(t, "a")
+	base := freePortRun(t, 3)
+	name := spn("lb", "", state.TCP)
+	for range 6 { // the allocator starts at a random port
+		p := New(Config{BindAddress: netip.MustParseAddr("127.0.0.1"), PortRange: PortRange{Base: base, Size: 3}})
+		err := p.Apply(state.NewSnapshot([]state.ServicePort{{Name: name, Port: 80, NodePort: 30080, ExternalLocal: true,
+			HealthCheckNodePort: base, ClusterEndpoints: eps(a.addr())}}))
+		got := []uint16{p.ProxyPort(name), p.ExternalProxyPort(name)}
+		p.Close()
+		if err != nil || slices.Contains(got, base) {
+			t.Fatalf("proxy ports %v (%v); want neither on the health-check node port %d", got, err, base)
+		}
+	}
+}
+
 // TestNodePortSwap: two Services that swap node ports in one change are
 // both served at once; the second was refused its new port until the next
 // retry, because the first still held it.

@@ -250,8 +250,9 @@ func (sp *servicePort) wanted(extra []sockKey) map[sockKey]bool {
 }
 
 // prune closes the sockets the service port no longer wants. A proxy port
-// that a Service now has as its node port is given up, and reconcile opens
-// another: the node port is what the Service asks for.
+// that a Service now has as its node port (or health-check node port) is
+// given up, and reconcile opens another: the node port is what the Service
+// asks for.
 func (sp *servicePort) prune(extra []sockKey) {
 	for _, port := range []*uint16{&sp.proxyPort, &sp.extProxyPort} {
 		if *port != 0 && sp.p.ports.isReserved(*port) {
