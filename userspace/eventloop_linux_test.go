@@ -346,3 +346,60 @@ func TestUDPPktinfoOnlyOnWildcard(t *testing.T) {
 		}
 	}
 }
+
+// TestClientResetDuringDialEndsIt: a client that resets while its endpoint
+// is still being dialed (the endpoint drops SYNs) ends the dial at once and
+// frees its descriptors, rather than after every dial attempt has timed
+// out.
+func TestClientResetDuringDialEndsIt(t *testing.T) {
+	// An endpoint whose accept queue is full drops SYNs: a listener with a
+	// backlog of 0 that never accepts, and one connection already queued.
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	port, err := localPort(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+	filler, err := net.Dial("tcp4", stuck.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+
+	p := newTestProxier(t, Config{DialTimeouts: []time.Duration{time.Minute}})
+	name := spn("stuck", "", state.TCP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(stuck)})
+	before := openFDs(t)
+	c, err := net.Dial("tcp4", proxyAddr(t, p, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle(t, "the proxy dials the endpoint", func() error {
+		if n := openFDs(t); n < before+3 { // our client, the proxy's client side and its dial
+			return fmt.Errorf("%d fds, want %d", n, before+3)
+		}
+		return nil
+	})
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close() // a reset
+	start := time.Now()
+	settle(t, "the proxy frees the connection", func() error {
+		if n := openFDs(t); n != before {
+			return fmt.Errorf("%d fds, want %d as before the client came", n, before)
+		}
+		return nil
+	})
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the connection was freed %v after the client's reset; want at once", d)
+	}
+}

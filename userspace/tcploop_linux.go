@@ -252,8 +252,13 @@ func (s *connSide) event(ev uint32) {
 		c.hup[i] = true
 	}
 	if c.dialing {
-		if s.backend {
+		switch {
+		case s.backend:
 			c.dialProgress(ev)
+		case ev&(unix.EPOLLERR|unix.EPOLLHUP) != 0:
+			// The client reset (a FIN alone is only RDHUP, and is passed
+			// on once connected): nobody is left to dial for.
+			c.abort()
 		}
 		return // client data waits until the endpoint is connected
 	}
