@@ -259,10 +259,8 @@ func TestBinaryBusyNodePortRecovers(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "services.yaml")
 	writeFile(t, file, manifest(np, "None", []int{a}, []int{ua}))
 	p := startProxy(t, proxyArgs(file)...)
-	// The error spans lines; the fields come after it.
-	from := p.waitLog(0, `"Sync failed; will retry, less often each time, until it succeeds"`, 1, 20*time.Second)
-	from = p.waitLog(from, fmt.Sprintf(`127.0.0.1:%d \(node-port\): bind: address already in use`, np), 1, time.Second)
-	p.waitLog(from, `retryIn="1s" maxRetryInterval="30s"`, 1, time.Second)
+	// One line: the error, then how the retries go.
+	p.waitLog(0, fmt.Sprintf(`"Sync failed; will retry, less often each time, until it succeeds" err="userspace: service e2e/app:http/TCP: listen on 127.0.0.1:%d \(node-port\): bind: address already in use" retryIn="1s" maxRetryInterval="30s"`, np), 1, 20*time.Second)
 	holder.Close()
 	p.waitLog(0, `"Sync recovered"`, 1, 10*time.Second)
 	if body, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/", np)); err != nil || body != "a" {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -131,8 +132,24 @@ func joinErrors(errs ...error) error {
 			m = multierror.Append(m, err)
 		}
 	}
+	if m != nil {
+		m.ErrorFormat = oneLine
+	}
 	if err := m.ErrorOrNil(); err != nil {
 		return err
 	}
 	return deferred
+}
+
+// oneLine formats a sync's errors on one line, so each stays one log line
+// ("2 errors: …; …") rather than go-multierror's indented list.
+func oneLine(errs []error) string {
+	if len(errs) == 1 {
+		return errs[0].Error()
+	}
+	msgs := make([]string, len(errs))
+	for i, err := range errs {
+		msgs[i] = err.Error()
+	}
+	return fmt.Sprintf("%d errors: %s", len(errs), strings.Join(msgs, "; "))
 }
