@@ -338,6 +338,16 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 		m.errs = append(m.errs, problem("", errors.New("apiVersion and kind are required")))
 		return
 	}
+	if field, line, reason, ok := locateTypeError(data, err.Error()); ok {
+		// A value of the wrong type: name it with its list indexes and
+		// line, which the decoder's message lacks.
+		e := problem(field, errors.New(reason))
+		if at.line > 0 && at.item < 0 {
+			e.Line = at.line + line - 1
+		}
+		m.errs = append(m.errs, e)
+		return
+	}
 	strict, ok := runtime.AsStrictDecodingError(err)
 	if !ok || obj == nil {
 		m.errs = append(m.errs, problem("", errors.New(fileLines(err.Error(), at))))

@@ -341,9 +341,19 @@ func TestParseManifestsErrors(t *testing.T) {
 			want: []string{"demo.yaml: document 2: yaml: line 9: did not find expected node content"},
 		},
 		{
-			name: "wrong type",
-			data: svcHead + "spec:\n  ports: [{port: http}]\n",
-			want: []string{"demo.yaml: document 1 (Service demo/web): json: cannot unmarshal string into Go struct field ServicePort.spec.ports.port of type int32"},
+			name: "wrong type, named with its list index",
+			data: svcHead + "spec:\n  ports: [{name: a, port: 80}, {name: b, port: http}]\n",
+			want: []string{`demo.yaml: document 1 (Service demo/web): spec.ports[1].port: "http" is a string; want int32`},
+		},
+		{
+			name: "a YAML 1.1 boolean where a string goes",
+			data: svcHead + "spec:\n  ports: [{name: y, port: 80}]\n",
+			want: []string{`demo.yaml: document 1 (Service demo/web): spec.ports[0].name: "y" is a boolean; want string (YAML reads a plain y as a boolean: quote it, "y")`},
+		},
+		{
+			name: "wrong type in a JSON object",
+			data: `{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": [80]}]}}`,
+			want: []string{`demo.yaml: document 1 (Service default/web): spec.ports[0].port: the value is a list; want int32`},
 		},
 		{
 			name: "no kind",
@@ -537,6 +547,21 @@ addressType: IPv9
 			}
 			checkProblems(t, flatten(err), tc.want)
 		})
+	}
+}
+
+// TestTypeErrorLine: a value of the wrong type is reported with the line
+// it is on in the file, not only where its document starts.
+func TestTypeErrorLine(t *testing.T) {
+	data := demoManifest + "---\napiVersion: v1\nkind: Service\nmetadata: {name: bad}\nspec:\n  ports:\n  - port: 80\n    name: a\n  - port: eighty\n    name: b\n"
+	_, _, _, err := ParseManifests("demo.yaml", []byte(data))
+	var oe *ObjectError
+	if !errors.As(err, &oe) {
+		t.Fatalf("got %v, want an ObjectError", err)
+	}
+	want := strings.Count(data[:strings.Index(data, "port: eighty")], "\n") + 1
+	if oe.Line != want || oe.Field != "spec.ports[1].port" {
+		t.Fatalf("got line %d field %q (%v), want line %d field spec.ports[1].port", oe.Line, oe.Field, err, want)
 	}
 }
 
