@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -107,6 +108,47 @@ func TestIPFamiliesWithoutFrontends(t *testing.T) {
 	}
 	if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(name))); got != "b6" {
 		t.Fatalf("via IPv4 reached %q", got)
+	}
+}
+
+// TestNodePortsKeepToTheirFamilies: with --nodeport-addresses matching
+// host addresses of both families, a single-stack Service's node port is
+// served on the addresses of its own family only, as without
+// --nodeport-addresses (the wildcard of each of its families), and a
+// dual-stack one on both.
+func TestNodePortsKeepToTheirFamilies(t *testing.T) {
+	needIPv6Loopback(t)
+	p := newTestProxier(t, Config{ServeNodePorts: true,
+		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")},
+		LocalAddrs: func() ([]netip.Addr, error) {
+			return []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")}, nil
+		}})
+	v4 := netip.MustParseAddr("198.18.0.1")
+	v6 := netip.MustParseAddr("fd5e:b1b5::1")
+	tests := map[string]struct {
+		ips  []netip.Addr
+		want []string
+	}{
+		"v4":   {[]netip.Addr{v4}, []string{"127.0.0.1"}},
+		"v6":   {[]netip.Addr{v6}, []string{"::1"}},
+		"dual": {[]netip.Addr{v4, v6}, []string{"127.0.0.1", "::1"}},
+	}
+	var ports []state.ServicePort
+	for svc, tc := range tests {
+		ports = append(ports, state.ServicePort{Name: spn(svc, "", state.TCP), Port: 80, NodePort: freeTCPPort(t), ClusterIPs: tc.ips})
+	}
+	mustApply(t, p, ports...)
+	for svc, tc := range tests {
+		var got []string
+		for _, l := range p.Listeners() {
+			if l.Service == spn(svc, "", state.TCP) && l.Role == "node-port" {
+				got = append(got, l.Addr.Addr().String())
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: node port on %v, want %v", svc, got, tc.want)
+		}
 	}
 }
 

@@ -431,8 +431,11 @@ func (p *Proxier) desiredSockets(sp *servicePort, spec *state.ServicePort, local
 				want = append(want, sockKey{netip.AddrPortFrom(wildcard(f), spec.NodePort), roleNodePort})
 			}
 		} else {
+			// Each family serves its own Services, as kube-proxy's proxier
+			// of that family does: an IPv4 Service has no node port on the
+			// host's IPv6 addresses.
 			for _, a := range localAddrs {
-				if slices.ContainsFunc(p.cfg.NodePortAddresses, func(pfx netip.Prefix) bool { return pfx.Contains(a) }) {
+				if slices.Contains(fams, familyOf(a)) && slices.ContainsFunc(p.cfg.NodePortAddresses, func(pfx netip.Prefix) bool { return pfx.Contains(a) }) {
 					want = append(want, sockKey{netip.AddrPortFrom(a, spec.NodePort), roleNodePort})
 				}
 			}
