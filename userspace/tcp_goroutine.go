@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 // tcpListener accepts connections for one socket of a service port and hands
@@ -78,7 +80,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 		resetTCP(c)
 		return
 	}
-	t := &tcpConn{p: p, client: c, backend: backend}
+	t := &tcpConn{p: p, client: c, backend: backend, name: l.sp.name, clientAddr: client, endpoint: ep}
 	if !p.conns.add(p.ctx, t) {
 		resetTCP(c)
 		resetTCP(backend)
@@ -86,6 +88,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	}
 	p.stats.TCPActive.Add(1)
 	if klog.V(4).Enabled() {
+		t.since = time.Now()
 		klog.InfoS("Proxying connection", "service", l.sp.name, "client", client, "endpoint", ep)
 	}
 	// The copy loops run on fresh goroutines and this one ends: its stack
@@ -117,18 +120,26 @@ type tcpConn struct {
 	// closes both sockets.
 	pending   atomic.Int32
 	abortOnce sync.Once
+	aborted   atomic.Bool
+
+	// For the -v=4 log of how the connection ended.
+	name                 state.ServicePortName
+	clientAddr           netip.AddrPort
+	endpoint             netip.AddrPort
+	since                time.Time
+	toEndpoint, toClient atomic.Uint64
 }
 
 // copyToBackend and copyToClient are named so goroutine dumps say which
 // direction is blocked.
 func (t *tcpConn) copyToBackend() {
 	defer t.directionDone()
-	t.pipe(t.backend, t.client, &t.p.stats.BytesToBackend)
+	t.pipe(t.backend, t.client, &t.p.stats.BytesToBackend, &t.toEndpoint)
 }
 
 func (t *tcpConn) copyToClient() {
 	defer t.directionDone()
-	t.pipe(t.client, t.backend, &t.p.stats.BytesToClient)
+	t.pipe(t.client, t.backend, &t.p.stats.BytesToClient, &t.toClient)
 }
 
 func (t *tcpConn) directionDone() {
@@ -137,13 +148,17 @@ func (t *tcpConn) directionDone() {
 		t.backend.Close()
 		t.p.conns.remove(t)
 		t.p.stats.TCPActive.Add(-1)
+		if klog.V(4).Enabled() {
+			logConnEnded(t.name, t.clientAddr, t.endpoint, [2]uint64{t.toEndpoint.Load(), t.toClient.Load()}, t.since, t.aborted.Load())
+		}
 	}
 	t.p.wg.Done()
 }
 
-func (t *tcpConn) pipe(dst, src *net.TCPConn, counter *atomic.Uint64) {
+func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) {
 	progress := func(n int) {
 		counter.Add(uint64(n))
+		moved.Add(uint64(n))
 		if t.halfClosed.Load() {
 			_ = src.SetReadDeadline(time.Now().Add(t.p.cfg.TCPHalfCloseTimeout))
 		}
@@ -182,6 +197,7 @@ func (t *tcpConn) pipe(dst, src *net.TCPConn, counter *atomic.Uint64) {
 // reaches the other and nothing lingers.
 func (t *tcpConn) abort() {
 	t.abortOnce.Do(func() {
+		t.aborted.Store(true)
 		resetTCP(t.client)
 		resetTCP(t.backend)
 	})

@@ -5,13 +5,18 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -137,6 +142,32 @@ func TestTCPFailoverGivesUp(t *testing.T) {
 	if n := p.Stats().TCPDialGiveUps.Load(); n != 1 {
 		t.Fatalf("give-ups = %d, want 1", n)
 	}
+}
+
+// TestConnectionEndIsLogged: at -v=4 a proxied connection's end is logged
+// with the bytes it carried each way, for following one connection while
+// debugging or teaching. tcpWho reads a 2-byte greeting, sends 5 bytes and
+// reads their echo.
+func TestConnectionEndIsLogged(t *testing.T) {
+	logs := captureLog(t, "4")
+	be := startTCPBackend(t, "a")
+	p := newTestProxier(t, Config{})
+	name := spn("web", "", state.TCP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(be.addr())})
+	tcpWho(t, proxyAddr(t, p, name))
+	const want = `"Connection ended" service="test/web/TCP" client="127.0.0.1:`
+	settle(t, "the end is logged", func() error {
+		klog.Flush()
+		line := logs.lineWith(`"Connection ended"`)
+		switch {
+		case line == "":
+			return errors.New("no line yet")
+		case !strings.Contains(line, want) || !strings.Contains(line, fmt.Sprintf(`endpoint="%s" bytesToEndpoint=5 bytesToClient=7`, be.addr())) ||
+			!strings.Contains(line, "reset=false"):
+			return fmt.Errorf("got %s", line)
+		}
+		return nil
+	})
 }
 
 func TestTCPNoEndpointsResets(t *testing.T) {

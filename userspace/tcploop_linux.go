@@ -210,7 +210,9 @@ type tcpConn struct {
 	active   bool // counted in TCPActive
 	closed   bool
 
-	dirs [2]spliceDir // 0: client to endpoint; 1: endpoint to client
+	dirs  [2]spliceDir // 0: client to endpoint; 1: endpoint to client
+	moved [2]uint64    // bytes each way, for the -v=4 log
+	since time.Time    // when proxying began, at -v=4
 	// readable[i] says the source of direction i may have data: set by
 	// an EPOLLIN event, cleared by a short read. With edge-triggered epoll
 	// a short read means the socket is drained, and data that arrives later
@@ -397,6 +399,7 @@ func (c *tcpConn) connected() {
 	c.active = true
 	p.stats.TCPActive.Add(1)
 	if klog.V(4).Enabled() {
+		c.since = time.Now()
 		klog.InfoS("Proxying connection", "service", c.l.sp.name, "client", c.client, "endpoint", c.endpoint)
 	}
 	c.pump()
@@ -427,6 +430,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 	d := &c.dirs[i]
 	progress := func(n int) {
 		counter.Add(uint64(n))
+		c.moved[i] += uint64(n)
 		if c.halfClosed {
 			c.lastProgress = time.Now()
 		}
@@ -620,6 +624,9 @@ func (c *tcpConn) release(reset bool) {
 	if c.active {
 		c.active = false
 		c.l.sp.p.stats.TCPActive.Add(-1)
+		if klog.V(4).Enabled() {
+			logConnEnded(c.l.sp.name, c.client, c.endpoint, c.moved, c.since, reset)
+		}
 	}
 }
 

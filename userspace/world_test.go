@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
@@ -295,3 +297,47 @@ func isReset(err error) bool {
 var errReset = errors.New("connection reset by peer")
 
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+// logBuffer collects klog's output for a test.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lineWith returns the first line logged that contains s, or "".
+func (l *logBuffer) lineWith(s string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for line := range strings.Lines(l.b.String()) {
+		if strings.Contains(line, s) {
+			return strings.TrimSpace(line)
+		}
+	}
+	return ""
+}
+
+// captureLog sends klog's output, at verbosity v, to a buffer until the
+// test ends. klog is global: tests that use it must not run in parallel.
+func captureLog(t *testing.T, v string) *logBuffer {
+	t.Helper()
+	logs := &logBuffer{}
+	var level klog.Level
+	if err := level.Set(v); err != nil {
+		t.Fatal(err)
+	}
+	klog.LogToStderr(false)
+	klog.SetOutput(logs)
+	t.Cleanup(func() {
+		klog.Flush()
+		_ = level.Set("0")
+		klog.SetOutput(os.Stderr)
+		klog.LogToStderr(true)
+	})
+	return logs
+}
