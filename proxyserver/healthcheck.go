@@ -114,9 +114,9 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		if err != nil || listen != nil && len(listen) == 0 {
 			continue // no addresses to listen on (yet)
 		}
-		srv, err := startHealthServer(port, listenOn(listen, port), st)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("health check node port %d of Service %s/%s: %w", port, st.Service.Namespace, st.Service.Name, err))
+		srv, serr := startHealthServer(port, listenOn(listen, port), st)
+		if serr != nil {
+			errs = append(errs, fmt.Errorf("health check node port %d of Service %s/%s: %w", port, st.Service.Namespace, st.Service.Name, serr))
 			continue
 		}
 		h.servers[port] = srv

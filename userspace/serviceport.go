@@ -113,8 +113,8 @@ func (sp *servicePort) setExternal(spec *state.ServicePort) {
 	sp.fromHost.Store(sp.separate(sp.fromHost.Load(), spec.InternalLocal, spec.ClusterEndpoints, spec))
 }
 
-// separate returns a balancer of its own over eps, reusing b when it is
-// one, when own; else internal.
+// separate returns, when own, a balancer of its own over eps (b, updated,
+// when b is one already); else the internal balancer.
 func (sp *servicePort) separate(b *balancer, own bool, eps []state.Endpoint, spec *state.ServicePort) *balancer {
 	switch {
 	case !own:
