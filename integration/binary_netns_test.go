@@ -175,6 +175,48 @@ func TestBinaryIPTablesPortal(t *testing.T) {
 		expectFrom("be1:")
 	})
 
+	t.Run("a service without endpoints refuses, as kube-proxy's REJECT does", func(t *testing.T) {
+		from := px.lineCount()
+		writeFile(t, file, strings.ReplaceAll(netnsManifest, `endpoints: [{addresses: ["198.18.12.2"]}]`, `endpoints: []`))
+		px.waitLog(from, `"Applying edited manifests"`, 1, 10*time.Second)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) { // the rules follow within a sync
+			if out, _ := w.pod.run("nc", "-z", "-v", "-w2", "198.18.0.10", "80"); strings.Contains(out, "refused") {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("nc -z to a service without endpoints still connects 5s after the edit: %q", out)
+			}
+		}
+		// nc exits at once with "Connection refused", instead of
+		// connecting and then reading a reset.
+		refused := func(from netns, shell string) {
+			t.Helper()
+			start := time.Now()
+			out, err := from.run("sh", "-c", shell)
+			if err == nil || !strings.Contains(out, "refused") || time.Since(start) > time.Second {
+				t.Errorf("%s in %s: %v after %v: %q; want a quick refusal", shell, from, err, time.Since(start).Round(time.Millisecond), out)
+			}
+		}
+		refused(w.pod, "nc -z -v -w2 198.18.0.10 80")
+		refused(w.outside, "nc -z -v -w2 "+nodeOutSide+" 30080")
+		refused(w.node, "nc -z -v -w2 198.18.0.10 80")
+		// nc -u cannot tell: a resolver's connected socket can.
+		start := time.Now()
+		if r := dial(t, w.pod, "udp-connected", "198.18.0.53:53", "ping", 0); !strings.Contains(r.Err, "connection refused") || time.Since(start) > time.Second {
+			t.Errorf("UDP to a service without endpoints: %+v after %v; want a quick \"connection refused\"", r, time.Since(start).Round(time.Millisecond))
+		}
+		for _, r := range ourRules(t, w.node, "nft") {
+			if strings.Contains(r, "e2e/web:http has no endpoints") && !strings.Contains(r, "REJECT") {
+				t.Errorf("no-endpoints rule is not a REJECT: %s", r)
+			}
+		}
+
+		from = px.lineCount()
+		writeFile(t, file, netnsManifest)
+		px.waitLog(from, `"Portals synced"`, 1, 10*time.Second)
+		expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+		expectReply(t, w.pod, "udp", "198.18.0.53:53", "be1:ping")
+	})
+
 	t.Run("a deleted service stops answering and its rules go", func(t *testing.T) {
 		from := px.lineCount()
 		cut := netnsManifest[:strings.Index(netnsManifest, "---\napiVersion: v1\nkind: Service\nmetadata: {name: dns")]

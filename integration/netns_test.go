@@ -279,7 +279,8 @@ type clientResult struct {
 	Err   string `json:"err"`
 }
 
-// dial runs one client exchange from ns: proto is tcp or udp; srcPort 0
+// dial runs one client exchange from ns: proto is tcp, udp or
+// udp-connected (a connected socket, which sees ICMP errors); srcPort 0
 // lets the kernel choose.
 func dial(t *testing.T, ns netns, proto, addr, payload string, srcPort int) clientResult {
 	t.Helper()
@@ -415,6 +416,28 @@ func runClient() {
 	dst, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
 		r.Err = err.Error()
+		return
+	}
+	if proto == "udp-connected" {
+		// Connected, as resolvers are, so an ICMP error comes back as
+		// "connection refused".
+		c, err := net.DialUDP("udp", nil, dst)
+		if err != nil {
+			r.Err = err.Error()
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		buf := make([]byte, 65535)
+		n := 0
+		if _, err = c.Write([]byte(payload)); err == nil {
+			n, err = c.Read(buf)
+		}
+		if err != nil {
+			r.Err = err.Error()
+			return
+		}
+		r.Reply = strings.TrimSpace(string(buf[:n]))
 		return
 	}
 	// Unconnected, so a reply from any source is seen (and reported).

@@ -79,6 +79,12 @@ type Portal struct {
 	// means the proxy has no proxy port for it (it is not served, or it
 	// binds the frontend itself): redirecting portals skip it.
 	ProxyPort uint16
+	// Reject says the service port has no endpoints at all: the iptables
+	// portal refuses new connections redirected to ProxyPort, as
+	// kube-proxy rejects them (TCP clients get "connection refused" at
+	// connect, UDP clients an ICMP port unreachable), instead of letting
+	// the proxy accept and reset them.
+	Reject bool
 }
 
 // Protocol is the portal's transport protocol.
@@ -140,10 +146,11 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 		if proxyPort != nil {
 			pp = proxyPort(sp.Name)
 		}
+		reject := len(sp.ClusterEndpoints) == 0 && len(sp.LocalEndpoints) == 0
 		add := func(kind Kind, ips []netip.Addr) {
 			for _, ip := range ips {
 				ip = ip.Unmap()
-				out = append(out, Portal{Service: sp.Name, Kind: kind, Family: FamilyOf(ip), IP: ip, Port: sp.Port, ProxyPort: pp})
+				out = append(out, Portal{Service: sp.Name, Kind: kind, Family: FamilyOf(ip), IP: ip, Port: sp.Port, ProxyPort: pp, Reject: reject})
 			}
 		}
 		add(ClusterIP, sp.ClusterIPs)
@@ -151,7 +158,7 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 		add(LoadBalancerIP, sp.LoadBalancerIPs)
 		if sp.NodePort != 0 {
 			for _, f := range families(sp) {
-				out = append(out, Portal{Service: sp.Name, Kind: NodePort, Family: f, Port: sp.NodePort, ProxyPort: pp})
+				out = append(out, Portal{Service: sp.Name, Kind: NodePort, Family: f, Port: sp.NodePort, ProxyPort: pp, Reject: reject})
 			}
 		}
 	}

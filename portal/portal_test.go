@@ -24,14 +24,16 @@ func addrs(s ...string) []netip.Addr {
 }
 
 // fixedSnapshot is the snapshot of the golden tests: every kind of
-// frontend, both families and all three protocols.
+// frontend, both families and all three protocols; the SCTP service port
+// has no endpoints.
 func fixedSnapshot() state.Snapshot {
+	ep := []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:8080"), Ready: true, Serving: true}}
 	return state.NewSnapshot([]state.ServicePort{
 		{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10", "fd5e:b1b5::10"), NodePort: 30080,
-			ExternalIPs: addrs("198.19.0.5"), LoadBalancerIPs: addrs("198.19.1.1")},
-		{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), NodePort: 30053},
+			ExternalIPs: addrs("198.19.0.5"), LoadBalancerIPs: addrs("198.19.1.1"), ClusterEndpoints: ep},
+		{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), NodePort: 30053, ClusterEndpoints: ep},
 		{Name: sigSCTP, Port: 3868, ClusterIPs: addrs("198.18.0.99")},
-		{Name: v6Only, Port: 8080, ClusterIPs: addrs("fd5e:b1b5::80"), NodePort: 30081},
+		{Name: v6Only, Port: 8080, ClusterIPs: addrs("fd5e:b1b5::80"), NodePort: 30081, LocalEndpoints: ep},
 	})
 }
 
@@ -48,15 +50,16 @@ func TestFromSnapshot(t *testing.T) {
 		proxy map[state.ServicePortName]uint16
 		want  []string
 	}{
+		// Without endpoints every portal rejects (see the case below).
 		{
 			name:  "every kind",
 			ports: []state.ServicePort{{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10"), ExternalIPs: addrs("198.19.0.5"), LoadBalancerIPs: addrs("198.19.1.1"), NodePort: 30080}},
 			proxy: map[state.ServicePortName]uint16{webHTTP: 41234},
 			want: []string{
-				"ClusterIP 198.18.0.10:80/TCP -> :41234",
-				"ExternalIP 198.19.0.5:80/TCP -> :41234",
-				"LoadBalancerIP 198.19.1.1:80/TCP -> :41234",
-				"NodePort NodePort(IPv4) 30080/TCP -> :41234",
+				"ClusterIP 198.18.0.10:80/TCP -> :41234 reject",
+				"ExternalIP 198.19.0.5:80/TCP -> :41234 reject",
+				"LoadBalancerIP 198.19.1.1:80/TCP -> :41234 reject",
+				"NodePort NodePort(IPv4) 30080/TCP -> :41234 reject",
 			},
 		},
 		{
@@ -64,28 +67,41 @@ func TestFromSnapshot(t *testing.T) {
 			ports: []state.ServicePort{{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10", "fd5e:b1b5::10"), NodePort: 30080}},
 			proxy: map[state.ServicePortName]uint16{webHTTP: 41234},
 			want: []string{
-				"ClusterIP 198.18.0.10:80/TCP -> :41234",
-				"ClusterIP [fd5e:b1b5::10]:80/TCP -> :41234",
-				"NodePort NodePort(IPv4) 30080/TCP -> :41234",
-				"NodePort NodePort(IPv6) 30080/TCP -> :41234",
+				"ClusterIP 198.18.0.10:80/TCP -> :41234 reject",
+				"ClusterIP [fd5e:b1b5::10]:80/TCP -> :41234 reject",
+				"NodePort NodePort(IPv4) 30080/TCP -> :41234 reject",
+				"NodePort NodePort(IPv6) 30080/TCP -> :41234 reject",
 			},
 		},
 		{
 			name:  "no frontends: node port on IPv4",
 			ports: []state.ServicePort{{Name: dnsUDP, Port: 53, NodePort: 30053}},
 			proxy: map[state.ServicePortName]uint16{dnsUDP: 41235},
-			want:  []string{"NodePort NodePort(IPv4) 30053/UDP -> :41235"},
+			want:  []string{"NodePort NodePort(IPv4) 30053/UDP -> :41235 reject"},
 		},
 		{
 			name:  "no proxy port kept as zero",
 			ports: []state.ServicePort{{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53")}},
-			want:  []string{"ClusterIP 198.18.0.53:53/UDP -> :0"},
+			want:  []string{"ClusterIP 198.18.0.53:53/UDP -> :0 reject"},
+		},
+		{
+			name: "a service port without endpoints rejects",
+			ports: []state.ServicePort{
+				{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10"), NodePort: 30080},
+				{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), LocalEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:53")}}},
+			},
+			proxy: map[state.ServicePortName]uint16{webHTTP: 41234, dnsUDP: 41235},
+			want: []string{
+				"ClusterIP 198.18.0.10:80/TCP -> :41234 reject",
+				"NodePort NodePort(IPv4) 30080/TCP -> :41234 reject",
+				"ClusterIP 198.18.0.53:53/UDP -> :41235",
+			},
 		},
 		{
 			name:  "mapped IPv4 is unmapped, duplicates collapse",
 			ports: []state.ServicePort{{Name: dnsUDP, Port: 53, ClusterIPs: addrs("::ffff:198.18.0.53", "198.18.0.53")}},
 			proxy: map[state.ServicePortName]uint16{dnsUDP: 41235},
-			want:  []string{"ClusterIP 198.18.0.53:53/UDP -> :41235"},
+			want:  []string{"ClusterIP 198.18.0.53:53/UDP -> :41235 reject"},
 		},
 	}
 	for _, tc := range tests {
@@ -93,7 +109,11 @@ func TestFromSnapshot(t *testing.T) {
 			got := FromSnapshot(state.NewSnapshot(tc.ports), func(n state.ServicePortName) uint16 { return tc.proxy[n] })
 			var s []string
 			for _, p := range got {
-				s = append(s, string(p.Kind)+" "+p.String())
+				line := string(p.Kind) + " " + p.String()
+				if p.Reject {
+					line += " reject"
+				}
+				s = append(s, line)
 			}
 			if !slices.Equal(s, tc.want) {
 				t.Errorf("FromSnapshot =\n%q\nwant\n%q", s, tc.want)

@@ -152,12 +152,19 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 			r.count++
 		}
 		// INPUT sees the packet after REDIRECT, so the filter rule matches
-		// the proxy port: one per service port and protocol.
+		// the proxy port: one per service port and protocol. A service
+		// port without endpoints has its new connections refused there,
+		// as kube-proxy's REJECT rules refuse them.
 		key := proto + "/" + strconv.Itoa(int(p.ProxyPort)) + "/" + comment
 		if !accepted[key] {
 			accepted[key] = true
-			fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j ACCEPT\n",
-				ChainNodePortNonLocal, proto, comment, proto, p.ProxyPort)
+			if p.Reject {
+				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j REJECT\n",
+					ChainNodePortNonLocal, proto, strings.TrimSuffix(comment, `"`)+` has no endpoints"`, proto, p.ProxyPort)
+			} else {
+				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j ACCEPT\n",
+					ChainNodePortNonLocal, proto, comment, proto, p.ProxyPort)
+			}
 			r.count++
 		}
 	}
