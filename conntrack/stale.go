@@ -26,7 +26,11 @@ import (
 //     the proxy restarted and got another port): entries still go to the
 //     old port;
 //   - a frontend that is new: datagrams sent before the rule existed made
-//     unredirected entries that would go on being routed away.
+//     unredirected entries that would go on being routed away;
+//   - a frontend whose service port lost its last endpoint: the iptables
+//     portal now rejects its new flows, and a client's existing entry
+//     would carry it past the REJECT to the proxy, which can only drop
+//     its datagrams (kube-proxy deletes such entries too).
 //
 // Each of those gives one filter on the original destination (address and
 // port; port only for a node port, as kube-proxy does). Endpoint changes
@@ -44,8 +48,12 @@ func StaleUDP(old, new []portal.Portal) []Filter {
 		ip       netip.Addr
 		port     uint16
 	}
-	mapping := func(ps []portal.Portal) map[key]uint16 {
-		m := make(map[key]uint16)
+	type target struct {
+		proxyPort uint16
+		reject    bool
+	}
+	mapping := func(ps []portal.Portal) map[key]target {
+		m := make(map[key]target)
 		for _, p := range ps {
 			if p.Protocol() != state.UDP {
 				continue
@@ -54,8 +62,8 @@ func StaleUDP(old, new []portal.Portal) []Filter {
 			if !k.nodePort {
 				k.ip = p.IP.Unmap()
 			}
-			if p.ProxyPort != 0 || m[k] == 0 {
-				m[k] = p.ProxyPort
+			if p.ProxyPort != 0 || m[k].proxyPort == 0 {
+				m[k] = target{p.ProxyPort, p.Reject && p.ProxyPort != 0}
 			}
 		}
 		return m
@@ -69,13 +77,13 @@ func StaleUDP(old, new []portal.Portal) []Filter {
 		}
 		out = append(out, f)
 	}
-	for k, pp := range before {
-		if after[k] != pp {
+	for k, was := range before {
+		if now := after[k]; now.proxyPort != was.proxyPort || now.reject && !was.reject {
 			stale(k)
 		}
 	}
-	for k, pp := range after {
-		if _, ok := before[k]; !ok && pp != 0 {
+	for k, now := range after {
+		if _, ok := before[k]; !ok && now.proxyPort != 0 {
 			stale(k)
 		}
 	}

@@ -36,6 +36,8 @@ func TestStaleUDP(t *testing.T) {
 	fewerEndpoints.ClusterEndpoints = dnsPort.ClusterEndpoints[:1]
 	noExternal := dnsPort
 	noExternal.ExternalIPs = nil
+	noEndpoints := dnsPort
+	noEndpoints.ClusterEndpoints = nil
 	pp := map[state.ServicePortName]uint16{dns: 41235, web: 41234}
 	movedPP := map[state.ServicePortName]uint16{dns: 42000, web: 41234}
 	all := func() []Filter { // every frontend of dnsPort
@@ -60,6 +62,9 @@ func TestStaleUDP(t *testing.T) {
 		{name: "one frontend removed", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{noExternal}, pp),
 			want: []Filter{{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.19.0.53"), OrigDstPort: 53}}},
 		{name: "endpoint removed: nothing (see StaleUDP)", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{fewerEndpoints}, pp)},
+		{name: "last endpoint removed (the portal now rejects): every frontend", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{noEndpoints}, pp), want: all()},
+		{name: "first endpoint added: nothing", old: portals([]state.ServicePort{noEndpoints}, pp), new: portals([]state.ServicePort{dnsPort}, pp)},
+		{name: "bind portal, last endpoint removed: nothing", old: portals([]state.ServicePort{dnsPort}, nil), new: portals([]state.ServicePort{noEndpoints}, nil)},
 		{name: "TCP changes: nothing", old: portals([]state.ServicePort{webPort}, pp), new: nil},
 		{name: "bind portal (no proxy ports): nothing", old: portals([]state.ServicePort{dnsPort}, nil), new: nil},
 		{name: "service loses its proxy port", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{dnsPort}, nil), want: all()},

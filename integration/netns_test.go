@@ -421,7 +421,9 @@ func runClient() {
 	if proto == "udp-connected" {
 		// Connected, as resolvers are, so an ICMP error comes back as
 		// "connection refused".
-		c, err := net.DialUDP("udp", nil, dst)
+		var src net.UDPAddr
+		fmt.Sscan(os.Getenv("KUPT_SRCPORT"), &src.Port)
+		c, err := net.DialUDP("udp", &src, dst)
 		if err != nil {
 			r.Err = err.Error()
 			return
