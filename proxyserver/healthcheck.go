@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
 // healthChecks serves the health-check node ports of Services that have
@@ -92,6 +93,9 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if len(want) == 0 && len(h.servers) == 0 {
+		return nil // nothing to serve or close: no need to list addresses
+	}
 	if h.servers == nil {
 		h.servers = make(map[uint16]*healthServer)
 	}
@@ -138,7 +142,7 @@ func (h *healthChecks) listenAddrs() ([]netip.Addr, error) {
 	}
 	out := []netip.Addr{} // not nil: nil is the wildcard
 	for _, a := range local {
-		if slices.ContainsFunc(h.nodePortAddresses, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		if userspace.InNodePortAddresses(h.nodePortAddresses, a) {
 			out = append(out, a)
 		}
 	}

@@ -128,23 +128,37 @@ func serviceRef(svc *corev1.Service) objectRef {
 	return objectRef{svc.Namespace, svc.Name}
 }
 
-// skipped reports whether the proxy leaves svc alone, as kube-proxy's label
-// selector and ShouldSkipService do.
+// skipped reports whether the proxy leaves svc alone.
 func (b *builder) skipped(svc *corev1.Service) bool {
-	proxyName, labelled := svc.Labels[LabelServiceProxyName]
-	if b.opts.ServiceProxyName == "" && labelled || b.opts.ServiceProxyName != "" && proxyName != b.opts.ServiceProxyName {
-		return true
+	_, why := skipReason(svc, b.opts.ServiceProxyName)
+	return why != ""
+}
+
+// skipReason says why the proxy leaves svc alone, as kube-proxy's label
+// selector and ShouldSkipService do, or "" when it serves it; onLabels
+// says the reason is a label. proxyName is Options.ServiceProxyName.
+// Manifest validation warns with the same words.
+func skipReason(svc *corev1.Service, proxyName string) (onLabels bool, why string) {
+	_, headlessLabel := svc.Labels[corev1.IsHeadlessService]
+	name, labelled := svc.Labels[LabelServiceProxyName]
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		return false, "type ExternalName is served by DNS, not by the proxy; skipped"
+	case isHeadless(svc):
+		return false, "headless (clusterIP: None) is served by DNS, not by the proxy; skipped"
+	case headlessLabel:
+		return true, fmt.Sprintf("label %s marks it headless; skipped, as kube-proxy does", corev1.IsHeadlessService)
+	case proxyName == "" && labelled:
+		return true, fmt.Sprintf("label %s=%q gives it to another proxy; skipped, as kube-proxy does", LabelServiceProxyName, name)
+	case proxyName != "" && name != proxyName:
+		return true, fmt.Sprintf("label %s is not %q, this proxy's name; skipped", LabelServiceProxyName, proxyName)
 	}
-	if _, headless := svc.Labels[corev1.IsHeadlessService]; headless {
-		return true
-	}
-	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		return true
-	}
-	if svc.Spec.ClusterIP == corev1.ClusterIPNone || len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone {
-		return true
-	}
-	return false
+	return false, ""
+}
+
+// isHeadless reports whether svc has clusterIP: None.
+func isHeadless(svc *corev1.Service) bool {
+	return svc.Spec.ClusterIP == corev1.ClusterIPNone || len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone
 }
 
 // service returns the service ports of one Service, or none if it is

@@ -91,7 +91,7 @@ func validateService(svc *corev1.Service) []finding {
 	spec := field.NewPath("spec")
 
 	var (
-		headless     = svc.Spec.ClusterIP == corev1.ClusterIPNone || len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone
+		headless     = isHeadless(svc)
 		externalName = svc.Spec.Type == corev1.ServiceTypeExternalName
 		nodePorts    = false
 	)
@@ -178,29 +178,15 @@ func validateService(svc *corev1.Service) []finding {
 		}
 	}
 
-	labels := field.NewPath("metadata", "labels")
-	_, headlessLabel := svc.Labels[corev1.IsHeadlessService]
-	proxyName, otherProxy := svc.Labels[LabelServiceProxyName]
-	switch {
-	case externalName:
-		fs.warnf(nil, "type ExternalName is served by DNS, not by the proxy; skipped")
-	case headless:
-		fs.warnf(nil, "headless (clusterIP: None) is served by DNS, not by the proxy; skipped")
-	case headlessLabel:
-		fs.warnf(labels, "label %s marks it headless; skipped, as kube-proxy does", corev1.IsHeadlessService)
-	case otherProxy:
-		fs.warnf(labels, "label %s=%q gives it to another proxy; skipped, as kube-proxy does", LabelServiceProxyName, proxyName)
+	// Manifest mode has no proxy name of its own.
+	if onLabels, why := skipReason(svc, ""); why != "" {
+		var at *field.Path
+		if onLabels {
+			at = field.NewPath("metadata", "labels")
+		}
+		fs.warnf(at, "%s", why)
 	}
 	return fs
-}
-
-// servedKind reports whether svc is a Service the proxy serves at all, by
-// the tests validateService warns about.
-func servedKind(svc *corev1.Service) bool {
-	_, headlessLabel := svc.Labels[corev1.IsHeadlessService]
-	_, otherProxy := svc.Labels[LabelServiceProxyName]
-	headless := svc.Spec.ClusterIP == corev1.ClusterIPNone || len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone
-	return svc.Spec.Type != corev1.ServiceTypeExternalName && !headless && !headlessLabel && !otherProxy
 }
 
 func orTCP(p corev1.Protocol) corev1.Protocol {
@@ -391,7 +377,7 @@ func (m *manifest) crossCheck() {
 	}
 	for _, svc := range m.services {
 		ref := objectRef{svc.Namespace, svc.Name}
-		if named[ref] || len(svc.Spec.Selector) == 0 || !servedKind(svc) {
+		if _, skipped := skipReason(svc, ""); named[ref] || len(svc.Spec.Selector) == 0 || skipped != "" {
 			continue
 		}
 		at := m.origins[objectKey{"Service", ref}]

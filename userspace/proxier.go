@@ -195,22 +195,16 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 			delete(p.skipped, name)
 		}
 	}
-	var localAddrs []netip.Addr
-	if p.cfg.ServeNodePorts && len(p.cfg.NodePortAddresses) > 0 {
-		var err error
-		if localAddrs, err = p.cfg.LocalAddrs(); err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("userspace: list local addresses for node ports: %w", err))
-		} else {
-			p.checkNodePortAddrs(snap, localAddrs)
-		}
-	}
-	p.readHostAddrs(snap, localAddrs)
-	// A port this host serves itself is never a proxy port, even when
-	// --proxy-port-range overlaps the node-port range: a node port the
-	// proxier listens on, and a health-check node port (which has a
-	// listener of its own whatever the portal).
+	// What the snapshot asks of the host, in one pass: the ports this host
+	// serves itself are never proxy ports, even when --proxy-port-range
+	// overlaps the node-port range (a node port the proxier listens on,
+	// and a health-check node port, which has a listener of its own
+	// whatever the portal).
+	var nodePorts, externalLocal bool
 	hostPorts := make(map[uint16]bool)
 	for spec := range snap.All {
+		nodePorts = nodePorts || spec.NodePort != 0
+		externalLocal = externalLocal || spec.ExternalLocal
 		if spec.NodePort != 0 && p.cfg.ServeNodePorts {
 			hostPorts[spec.NodePort] = true
 		}
@@ -218,6 +212,16 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 			hostPorts[spec.HealthCheckNodePort] = true
 		}
 	}
+	var localAddrs []netip.Addr
+	if p.cfg.ServeNodePorts && len(p.cfg.NodePortAddresses) > 0 {
+		var err error
+		if localAddrs, err = p.cfg.LocalAddrs(); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("userspace: list local addresses for node ports: %w", err))
+		} else {
+			p.checkNodePortAddrs(nodePorts, localAddrs)
+		}
+	}
+	p.readHostAddrs(externalLocal, localAddrs)
 	p.ports.reserve(hostPorts)
 	type work struct {
 		sp    *servicePort
@@ -256,14 +260,11 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 }
 
 // readHostAddrs keeps this host's addresses (localAddrs, when the caller
-// has read them already) while some service port of snap has a Local
-// external traffic policy: its external traffic from this host goes to
-// the cluster endpoints. If they cannot be read, the last ones are kept.
-func (p *Proxier) readHostAddrs(snap state.Snapshot, localAddrs []netip.Addr) {
-	needed := false
-	for spec := range snap.All {
-		needed = needed || spec.ExternalLocal
-	}
+// has read them already) while needed: while some service port has a
+// Local external traffic policy, whose external traffic from this host
+// goes to the cluster endpoints. If they cannot be read, the last ones
+// are kept.
+func (p *Proxier) readHostAddrs(needed bool, localAddrs []netip.Addr) {
 	if !needed {
 		p.hostAddrs.Store(nil)
 		return
@@ -290,16 +291,10 @@ func (p *Proxier) isHostAddr(a netip.Addr) bool {
 }
 
 // checkNodePortAddrs says so when no local address matches
-// NodePortAddresses while services have node ports, which are then served
-// nowhere, and again when one does.
-func (p *Proxier) checkNodePortAddrs(snap state.Snapshot, localAddrs []netip.Addr) {
-	matched := slices.ContainsFunc(localAddrs, func(a netip.Addr) bool {
-		return slices.ContainsFunc(p.cfg.NodePortAddresses, func(pfx netip.Prefix) bool { return pfx.Contains(a) })
-	})
-	wanted := false
-	for spec := range snap.All {
-		wanted = wanted || spec.NodePort != 0
-	}
+// NodePortAddresses while services have node ports (wanted), which are
+// then served nowhere, and again when one does.
+func (p *Proxier) checkNodePortAddrs(wanted bool, localAddrs []netip.Addr) {
+	matched := slices.ContainsFunc(localAddrs, func(a netip.Addr) bool { return InNodePortAddresses(p.cfg.NodePortAddresses, a) })
 	switch {
 	case !matched && wanted && !p.noNodePortAddrs:
 		p.noNodePortAddrs = true
@@ -435,7 +430,7 @@ func (p *Proxier) desiredSockets(sp *servicePort, spec *state.ServicePort, local
 			// of that family does: an IPv4 Service has no node port on the
 			// host's IPv6 addresses.
 			for _, a := range localAddrs {
-				if slices.Contains(fams, familyOf(a)) && slices.ContainsFunc(p.cfg.NodePortAddresses, func(pfx netip.Prefix) bool { return pfx.Contains(a) }) {
+				if slices.Contains(fams, familyOf(a)) && InNodePortAddresses(p.cfg.NodePortAddresses, a) {
 					want = append(want, sockKey{netip.AddrPortFrom(a, spec.NodePort), roleNodePort})
 				}
 			}
@@ -503,6 +498,12 @@ var (
 	onlyIPv6     = []family{familyIPv6}
 	bothFamilies = []family{familyIPv4, familyIPv6}
 )
+
+// InNodePortAddresses reports whether a is in one of the CIDRs of
+// --nodeport-addresses (Config.NodePortAddresses).
+func InNodePortAddresses(cidrs []netip.Prefix, a netip.Addr) bool {
+	return slices.ContainsFunc(cidrs, func(pfx netip.Prefix) bool { return pfx.Contains(a) })
+}
 
 // HostAddrs lists the addresses of every interface of this host.
 func HostAddrs() ([]netip.Addr, error) {
