@@ -432,7 +432,7 @@ func (m *manifest) addSlice(at origin, s *discoveryv1.EndpointSlice) {
 		s.Namespace = corev1.NamespaceDefault
 	}
 	ok := m.check(at, "EndpointSlice", s.Namespace, s.Name, validateSlice(s))
-	if m.register(at, "EndpointSlice", objectRef{s.Namespace, s.Name}) && ok {
+	if m.register(at, "EndpointSlice", objectRef{s.Namespace, s.Name}) && ok && s.Labels[discoveryv1.LabelServiceName] != "" {
 		defaultSlicePorts(s)
 		m.slices = append(m.slices, s)
 	}

@@ -294,6 +294,42 @@ spec: {type: ExternalName, externalName: example.com}
 				"demo.yaml: document 4 (Service default/ext): type ExternalName is served by DNS, not by the proxy; skipped",
 			},
 		},
+		{
+			// All three are valid to the API server: kube-proxy ignores a
+			// slice without the label and a port without a number, and
+			// a shared cluster IP with no port in common can be served.
+			name: "valid objects the proxy serves in part",
+			data: `apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: custom-1}
+addressType: IPv4
+ports: [{port: 80}]
+endpoints: [{addresses: [198.18.0.1]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: any}, {port: 8080}]
+endpoints: [{addresses: [198.18.0.2]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {clusterIP: 198.18.0.10, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dns}
+spec: {clusterIP: 198.18.0.10, ports: [{port: 53, protocol: UDP}]}
+`,
+			wantServices: 2, wantSlcs: 1,
+			wantWarnings: []string{
+				"demo.yaml: document 1 (EndpointSlice default/custom-1): metadata.labels: no kubernetes.io/service-name label, which names the Service a slice belongs to; ignored",
+				"demo.yaml: document 2 (EndpointSlice default/web-1): ports[0].port: not set: the port is skipped, as kube-proxy skips it",
+				"demo.yaml: document 4 (Service default/dns): spec.clusterIP: 198.18.0.10 is also the cluster IP of Service default/web (document 3); a cluster gives each Service its own",
+			},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -458,7 +494,6 @@ addressType: IPv4
 ports:
 - {name: http, port: 65536}
 - {name: http, port: 80, protocol: ICMP}
-- {name: dns}
 endpoints:
 - addresses: [fd00::1]
 - addresses: []
@@ -470,11 +505,9 @@ metadata: {name: web-2, labels: {kubernetes.io/service-name: web}}
 addressType: IPv9
 `,
 			want: []string{
-				"demo.yaml: document 1 (EndpointSlice default/web-1): metadata.labels: label kubernetes.io/service-name is required",
 				"document 1 (EndpointSlice default/web-1): ports[0].port: 65536 is out of range 1-65535",
 				`document 1 (EndpointSlice default/web-1): ports[1].name: duplicate name "http" (also ports[0])`,
 				`document 1 (EndpointSlice default/web-1): ports[1].protocol: unsupported protocol "ICMP"`,
-				"document 1 (EndpointSlice default/web-1): ports[2].port: is required",
 				"document 1 (EndpointSlice default/web-1): endpoints[0].addresses[0]: fd00::1 is not an IPv4 address",
 				"document 1 (EndpointSlice default/web-1): endpoints[1].addresses: at least one address is required",
 				`document 1 (EndpointSlice default/web-1): endpoints[2].addresses[0]: "10.0.0.1/24" is not a valid IP address`,
@@ -500,6 +533,12 @@ addressType: IPv9
 			data: "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {type: NodePort, ports: [{port: 80, nodePort: 30080}]}\n---\n" +
 				"apiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {type: NodePort, ports: [{port: 81, nodePort: 30080}]}\n",
 			want: []string{"demo.yaml: document 2 (Service default/b): spec.ports[0].nodePort: node port 30080/TCP is also used by Service default/a (document 1)"},
+		},
+		{
+			name: "a cluster IP and port used twice",
+			data: "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 198.18.0.10, ports: [{port: 80}]}\n---\n" +
+				"apiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {clusterIPs: [198.18.0.10, 'fd5e:b1b5::10'], ports: [{name: dns, port: 53, protocol: UDP}, {name: web, port: 80}]}\n",
+			want: []string{"demo.yaml: document 2 (Service default/b): spec.ports[1]: 198.18.0.10:80/TCP is also served by Service default/a (document 1): cluster IP 198.18.0.10 is given to both"},
 		},
 		{
 			name: "errors inside a List name the item",

@@ -277,15 +277,21 @@ func (b *builder) ipFamilies(svc *corev1.Service, ref objectRef) []state.IPFamil
 	return out
 }
 
-// clusterIPs returns the Service's cluster IPs: spec.clusterIPs, or
-// spec.clusterIP for objects written before dual-stack. ok is false when
+// rawClusterIPs returns the Service's cluster IPs as written, and the field
+// they come from: spec.clusterIPs, or spec.clusterIP for objects written
+// before dual-stack.
+func rawClusterIPs(svc *corev1.Service) (raw []string, field string) {
+	if len(svc.Spec.ClusterIPs) == 0 && svc.Spec.ClusterIP != "" {
+		return []string{svc.Spec.ClusterIP}, "spec.clusterIP"
+	}
+	return svc.Spec.ClusterIPs, "spec.clusterIPs"
+}
+
+// clusterIPs returns the Service's cluster IPs (see rawClusterIPs). ok is false when
 // one is malformed: a Service whose cluster IPs cannot be read is not
 // served at all.
 func (b *builder) clusterIPs(svc *corev1.Service, ref objectRef) (ips []netip.Addr, ok bool) {
-	raw, field := svc.Spec.ClusterIPs, "spec.clusterIPs"
-	if len(raw) == 0 && svc.Spec.ClusterIP != "" {
-		raw, field = []string{svc.Spec.ClusterIP}, "spec.clusterIP"
-	}
+	raw, field := rawClusterIPs(svc)
 	for i, s := range raw {
 		path := field
 		if field == "spec.clusterIPs" {

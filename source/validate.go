@@ -2,6 +2,9 @@ package source
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -251,10 +254,8 @@ func validateIPFamilies(fs *findings, svc *corev1.Service) {
 			fs.errorf(p.Index(i), "%s is given twice", f)
 		}
 	}
-	ips, ipsPath := svc.Spec.ClusterIPs, field.NewPath("spec", "clusterIPs")
-	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
-		ips, ipsPath = []string{svc.Spec.ClusterIP}, field.NewPath("spec", "clusterIP")
-	}
+	ips, name := rawClusterIPs(svc)
+	ipsPath := field.NewPath(name)
 	for i, s := range ips {
 		ip, err := parseIP(s)
 		if i >= len(fams) || err != nil { // None, or reported with the cluster IPs
@@ -277,9 +278,11 @@ func validateIPFamilies(fs *findings, svc *corev1.Service) {
 func validateSlice(s *discoveryv1.EndpointSlice) []finding {
 	var fs findings
 	fs.metadata(s.Name, s.Namespace, validation.IsDNS1123Subdomain)
+	// The API server takes a slice without the label: it belongs to no
+	// Service, and kube-proxy ignores it. So does the proxy, with a word.
 	if s.Labels[discoveryv1.LabelServiceName] == "" {
-		fs.errorf(field.NewPath("metadata", "labels"),
-			"label %s is required: it names the Service this slice belongs to", discoveryv1.LabelServiceName)
+		fs.warnf(field.NewPath("metadata", "labels"),
+			"no %s label, which names the Service a slice belongs to; ignored", discoveryv1.LabelServiceName)
 	}
 
 	family := s.AddressType
@@ -330,7 +333,9 @@ func validateSlice(s *discoveryv1.EndpointSlice) []finding {
 			fs.protocol(p.Child("protocol"), *port.Protocol)
 		}
 		if port.Port == nil {
-			fs.errorf(p.Child("port"), "is required")
+			// Valid to the API server ("any port"), but kube-proxy skips
+			// such a port, and so does the proxy.
+			fs.warnf(p.Child("port"), "not set: the port is skipped, as kube-proxy skips it")
 		} else {
 			fs.portRange(p.Child("port"), *port.Port, false)
 		}
@@ -371,6 +376,8 @@ func (m *manifest) crossCheck() {
 		}
 	}
 
+	m.clusterIPsShared()
+
 	named := make(map[objectRef]bool) // Services some slice names
 	for _, s := range m.slices {
 		named[objectRef{s.Namespace, s.Labels[discoveryv1.LabelServiceName]}] = true
@@ -408,6 +415,9 @@ func (m *manifest) crossCheck() {
 			continue
 		}
 		for i, p := range s.Ports {
+			if p.Port == nil {
+				continue // warned about already
+			}
 			name := ""
 			if p.Name != nil {
 				name = *p.Name
@@ -419,6 +429,62 @@ func (m *manifest) crossCheck() {
 			if !svcPorts[name+"/"+string(proto)] {
 				warn(fmt.Sprintf("ports[%d]", i), fmt.Errorf("port name %q with protocol %s matches no port of Service %s/%s (ports are matched by name; an unnamed port is \"\")",
 					name, proto, s.Namespace, svcName))
+			}
+		}
+	}
+}
+
+// clusterIPsShared reports cluster IPs given to more than one Service. In a
+// cluster the allocator gives each Service its own. Two Services with the
+// same address and a port and protocol in common cannot both be served
+// there: that is an error. Sharing the address alone works here, but a
+// cluster would refuse the second Service, so it is a warning.
+func (m *manifest) clusterIPsShared() {
+	type frontend struct {
+		ip    netip.Addr
+		port  int32
+		proto corev1.Protocol
+	}
+	owners := make(map[netip.Addr]objectRef)
+	frontends := make(map[frontend]objectRef)
+	for _, svc := range m.services {
+		ref := objectRef{svc.Namespace, svc.Name}
+		at := m.origins[objectKey{"Service", ref}]
+		problem := func(field string, err error) *ObjectError {
+			return &ObjectError{
+				File: m.file, Document: at.document, Line: at.line, Kind: "Service", Namespace: ref.namespace, Name: ref.name,
+				Field: joinPath(at.fieldPrefix(), field), Err: err,
+			}
+		}
+		raw, _ := rawClusterIPs(svc)
+		if isHeadless(svc) {
+			raw = nil
+		}
+		for _, s := range raw {
+			ip, err := parseIP(s)
+			if err != nil {
+				continue // reported by validateService
+			}
+			ip = ip.Unmap()
+			conflict := false
+			for i, p := range svc.Spec.Ports {
+				key := frontend{ip, p.Port, orTCP(p.Protocol)}
+				if other, dup := frontends[key]; dup {
+					m.errs = append(m.errs, problem(fmt.Sprintf("spec.ports[%d]", i),
+						fmt.Errorf("%s is also served by Service %s/%s (%s): cluster IP %s is given to both",
+							net.JoinHostPort(ip.String(), strconv.Itoa(int(p.Port)))+"/"+string(key.proto),
+							other.namespace, other.name, m.origins[objectKey{"Service", other}], ip)))
+					conflict = true
+					continue
+				}
+				frontends[key] = ref
+			}
+			if other, dup := owners[ip]; dup && !conflict {
+				m.warnings = append(m.warnings, problem("spec.clusterIP",
+					fmt.Errorf("%s is also the cluster IP of Service %s/%s (%s); a cluster gives each Service its own",
+						ip, other.namespace, other.name, m.origins[objectKey{"Service", other}])))
+			} else if !dup {
+				owners[ip] = ref
 			}
 		}
 	}
