@@ -346,6 +346,7 @@ func TestBadInputFailsClearly(t *testing.T) {
 		{name: "no source", args: nil, wantCode: 1, want: []string{"no source of services", "--manifests"}},
 		{name: "two sources", args: []string{"--manifests", good, "--kubeconfig", good}, wantCode: 2, want: []string{"give one"}},
 		{name: "bad bind address", args: []string{"--manifests", good, "--bind-address", "localhost:80"}, wantCode: 2, want: []string{"--bind-address", "localhost:80"}},
+		{name: "bind address not on this host", args: []string{"--manifests", good, "--bind-address", "192.0.2.77"}, wantCode: 1, want: []string{"--bind-address 192.0.2.77 is not an address of this host"}},
 		{name: "bad port range", args: []string{"--manifests", good, "--proxy-port-range", "9-1"}, wantCode: 2, want: []string{"--proxy-port-range", "end is before begin"}},
 		{name: "bad nodeport CIDR", args: []string{"--manifests", good, "--nodeport-addresses", "127.0.0.1"}, wantCode: 2, want: []string{"--nodeport-addresses", "not a CIDR"}},
 		{name: "bad portal", args: []string{"--manifests", good, "--portal=ipvs"}, wantCode: 2, want: []string{"--portal", "ipvs"}},

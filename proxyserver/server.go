@@ -2,11 +2,15 @@ package proxyserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/hashicorp/go-multierror"
 	"k8s.io/klog/v2"
@@ -27,6 +31,11 @@ func Run(ctx context.Context, cfg *Config) error {
 	node, err := nodeName(cfg.HostnameOverride)
 	if err != nil {
 		return err
+	}
+	if cfg.Portal != PortalBind { // bind opens no proxy ports
+		if err := checkBindAddress(cfg.bindAddr); err != nil {
+			return err
+		}
 	}
 	pt, mode, err := choosePortal(ctx, cfg)
 	if err != nil {
@@ -229,4 +238,21 @@ func (r *listenerReport) report(now []userspace.Listener) {
 		}
 	}
 	r.last = now
+}
+
+// checkBindAddress fails when --bind-address is an address this host does
+// not have. Every proxy port would fail to open, and the sync would retry
+// them for ever; saying so once, at start, is clearer.
+func checkBindAddress(addr netip.Addr) error {
+	if addr.IsUnspecified() {
+		return nil
+	}
+	l, err := net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
+	if errors.Is(err, syscall.EADDRNOTAVAIL) {
+		return fmt.Errorf("--bind-address %s is not an address of this host, so no proxy port can listen on it", addr)
+	}
+	if err != nil {
+		return fmt.Errorf("--bind-address %s: %w", addr, err)
+	}
+	return l.Close()
 }
