@@ -12,8 +12,12 @@ export GOFLAGS ?= -buildvcs=false
 
 all: build
 
+# The version --version prints: git describe of this checkout, when git can
+# tell (the go command's own stamping is off, see GOFLAGS above).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+
 build:
-	$(GO) build -o $(PROXY) ./cmd/kube-userspace-proxy
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(PROXY) ./cmd/kube-userspace-proxy
 	$(GO) build -o $(BIN)/demo ./examples/demo
 
 ## run: the proxy in the foreground on examples/demo.yaml with its demo backends (no cluster, no root).

@@ -5,9 +5,10 @@
 #
 #   bench/run.sh            # the full run, about 3-5 minutes on 2 cores
 #   bench/run.sh -short     # a smoke run, about 30 seconds
-#   bench/run.sh -peers none,haproxy -tests tcp-latency
+#   bench/run.sh -peers none,haproxy -tests latency
 #
 # Every argument is handed to bin/bench/loadgen; see `bin/bench/loadgen -h`.
+# -tests takes groups: throughput, connrate, latency, udp, idle.
 # Missing peers are installed with apt-get when we are root; a peer that
 # cannot be installed is reported as unavailable and the others still run.
 set -euo pipefail

@@ -4,17 +4,44 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-backends_pid=
+pids=()
+blog=$(mktemp)
+plog=$(mktemp)
 cleanup() {
-  if [ -n "$backends_pid" ]; then
-    kill "$backends_pid" 2>/dev/null || true
-    wait "$backends_pid" 2>/dev/null || true
-  fi
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -f "$blog" "$plog"
 }
 trap cleanup EXIT
 
-bin/demo backends &
-backends_pid=$!
+bin/demo backends >"$blog" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 50); do
+  grep -q 'demo backends:' "$blog" && break
+  sleep 0.1
+done
+if ! kill -0 "${pids[0]}" 2>/dev/null || ! grep -q '^demo backends: HTTP' "$blog"; then
+  echo "make run: the demo backends could not start (is another 'make run' or 'make demo' running?):" >&2
+  cat "$blog" >&2
+  exit 1
+fi
+
+# The proxy's log goes to the terminal as it comes, and to $plog, which
+# tells when the three node ports are served.
+bin/kube-userspace-proxy --manifests examples/demo.yaml --portal=none \
+  --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 "$@" \
+  2> >(tee "$plog" >&2) &
+pids+=($!)
+for _ in $(seq 1 100); do
+  [ "$(grep -c 'via="node-port"' "$plog" || true)" -ge 3 ] && break
+  kill -0 "${pids[1]}" 2>/dev/null || break
+  sleep 0.1
+done
+if [ "$(grep -c 'via="node-port"' "$plog" || true)" -lt 3 ]; then
+  echo >&2
+  echo "make run: the proxy could not open the demo's node ports 30080, 30081 and 30053/udp on 127.0.0.1 (see its log above: is another program, or another 'make run', using them?)" >&2
+  exit 1
+fi
 
 cat <<'TXT'
 
@@ -25,8 +52,8 @@ kube-userspace-proxy is serving examples/demo.yaml. In another terminal try:
   echo hi | nc -u -w1 127.0.0.1 30053   # demo/echo: UDP, a new session per client port
 
 Each service is also on its proxy port (the "Serving ... via=proxy-port"
-lines below). Edit examples/demo.yaml and watch it apply. Ctrl-C to stop.
+lines above). Edit examples/demo.yaml and watch it apply (git checkout
+examples/demo.yaml puts it back). Ctrl-C to stop.
 
 TXT
-bin/kube-userspace-proxy --manifests examples/demo.yaml --portal=none \
-  --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 "$@"
+wait "${pids[1]}"

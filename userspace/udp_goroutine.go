@@ -176,6 +176,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	}
 	s.setDst(dst)
 	s.lastActive.Store(time.Now().UnixNano())
+	s.tally.start()
 	l.mu.Lock()
 	if l.closing {
 		l.mu.Unlock()
@@ -215,6 +216,7 @@ type udpSession struct {
 	lastActive atomic.Int64 // unix nanoseconds of the last datagram either way
 	unanswered atomic.Int32 // client datagrams without a reply yet (each reply answers one)
 	refused    atomic.Bool
+	tally      udpTally
 
 	dstMu sync.Mutex // guards the fields below
 	dst   netip.Addr // where the client's datagrams arrive
@@ -262,6 +264,7 @@ func (s *udpSession) send(b []byte, dst netip.Addr) {
 		// The session is closing.
 	case werr == nil:
 		p.stats.UDPDatagramsIn.Add(1)
+		s.tally.add(toEndpoint, len(b))
 	case werr == unix.ECONNREFUSED:
 		s.refuse()
 	default:
@@ -351,6 +354,7 @@ func (s *udpSession) replyLoop() {
 			p.stats.UDPDropped.Add(1)
 		} else {
 			p.stats.UDPDatagramsOut.Add(1)
+			s.tally.add(toClient, n)
 		}
 		datagramPool.Put(bp)
 	}
@@ -398,7 +402,5 @@ func (s *udpSession) finish() {
 	l.forget(s)
 	l.sp.releaseUDP()
 	l.sp.p.stats.UDPSessionsActive.Add(-1)
-	if klog.V(4).Enabled() {
-		klog.InfoS("UDP session ended", "service", l.sp.name, "client", s.client, "endpoint", s.endpoint)
-	}
+	s.tally.logEnd(l.sp.name, s.client, s.endpoint)
 }

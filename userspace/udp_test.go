@@ -3,11 +3,15 @@ package userspace
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -82,6 +86,34 @@ func TestUDPIdleTimeout(t *testing.T) {
 	if n := p.Stats().UDPSessionsOpened.Load(); n != 2 {
 		t.Fatalf("sessions opened = %d, want 2", n)
 	}
+}
+
+// TestUDPSessionEndIsLogged: at -v=4 a session's end says what went each
+// way and how long it lasted, as a TCP connection's does.
+func TestUDPSessionEndIsLogged(t *testing.T) {
+	logs := captureLog(t, "4")
+	be := startUDPBackend(t, "a")
+	p := newTestProxier(t, Config{UDPIdleTimeout: 100 * time.Millisecond, UDPReplyTimeout: 100 * time.Millisecond})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	for _, q := range []string{"abc", "defgh"} {
+		if got, err := udpExchange(t, c, []byte(q)); err != nil || string(got) != q {
+			t.Fatalf("echo of %q: %q, %v", q, got, err)
+		}
+	}
+	want := fmt.Sprintf(`endpoint="%s" datagramsToEndpoint=2 bytesToEndpoint=8 datagramsToClient=2 bytesToClient=8 duration=`, be.addr())
+	settle(t, "the end is logged", func() error {
+		klog.Flush()
+		line := logs.lineWith(`"UDP session ended"`)
+		switch {
+		case line == "":
+			return errors.New("no line yet")
+		case !strings.Contains(line, `service="test/dns/UDP" client="`+c.LocalAddr().String()+`"`) || !strings.Contains(line, want):
+			return fmt.Errorf("got %s", line)
+		}
+		return nil
+	})
 }
 
 // TestUDPSlowFirstReply: an endpoint that answers after the idle timeout

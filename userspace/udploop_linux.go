@@ -241,6 +241,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	s := &udpSession{l: l, b: b, client: client, endpoint: ep, fd: fd,
 		clientSA: makeRawSockaddr(l.fam, client), lastActive: time.Now()}
 	s.timer = timerEntry{index: -1, owner: s}
+	s.tally.start()
 	s.setDst(dst)
 	if err := l.lp.register(fd, unix.EPOLLIN, s); err != nil {
 		unix.Close(fd)
@@ -285,6 +286,7 @@ type udpSession struct {
 	lastActive time.Time  // the last datagram either way
 	unanswered int        // client datagrams without a reply yet (each reply answers one)
 	timer      timerEntry // its expiry, in the loop's heap
+	tally      udpTally
 }
 
 func (s *udpSession) event(uint32) { s.readable() }
@@ -328,6 +330,7 @@ func (s *udpSession) send(b []byte, dst netip.Addr) {
 	switch err {
 	case nil:
 		p.stats.UDPDatagramsIn.Add(1)
+		s.tally.add(toEndpoint, len(b))
 	case unix.ECONNREFUSED:
 		s.refuse()
 	default:
@@ -373,6 +376,7 @@ func (s *udpSession) readable() {
 				p.stats.UDPDropped.Add(1)
 			} else {
 				p.stats.UDPDatagramsOut.Add(1)
+				s.tally.add(toClient, d.n)
 			}
 		}
 		if n < udpBatch {
@@ -403,7 +407,5 @@ func (s *udpSession) close() {
 	}
 	l.sp.releaseUDP()
 	l.sp.p.stats.UDPSessionsActive.Add(-1)
-	if klog.V(4).Enabled() {
-		klog.InfoS("UDP session ended", "service", l.sp.name, "client", s.client, "endpoint", s.endpoint)
-	}
+	s.tally.logEnd(l.sp.name, s.client, s.endpoint)
 }

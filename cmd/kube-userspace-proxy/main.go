@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -23,10 +24,18 @@ func main() {
 	fs := pflag.NewFlagSet("kube-userspace-proxy", pflag.ContinueOnError)
 	fs.SetOutput(os.Stdout) // --help is asked for: it goes where `| less` reads
 	cfg.AddFlags(fs)
-	version := fs.Bool("version", false, "Print the version and exit.")
+	showVersion := fs.Bool("version", false, "Print the version and exit.")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
+	// klog's file and header options still work, but --help shows only
+	// the two a user of this proxy needs, as kube-proxy's does.
+	klogFlags.VisitAll(func(f *flag.Flag) {
+		if f.Name != "v" && f.Name != "vmodule" {
+			_ = fs.MarkHidden(f.Name)
+		}
+	})
+	fs.Lookup("v").Usage = "Log verbosity: 2 logs syncs and listener changes, 4 every connection and UDP session."
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if err == pflag.ErrHelp {
 			os.Exit(0)
@@ -34,7 +43,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kube-userspace-proxy:", err)
 		os.Exit(2)
 	}
-	if *version {
+	if *showVersion {
 		fmt.Println("kube-userspace-proxy", buildVersion())
 		os.Exit(0)
 	}
@@ -58,13 +67,20 @@ func main() {
 	}
 }
 
-// buildVersion describes the build: the module version (or "(devel)"), the
-// commit when the binary was built from a checkout, and the Go toolchain
-// and platform.
+// version is set by the Makefile (-ldflags -X) to `git describe` of the
+// checkout it builds; go build and go install leave it empty.
+var version string
+
+// buildVersion describes the build: version, else the module version (or
+// "(devel)") with the commit when the go command stamped one, and the Go
+// toolchain and platform.
 func buildVersion() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "(unknown) " + runtime.Version()
+		return cmp.Or(version, "(unknown)") + " " + runtime.Version()
+	}
+	if version != "" {
+		return fmt.Sprintf("%s %s %s/%s", version, info.GoVersion, runtime.GOOS, runtime.GOARCH)
 	}
 	v := info.Main.Version
 	var rev, modified string

@@ -66,7 +66,7 @@ func backends() error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprintf(w, "hello from %s (%s), you are %s\n", name, addr, r.RemoteAddr)
+			fmt.Fprintf(w, "hello from %s (%s), reached from %s (the proxy)\n", name, addr, r.RemoteAddr)
 		})}
 		servers = append(servers, srv)
 		wg.Add(1)

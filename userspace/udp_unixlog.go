@@ -1,0 +1,57 @@
+//go:build unix
+
+package userspace
+
+import (
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// Directions of a UDP session's traffic.
+const (
+	toEndpoint = iota
+	toClient
+)
+
+// udpTally counts a session's datagrams and bytes each way for the -v=4
+// line that ends it. It counts only when -v=4 was on as the session began,
+// as the line that opened it was logged then.
+type udpTally struct {
+	since     time.Time // zero: not counting
+	datagrams [2]atomic.Uint64
+	bytes     [2]atomic.Uint64
+}
+
+func (t *udpTally) start() {
+	if klog.V(4).Enabled() {
+		t.since = time.Now()
+	}
+}
+
+func (t *udpTally) add(dir, n int) {
+	if t.since.IsZero() {
+		return
+	}
+	t.datagrams[dir].Add(1)
+	t.bytes[dir].Add(uint64(n))
+}
+
+// logEnd logs the session's end, with its traffic when it was counted.
+func (t *udpTally) logEnd(name state.ServicePortName, client, endpoint netip.AddrPort) {
+	if !klog.V(4).Enabled() {
+		return
+	}
+	if t.since.IsZero() {
+		klog.InfoS("UDP session ended", "service", name, "client", client, "endpoint", endpoint)
+		return
+	}
+	klog.InfoS("UDP session ended", "service", name, "client", client, "endpoint", endpoint,
+		"datagramsToEndpoint", t.datagrams[toEndpoint].Load(), "bytesToEndpoint", t.bytes[toEndpoint].Load(),
+		"datagramsToClient", t.datagrams[toClient].Load(), "bytesToClient", t.bytes[toClient].Load(),
+		"duration", time.Since(t.since).Round(time.Millisecond))
+}
