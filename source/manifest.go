@@ -338,6 +338,10 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 		m.errs = append(m.errs, problem("", errors.New("apiVersion and kind are required")))
 		return
 	}
+	if shape := notAnObject(data); shape != "" {
+		m.errs = append(m.errs, problem("", fmt.Errorf("is %s, not an object with apiVersion and kind (several objects go one after another, or in a kind: List with items)", shape)))
+		return
+	}
 	if field, line, reason, ok := locateTypeError(data, err.Error()); ok {
 		// A value of the wrong type: name it with its list indexes and
 		// line, which the decoder's message lacks.
@@ -356,6 +360,34 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 	for _, e := range strict.Errors() {
 		field, reason := strictField(e.Error())
 		m.errs = append(m.errs, problem(field, errors.New(fileLines(reason, at))))
+	}
+}
+
+// notAnObject names what a document is when it is not a mapping: "a list",
+// "a string" and so on; "" for a mapping, or a document that does not
+// parse at all (its parse error says more).
+func notAnObject(data []byte) string {
+	j, err := utilyaml.ToJSON(data)
+	if err != nil {
+		return ""
+	}
+	var v any
+	if stdjson.Unmarshal(j, &v) != nil {
+		return ""
+	}
+	switch v.(type) {
+	case map[string]any:
+		return ""
+	case []any:
+		return "a list"
+	case string:
+		return "a string"
+	case float64:
+		return "a number"
+	case bool:
+		return "a boolean"
+	default:
+		return "null"
 	}
 }
 

@@ -322,9 +322,15 @@ apiVersion: v1
 kind: Service
 metadata: {name: dns}
 spec: {clusterIP: 198.18.0.10, ports: [{port: 53, protocol: UDP}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: low}
+spec: {type: NodePort, ports: [{port: 80, nodePort: 8080}]}
 `,
-			wantServices: 2, wantSlcs: 1,
+			wantServices: 3, wantSlcs: 1,
 			wantWarnings: []string{
+				"demo.yaml: document 5 (Service default/low): spec.ports[0].nodePort: 8080 is outside 30000-32767, the default --service-node-port-range: a cluster with that range would refuse it (served here all the same)",
 				"demo.yaml: document 1 (EndpointSlice default/custom-1): metadata.labels: no kubernetes.io/service-name label, which names the Service a slice belongs to; ignored",
 				"demo.yaml: document 2 (EndpointSlice default/web-1): ports[0].port: not set: the port is skipped, as kube-proxy skips it",
 				"demo.yaml: document 4 (Service default/dns): spec.clusterIP: 198.18.0.10 is also the cluster IP of Service default/web (document 3); a cluster gives each Service its own",
@@ -533,6 +539,16 @@ addressType: IPv9
 			data: "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {type: NodePort, ports: [{port: 80, nodePort: 30080}]}\n---\n" +
 				"apiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {type: NodePort, ports: [{port: 81, nodePort: 30080}]}\n",
 			want: []string{"demo.yaml: document 2 (Service default/b): spec.ports[0].nodePort: node port 30080/TCP is also used by Service default/a (document 1)"},
+		},
+		{
+			name: "a JSON array is not an object",
+			data: `[{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}]`,
+			want: []string{"demo.yaml: document 1: is a list, not an object with apiVersion and kind (several objects go one after another, or in a kind: List with items)"},
+		},
+		{
+			name: "plain text is not an object",
+			data: "just some text\n",
+			want: []string{"demo.yaml: document 1: is a string, not an object"},
 		},
 		{
 			name: "a cluster IP and port used twice",

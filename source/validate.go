@@ -144,6 +144,9 @@ func validateService(svc *corev1.Service) []finding {
 			fs.errorf(pp.Child("nodePort"), "may be set only when type is NodePort or LoadBalancer")
 		case p.NodePort == 0 && nodePorts:
 			fs.warnf(pp.Child("nodePort"), "not set: no node port is served for it (in manifest mode nothing allocates one)")
+		case p.NodePort != 0 && (p.NodePort < defaultNodePortMin || p.NodePort > defaultNodePortMax):
+			fs.warnf(pp.Child("nodePort"), "%d is outside %d-%d, the default --service-node-port-range: a cluster with that range would refuse it (served here all the same)",
+				p.NodePort, defaultNodePortMin, defaultNodePortMax)
 		}
 	}
 
@@ -191,6 +194,12 @@ func validateService(svc *corev1.Service) []finding {
 	}
 	return fs
 }
+
+// The API server's default --service-node-port-range.
+const (
+	defaultNodePortMin = 30000
+	defaultNodePortMax = 32767
+)
 
 func orTCP(p corev1.Protocol) corev1.Protocol {
 	if p == "" {
