@@ -177,8 +177,9 @@ func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balanc
 // capLogEvery is how often a service port at its UDP session cap says so.
 const capLogEvery = time.Minute
 
-// capReached counts a client the session cap turned away, and logs it the
-// first time and then at most once every capLogEvery, with the count.
+// capReached counts a datagram the session cap dropped, and logs it the
+// first time and then at most once every capLogEvery, with the count of
+// datagrams dropped since the last line.
 func (sp *servicePort) capReached(max int) {
 	sp.capTurnedAway.Add(1)
 	now := time.Now().UnixNano()
@@ -186,8 +187,8 @@ func (sp *servicePort) capReached(max int) {
 	if last != 0 && now-last < int64(capLogEvery) || !sp.capLogged.CompareAndSwap(last, now) {
 		return
 	}
-	klog.InfoS("UDP session cap reached; datagrams from new clients are dropped (see --udp-max-sessions)",
-		"service", sp.name, "maxSessions", max, "clientsTurnedAway", sp.capTurnedAway.Swap(0))
+	klog.InfoS("UDP session cap reached; datagrams from new clients are dropped (see --udp-max-sessions); said at most once a minute",
+		"service", sp.name, "maxSessions", max, "droppedSinceLastSaid", sp.capTurnedAway.Swap(0))
 }
 
 // releaseUDP gives back the place under the cap that admitUDP took.
