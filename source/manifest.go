@@ -79,15 +79,17 @@ type objectKey struct {
 }
 
 // origin is where an object was found: its document, the line where that
-// starts, and its index within a List (or -1).
+// starts, and its index within a List (or -1). doc is the document's text
+// when the object is the whole document, for finding a field's line.
 type origin struct {
 	document int
 	line     int
 	item     int
+	doc      []byte
 }
 
 // within returns the origin of item i of a List found at o.
-func (o origin) within(i int) origin { return origin{o.document, o.line, i} }
+func (o origin) within(i int) origin { return origin{document: o.document, line: o.line, item: i} }
 
 func (o origin) String() string {
 	if o.item < 0 {
@@ -116,10 +118,23 @@ func (m *manifest) locate(err error) error {
 	if !ok {
 		return err
 	}
-	located := *oe
-	located.File, located.Document, located.Line = m.file, o.document, o.line
-	located.Field = joinPath(o.fieldPrefix(), oe.Field)
+	located := *m.problem(o, oe.Kind, objectRef{oe.Namespace, oe.Name}, oe.Field, oe.Err)
 	return &located
+}
+
+// problem is an ObjectError about the object found at at. Its line is the
+// field's own when the document has the field, else the document's first.
+func (m *manifest) problem(at origin, kind string, ref objectRef, field string, err error) *ObjectError {
+	e := &ObjectError{
+		File: m.file, Document: at.document, Line: at.line, Kind: kind, Namespace: ref.namespace, Name: ref.name,
+		Field: joinPath(at.fieldPrefix(), field), Err: err,
+	}
+	if at.line > 0 && at.doc != nil {
+		if l := fieldLine(at.doc, field); l > 0 {
+			e.Line = at.line + l - 1
+		}
+	}
+	return e
 }
 
 func joinPath(prefix, field string) string {
@@ -161,12 +176,13 @@ func parseManifests(name string, data []byte) (*manifest, error) {
 		}
 		values, badLine, err := jsonValues(chunk)
 		if values == nil { // YAML
+			at.doc = chunk
 			m.document(dec, at, chunk)
 			doc++
 			continue
 		}
 		for _, v := range values {
-			m.document(dec, origin{document: doc, line: at.line + v.line, item: -1}, v.data)
+			m.document(dec, origin{document: doc, line: at.line + v.line, item: -1, doc: v.data}, v.data)
 			doc++
 		}
 		if err != nil {
@@ -299,10 +315,7 @@ func (m *manifest) document(dec runtime.Decoder, at origin, data []byte) {
 		if gvk.Group == "" && gvk.Kind == "Endpoints" { // deprecated since 1.33
 			err = fmt.Errorf("%w (write a discovery.k8s.io/v1 EndpointSlice instead: the proxy reads those, as kube-proxy does)", err)
 		}
-		m.warnings = append(m.warnings, &ObjectError{
-			File: m.file, Document: at.document, Line: at.line, Kind: kind, Namespace: ns, Name: name, Field: at.fieldPrefix(),
-			Err: err,
-		})
+		m.warnings = append(m.warnings, m.problem(at, kind, objectRef{ns, name}, "", err))
 	}
 }
 
@@ -312,10 +325,7 @@ func (m *manifest) noNesting(at origin, kind string) bool {
 	if at.item < 0 {
 		return true
 	}
-	m.errs = append(m.errs, &ObjectError{
-		File: m.file, Document: at.document, Line: at.line, Kind: kind, Field: at.fieldPrefix(),
-		Err: errors.New("a List may not hold another list"),
-	})
+	m.errs = append(m.errs, m.problem(at, kind, objectRef{}, "", errors.New("a List may not hold another list")))
 	return false
 }
 
@@ -324,10 +334,7 @@ func (m *manifest) noNesting(at origin, kind string) bool {
 func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err error) {
 	kind, ns, name := identify(data)
 	problem := func(field string, err error) *ObjectError {
-		return &ObjectError{
-			File: m.file, Document: at.document, Line: at.line, Kind: kind, Namespace: ns, Name: name,
-			Field: joinPath(at.fieldPrefix(), field), Err: err,
-		}
+		return m.problem(at, kind, objectRef{ns, name}, field, err)
 	}
 	switch {
 	case runtime.IsNotRegisteredError(err):
@@ -439,10 +446,7 @@ func (m *manifest) register(at origin, kind string, ref objectRef) bool {
 	}
 	key := objectKey{kind, ref}
 	if first, dup := m.origins[key]; dup {
-		m.errs = append(m.errs, &ObjectError{
-			File: m.file, Document: at.document, Line: at.line, Kind: kind, Namespace: ref.namespace, Name: ref.name,
-			Field: at.fieldPrefix(), Err: fmt.Errorf("duplicate of %s", first),
-		})
+		m.errs = append(m.errs, m.problem(at, kind, ref, "", fmt.Errorf("duplicate of %s", first)))
 		return false
 	}
 	m.origins[key] = at
@@ -493,10 +497,7 @@ func defaultSlicePorts(s *discoveryv1.EndpointSlice) {
 func (m *manifest) check(at origin, kind, ns, name string, fs []finding) bool {
 	ok := true
 	for _, f := range fs {
-		e := &ObjectError{
-			File: m.file, Document: at.document, Line: at.line, Kind: kind, Namespace: ns, Name: name,
-			Field: joinPath(at.fieldPrefix(), f.field), Err: f.err,
-		}
+		e := m.problem(at, kind, objectRef{ns, name}, f.field, f.err)
 		if f.warning {
 			m.warnings = append(m.warnings, e)
 		} else {

@@ -620,6 +620,76 @@ func TestTypeErrorLine(t *testing.T) {
 	}
 }
 
+// TestFindingsNameTheirLine: warnings and errors about a field give the
+// field's line, in YAML and in a JSON stream, so an editor can jump to it.
+func TestFindingsNameTheirLine(t *testing.T) {
+	lineOf := func(data, text string, nth int) int {
+		at := -1
+		for range nth {
+			at += 1 + strings.Index(data[at+1:], text)
+		}
+		return strings.Count(data[:at], "\n") + 1
+	}
+	yamlData := `# two Services
+apiVersion: v1
+kind: Service
+metadata: {name: a}
+spec:
+  type: NodePort
+  ports:
+  - name: http
+    port: 80
+    nodePort: 30080
+  - name: admin
+    port: 81
+---
+apiVersion: v1
+kind: Service
+metadata: {name: b}
+spec:
+  type: NodePort
+  ports:
+  - port: 82
+    nodePort: 30080
+`
+	jsonData := `{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+ "spec": {"ports": [{"port": 80}]}}
+{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "b"},
+ "spec": {
+   "selector": {"app": "b"},
+   "ports": [{"port": 80}]}}
+`
+	tests := []struct {
+		name, data string
+		err        bool
+		field      string
+		line       int
+	}{
+		{"a warning in YAML", yamlData, false, "spec.ports[1].nodePort", lineOf(yamlData, "- name: admin", 1)},
+		{"a cross-check error in YAML", yamlData, true, "spec.ports[0].nodePort", lineOf(yamlData, "nodePort: 30080", 2)},
+		{"a warning in a JSON stream", jsonData, false, "spec.selector", lineOf(jsonData, `"selector"`, 1)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, warnings, err := ParseManifests("demo.yaml", []byte(tc.data))
+			found := warnings
+			if tc.err {
+				found = flatten(err)
+			}
+			for _, e := range found {
+				var oe *ObjectError
+				if errors.As(e, &oe) && oe.Field == tc.field {
+					if oe.Line != tc.line {
+						t.Fatalf("%s: line %d, want %d", e, oe.Line, tc.line)
+					}
+					return
+				}
+			}
+			t.Fatalf("nothing about %s in %v (error %v)", tc.field, warnings, err)
+		})
+	}
+}
+
 func TestParseManifestsEmpty(t *testing.T) {
 	for _, data := range []string{"", "\n  \n"} {
 		_, _, _, err := ParseManifests("demo.yaml", []byte(data))

@@ -373,12 +373,9 @@ func (m *manifest) crossCheck() {
 			}
 			key := nodePort{p.NodePort, orTCP(p.Protocol)}
 			if other, dup := nodePorts[key]; dup {
-				m.errs = append(m.errs, &ObjectError{
-					File: m.file, Document: at.document, Line: at.line, Kind: "Service", Namespace: ref.namespace, Name: ref.name,
-					Field: joinPath(at.fieldPrefix(), fmt.Sprintf("spec.ports[%d].nodePort", i)),
-					Err: fmt.Errorf("node port %d/%s is also used by Service %s/%s (%s)",
-						key.port, key.proto, other.namespace, other.name, m.origins[objectKey{"Service", other}]),
-				})
+				m.errs = append(m.errs, m.problem(at, "Service", ref, fmt.Sprintf("spec.ports[%d].nodePort", i),
+					fmt.Errorf("node port %d/%s is also used by Service %s/%s (%s)",
+						key.port, key.proto, other.namespace, other.name, m.origins[objectKey{"Service", other}])))
 				continue
 			}
 			nodePorts[key] = ref
@@ -397,22 +394,16 @@ func (m *manifest) crossCheck() {
 			continue
 		}
 		at := m.origins[objectKey{"Service", ref}]
-		m.warnings = append(m.warnings, &ObjectError{
-			File: m.file, Document: at.document, Line: at.line, Kind: "Service", Namespace: ref.namespace, Name: ref.name,
-			Field: joinPath(at.fieldPrefix(), "spec.selector"),
-			Err: fmt.Errorf("selects pods, which only a cluster has, and no EndpointSlice in the file has label %s: %s; it has no endpoints, and its connections are reset",
-				discoveryv1.LabelServiceName, ref.name),
-		})
+		m.warnings = append(m.warnings, m.problem(at, "Service", ref, "spec.selector",
+			fmt.Errorf("selects pods, which only a cluster has, and no EndpointSlice in the file has label %s: %s; it has no endpoints, and its connections are reset",
+				discoveryv1.LabelServiceName, ref.name)))
 	}
 
 	for _, s := range m.slices {
 		ref := objectRef{s.Namespace, s.Name}
 		at := m.origins[objectKey{"EndpointSlice", ref}]
 		warn := func(field string, err error) {
-			m.warnings = append(m.warnings, &ObjectError{
-				File: m.file, Document: at.document, Line: at.line, Kind: "EndpointSlice", Namespace: ref.namespace, Name: ref.name,
-				Field: joinPath(at.fieldPrefix(), field), Err: err,
-			})
+			m.warnings = append(m.warnings, m.problem(at, "EndpointSlice", ref, field, err))
 		}
 		svcName := s.Labels[discoveryv1.LabelServiceName]
 		if s.AddressType == discoveryv1.AddressTypeFQDN {
@@ -459,12 +450,7 @@ func (m *manifest) clusterIPsShared() {
 	for _, svc := range m.services {
 		ref := objectRef{svc.Namespace, svc.Name}
 		at := m.origins[objectKey{"Service", ref}]
-		problem := func(field string, err error) *ObjectError {
-			return &ObjectError{
-				File: m.file, Document: at.document, Line: at.line, Kind: "Service", Namespace: ref.namespace, Name: ref.name,
-				Field: joinPath(at.fieldPrefix(), field), Err: err,
-			}
-		}
+		problem := func(field string, err error) *ObjectError { return m.problem(at, "Service", ref, field, err) }
 		raw, _ := rawClusterIPs(svc)
 		if isHeadless(svc) {
 			raw = nil
