@@ -313,6 +313,13 @@ addressType: IPv4
 ports: [{name: any}, {port: 8080}]
 endpoints: [{addresses: [198.18.0.2]}]
 ---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports: [{port: 5353}]
+endpoints: [{addresses: [198.18.0.3]}]
+---
 apiVersion: v1
 kind: Service
 metadata: {name: web}
@@ -328,12 +335,13 @@ kind: Service
 metadata: {name: low}
 spec: {type: NodePort, ports: [{port: 80, nodePort: 8080}]}
 `,
-			wantServices: 3, wantSlcs: 1,
+			wantServices: 3, wantSlcs: 2,
 			wantWarnings: []string{
-				"demo.yaml: document 5 (Service default/low): spec.ports[0].nodePort: 8080 is outside 30000-32767, the default --service-node-port-range: a cluster with that range would refuse it (served here all the same)",
+				`demo.yaml: document 3 (EndpointSlice default/dns-1): ports[0].protocol: port "" is TCP here but UDP in Service default/dns, so it matches nothing (a slice port without a protocol is TCP)`,
+				"demo.yaml: document 6 (Service default/low): spec.ports[0].nodePort: 8080 is outside 30000-32767, the default --service-node-port-range: a cluster with that range would refuse it (served here all the same)",
 				"demo.yaml: document 1 (EndpointSlice default/custom-1): metadata.labels: no kubernetes.io/service-name label, which names the Service a slice belongs to; ignored",
 				"demo.yaml: document 2 (EndpointSlice default/web-1): ports[0].port: not set: the port is skipped, as kube-proxy skips it",
-				"demo.yaml: document 4 (Service default/dns): spec.clusterIP: 198.18.0.10 is also the cluster IP of Service default/web (document 3); a cluster gives each Service its own",
+				"demo.yaml: document 5 (Service default/dns): spec.clusterIP: 198.18.0.10 is also the cluster IP of Service default/web (document 4); a cluster gives each Service its own",
 			},
 		},
 	}

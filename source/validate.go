@@ -426,10 +426,22 @@ func (m *manifest) crossCheck() {
 			if p.Protocol != nil {
 				proto = orTCP(*p.Protocol)
 			}
-			if !svcPorts[name+"/"+string(proto)] {
-				warn(fmt.Sprintf("ports[%d]", i), fmt.Errorf("port name %q with protocol %s matches no port of Service %s/%s (ports are matched by name; an unnamed port is \"\")",
-					name, proto, s.Namespace, svcName))
+			if svcPorts[name+"/"+string(proto)] {
+				continue
 			}
+			other := ""
+			for _, pr := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP} {
+				if pr != proto && svcPorts[name+"/"+string(pr)] {
+					other = string(pr)
+				}
+			}
+			if other != "" {
+				warn(fmt.Sprintf("ports[%d].protocol", i), fmt.Errorf("port %q is %s here but %s in Service %s/%s, so it matches nothing (a slice port without a protocol is TCP)",
+					name, proto, other, s.Namespace, svcName))
+				continue
+			}
+			warn(fmt.Sprintf("ports[%d]", i), fmt.Errorf("port name %q with protocol %s matches no port of Service %s/%s (ports are matched by name; an unnamed port is \"\")",
+				name, proto, s.Namespace, svcName))
 		}
 	}
 }

@@ -169,6 +169,9 @@ func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balanc
 	if err != nil {
 		sp.releaseUDP()
 		p.stats.UDPNoEndpoints.Add(1)
+		if klog.V(4).Enabled() {
+			klog.InfoS("No endpoints; dropping datagram", "service", sp.name, "client", client)
+		}
 		return nil, netip.AddrPort{}, false
 	}
 	return b, ep, true
@@ -189,6 +192,17 @@ func (sp *servicePort) capReached(max int) {
 	}
 	klog.InfoS("UDP session cap reached; datagrams from new clients are dropped (see --udp-max-sessions); said at most once a minute",
 		"service", sp.name, "maxSessions", max, "droppedSinceLastSaid", sp.capTurnedAway.Swap(0))
+}
+
+// udpRefused handles an endpoint that refused a session with ICMP port
+// unreachable: the client's affinity to it is forgotten, so its next
+// datagram tries another endpoint, and new sessions pass over it for a
+// moment, as TCP passes over an endpoint that refused a dial.
+func (sp *servicePort) udpRefused(b *balancer, client, ep netip.AddrPort) {
+	sp.p.stats.UDPRefused.Add(1)
+	b.forget(client.Addr(), ep)
+	b.penalize(ep, sp.p.cfg.EndpointPenalty)
+	klog.V(3).InfoS("UDP endpoint refused a session; new sessions pass over it for a moment", "service", sp.name, "endpoint", ep, "client", client)
 }
 
 // releaseUDP gives back the place under the cap that admitUDP took.

@@ -86,6 +86,7 @@ func (l *udpListener) close() {
 	l.mu.Lock()
 	l.closing = true
 	for _, s := range l.sessions {
+		s.tally.endBecause(&endedShutDown)
 		s.conn.Close()
 	}
 	l.mu.Unlock()
@@ -103,6 +104,7 @@ func (l *udpListener) dropStale() int {
 	for client, s := range l.sessions {
 		if !s.b.has(s.endpoint) {
 			delete(l.sessions, client)
+			s.tally.endBecause(&endedStale)
 			s.conn.Close()
 			n++
 		}
@@ -273,12 +275,11 @@ func (s *udpSession) send(b []byte, dst netip.Addr) {
 }
 
 // refuse ends a session whose endpoint answered with ICMP port unreachable
-// and forgets the client's affinity to it, so the next datagram tries
-// another endpoint.
+// (see udpRefused).
 func (s *udpSession) refuse() {
 	if !s.refused.Swap(true) {
-		s.l.sp.p.stats.UDPRefused.Add(1)
-		s.b.forget(s.client.Addr(), s.endpoint)
+		s.l.sp.udpRefused(s.b, s.client, s.endpoint)
+		s.tally.endBecause(&endedRefused)
 		s.l.forget(s)
 		s.conn.Close()
 	}
@@ -345,6 +346,8 @@ func (s *udpSession) replyLoop() {
 			datagramPool.Put(bp)
 			if rerr == unix.ECONNREFUSED {
 				s.refuse()
+			} else {
+				s.tally.endBecause(&endedReadErr)
 			}
 			return
 		}

@@ -102,7 +102,7 @@ func TestUDPSessionEndIsLogged(t *testing.T) {
 			t.Fatalf("echo of %q: %q, %v", q, got, err)
 		}
 	}
-	want := fmt.Sprintf(`endpoint="%s" datagramsToEndpoint=2 bytesToEndpoint=8 datagramsToClient=2 bytesToClient=8 duration=`, be.addr())
+	want := fmt.Sprintf(`endpoint="%s" reason="it idled out" datagramsToEndpoint=2 bytesToEndpoint=8 datagramsToClient=2 bytesToClient=8 duration=`, be.addr())
 	settle(t, "the end is logged", func() error {
 		klog.Flush()
 		line := logs.lineWith(`"UDP session ended"`)
@@ -244,6 +244,36 @@ func TestUDPRefusedEndpoint(t *testing.T) {
 	}
 	if !answered {
 		t.Fatal("client never reached the live endpoint")
+	}
+}
+
+// TestUDPRefusingEndpointIsPassedOver: once an endpoint has refused a
+// session (ICMP port unreachable), new clients are sent elsewhere for a
+// while, as TCP passes over an endpoint that refused a dial; round robin
+// would otherwise send every other new client into the refusal.
+func TestUDPRefusingEndpointIsPassedOver(t *testing.T) {
+	logs := captureLog(t, "4")
+	live := startUDPBackend(t, "live")
+	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeTCPPort(t)) // nothing listens there
+	p := newTestProxier(t, Config{EndpointPenalty: time.Minute})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, live.addr())})
+	lost := 0
+	for range 8 {
+		c := dialUDP(t, proxyAddr(t, p, name)) // a new client each time
+		if got, err := udpExchangeTimeout(c, []byte("who"), 300*time.Millisecond); err != nil || string(got) != "live" {
+			lost++
+		}
+		c.Close()
+	}
+	if lost > 1 {
+		t.Fatalf("%d of 8 new clients were lost; want at most the first, before the refusal was seen", lost)
+	}
+	if lost == 1 {
+		klog.Flush()
+		if line := logs.lineWith(`"UDP session ended"`); !strings.Contains(line, `reason="the endpoint refused it (ICMP port unreachable)"`) {
+			t.Errorf("the refused session's end: %s", line)
+		}
 	}
 }
 

@@ -25,6 +25,22 @@ type udpTally struct {
 	since     time.Time // zero: not counting
 	datagrams [2]atomic.Uint64
 	bytes     [2]atomic.Uint64
+	reason    atomic.Pointer[string] // why it ended; nil: it idled out
+}
+
+// Why a session ends, for the -v=4 line.
+var (
+	endedRefused  = "the endpoint refused it (ICMP port unreachable)"
+	endedStale    = "its endpoint was removed or is no longer ready"
+	endedShutDown = "the service port closed"
+	endedReadErr  = "reading the endpoint's replies failed"
+)
+
+// endBecause records why the session ends; the first reason given stays.
+func (t *udpTally) endBecause(reason *string) {
+	if !t.since.IsZero() {
+		t.reason.CompareAndSwap(nil, reason)
+	}
 }
 
 func (t *udpTally) start() {
@@ -50,7 +66,11 @@ func (t *udpTally) logEnd(name state.ServicePortName, client, endpoint netip.Add
 		klog.InfoS("UDP session ended", "service", name, "client", client, "endpoint", endpoint)
 		return
 	}
-	klog.InfoS("UDP session ended", "service", name, "client", client, "endpoint", endpoint,
+	reason := "it idled out"
+	if r := t.reason.Load(); r != nil {
+		reason = *r
+	}
+	klog.InfoS("UDP session ended", "service", name, "client", client, "endpoint", endpoint, "reason", reason,
 		"datagramsToEndpoint", t.datagrams[toEndpoint].Load(), "bytesToEndpoint", t.bytes[toEndpoint].Load(),
 		"datagramsToClient", t.datagrams[toClient].Load(), "bytesToClient", t.bytes[toClient].Load(),
 		"duration", time.Since(t.since).Round(time.Millisecond))

@@ -180,6 +180,7 @@ func (l *udpListener) shut() {
 		return
 	}
 	for _, s := range l.sessions {
+		s.tally.endBecause(&endedShutDown)
 		s.close()
 	}
 	l.lp.closeFD(l.fd)
@@ -194,6 +195,7 @@ func (l *udpListener) dropStale() int {
 	l.lp.do(func() {
 		for _, s := range l.sessions {
 			if !s.b.has(s.endpoint) {
+				s.tally.endBecause(&endedStale)
 				s.close()
 				n++
 			}
@@ -354,6 +356,7 @@ func (s *udpSession) readable() {
 			if err == unix.ECONNREFUSED {
 				s.refuse()
 			} else {
+				s.tally.endBecause(&endedReadErr)
 				s.close()
 			}
 			return
@@ -386,11 +389,10 @@ func (s *udpSession) readable() {
 }
 
 // refuse ends a session whose endpoint answered with ICMP port unreachable
-// and forgets the client's affinity to it, so the next datagram tries
-// another endpoint.
+// (see udpRefused).
 func (s *udpSession) refuse() {
-	s.l.sp.p.stats.UDPRefused.Add(1)
-	s.b.forget(s.client.Addr(), s.endpoint)
+	s.l.sp.udpRefused(s.b, s.client, s.endpoint)
+	s.tally.endBecause(&endedRefused)
 	s.close()
 }
 
