@@ -55,6 +55,7 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 		conn.Close()
 		return nil, err
 	}
+	_ = l.rc.Control(func(fd uintptr) { growRcvBuf(int(fd)) })
 	// On the wildcard address, ask for each datagram's destination, so
 	// replies can leave from it: after a REDIRECT of locally generated
 	// traffic that is 127.0.0.1, and conntrack can only undo the NAT for a

@@ -16,6 +16,14 @@ import (
 // 4 KiB).
 const maxDatagram = 65535
 
+// frontendRcvBuf is the receive buffer a UDP service socket asks for. The
+// usual default (net.core.rmem_default, 208 KiB) holds about 800 small
+// datagrams, so a burst of new clients (each pod's resolver asking A and
+// AAAA as a Deployment rolls out) overflows it while the proxy opens their
+// sessions; the datagrams lost there are lost silently. The buffer is a
+// limit, not an allocation: memory is used only while datagrams wait.
+const frontendRcvBuf = 4 << 20
+
 // maxUnanswered bounds a session's count of client datagrams without a
 // reply, so a one-way flow (syslog) cannot wrap it round.
 const maxUnanswered = 1 << 20

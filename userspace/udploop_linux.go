@@ -117,6 +117,7 @@ func bindUDP(fam family, addr netip.AddrPort, shared bool) (int, uint16, error) 
 		}
 	}
 	if err == nil {
+		growRcvBuf(fd)
 		err = unix.Bind(fd, sockaddr(fam, addr))
 	}
 	var port uint16
