@@ -3,7 +3,7 @@ package userspace
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"sync"
@@ -118,16 +118,21 @@ func (a *portAllocator) isReserved(port uint16) bool {
 	return a.reserved[port]
 }
 
-// allocate returns a free port, chosen at a random offset and then scanning
-// with wrap-around, so restarts and peers do not all reuse the same ports.
-func (a *portAllocator) allocate() (uint16, error) {
+// allocate returns a free port: the first free one from an offset that key
+// decides, scanning with wrap-around. The key is the service port's name,
+// so a restarted proxy given the same Services gives each the port it had:
+// with --portal=none clients use proxy ports directly, and no rules keep
+// them (see Config.PreferredProxyPort for the iptables portal).
+func (a *portAllocator) allocate(key string) (uint16, error) {
 	if a.r.Size == 0 {
 		return 0, nil
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.free > 0 {
-		start := rand.IntN(a.r.Size)
+		h := fnv.New32a()
+		h.Write([]byte(key))
+		start := int(h.Sum32() % uint32(a.r.Size))
 		for i := range a.r.Size {
 			off := (start + i) % a.r.Size
 			if !a.used[off] && !a.reserved[a.r.Base+uint16(off)] {

@@ -2,7 +2,11 @@ package userspace
 
 import (
 	"errors"
+	"fmt"
+	"maps"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 func TestParsePortRange(t *testing.T) {
@@ -65,7 +69,7 @@ func FuzzParsePortRange(f *testing.F) {
 func TestPortAllocator(t *testing.T) {
 	t.Run("kernel chosen", func(t *testing.T) {
 		a := newPortAllocator(PortRange{})
-		if p, err := a.allocate(); p != 0 || err != nil {
+		if p, err := a.allocate("x"); p != 0 || err != nil {
 			t.Fatalf("allocate() = %d, %v; want 0, nil", p, err)
 		}
 	})
@@ -73,17 +77,17 @@ func TestPortAllocator(t *testing.T) {
 		a := newPortAllocator(PortRange{Base: 1000, Size: 3})
 		seen := map[uint16]bool{}
 		for range 3 {
-			p, err := a.allocate()
+			p, err := a.allocate("x")
 			if err != nil || !a.r.Contains(p) || seen[p] {
 				t.Fatalf("allocate() = %d, %v (seen %v)", p, err, seen)
 			}
 			seen[p] = true
 		}
-		if _, err := a.allocate(); !errors.Is(err, ErrPortRangeExhausted) {
+		if _, err := a.allocate("x"); !errors.Is(err, ErrPortRangeExhausted) {
 			t.Fatalf("allocate on a full range: %v, want ErrPortRangeExhausted", err)
 		}
 		a.release(1001)
-		if p, err := a.allocate(); p != 1001 || err != nil {
+		if p, err := a.allocate("x"); p != 1001 || err != nil {
 			t.Fatalf("allocate after release = %d, %v; want 1001", p, err)
 		}
 		a.release(5) // outside: ignored
@@ -91,14 +95,45 @@ func TestPortAllocator(t *testing.T) {
 			t.Fatal("claim of a used port succeeded")
 		}
 	})
-	t.Run("random start", func(t *testing.T) {
+	t.Run("the key decides the start", func(t *testing.T) {
 		firsts := map[uint16]bool{}
-		for range 20 {
-			p, _ := newPortAllocator(PortRange{Base: 2000, Size: 100}).allocate()
+		for i := range 20 {
+			key := fmt.Sprintf("ns/svc-%d:http/TCP", i)
+			p, _ := newPortAllocator(PortRange{Base: 2000, Size: 100}).allocate(key)
+			again, _ := newPortAllocator(PortRange{Base: 2000, Size: 100}).allocate(key)
+			if p != again {
+				t.Fatalf("%s: %d, then %d from a fresh allocator", key, p, again)
+			}
 			firsts[p] = true
 		}
-		if len(firsts) < 2 {
-			t.Fatalf("20 fresh allocators all started at %v", firsts)
+		if len(firsts) < 10 {
+			t.Fatalf("20 keys started at only %v", firsts)
 		}
 	})
+}
+
+// TestProxyPortsSurviveARestart: a new proxier given the same Services
+// gives each service port the proxy port it had. With --portal=none clients
+// use proxy ports directly, and nothing else remembers them.
+func TestProxyPortsSurviveARestart(t *testing.T) {
+	be := startTCPBackend(t, "a")
+	var ports []state.ServicePort
+	for _, n := range []string{"web", "api", "db", "cache", "queue"} {
+		ports = append(ports, state.ServicePort{Name: spn(n, "", state.TCP), Port: 80, ClusterEndpoints: eps(be.addr())})
+	}
+	r := PortRange{Base: 46700, Size: 200}
+	run := func() map[state.ServicePortName]uint16 {
+		p := New(Config{PortRange: r})
+		defer p.Close()
+		mustApply(t, p, ports...)
+		got := make(map[state.ServicePortName]uint16)
+		for _, sp := range ports {
+			got[sp.Name] = p.ProxyPort(sp.Name)
+		}
+		return got
+	}
+	first, second := run(), run()
+	if !maps.Equal(first, second) {
+		t.Fatalf("proxy ports moved across a restart: %v, then %v", first, second)
+	}
 }

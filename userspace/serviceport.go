@@ -343,8 +343,17 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 	}
 	const attempts = 16
 	var lastErr error
+	var busy []uint16 // held by other programs: kept from the next attempts, then given back
+	defer func() {
+		for _, b := range busy {
+			sp.p.ports.release(b)
+		}
+	}()
 	for range attempts {
-		want, err := sp.p.ports.allocate()
+		want, err := sp.p.ports.allocate(sp.name.String() + "/" + role.String())
+		if err != nil && lastErr != nil {
+			break // the free ports were all tried: say why the last failed
+		}
 		if err != nil {
 			return fmt.Errorf("userspace: service %s: %w", sp.name, err)
 		}
@@ -367,11 +376,12 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 			klog.V(1).InfoS("Serving service port", "service", sp.name, "proxyPort", actual, "role", role)
 			return nil
 		}
-		sp.p.ports.release(want)
 		lastErr = err
 		if !errors.Is(err, syscall.EADDRINUSE) {
+			sp.p.ports.release(want)
 			break
 		}
+		busy = append(busy, want)
 	}
 	return fmt.Errorf("userspace: service %s: open proxy port: %w", sp.name, lastErr)
 }
