@@ -214,7 +214,7 @@ func TestBinaryHelpVersionAndHangUp(t *testing.T) {
 	if _, ok := p.stop(syscall.SIGHUP, 10*time.Second); !ok {
 		t.Fatal("the proxy did not exit within 10s of SIGHUP")
 	}
-	if p.err != nil || !strings.Contains(p.log(), `"Shutting down"`) {
+	if p.err != nil || !strings.Contains(p.log(), `"Shutting down; open connections and sessions are closed"`) {
 		t.Fatalf("exit after SIGHUP: %v; want a clean exit that logs it", p.err)
 	}
 }

@@ -136,7 +136,9 @@ func Run(ctx context.Context, cfg *Config) error {
 			return fmt.Errorf("cluster: %w", err)
 		}
 	}
-	klog.InfoS("Shutting down")
+	st := p.Stats()
+	klog.InfoS("Shutting down; open connections and sessions are closed", "tcpConnections", st.TCPActive.Load(),
+		"udpSessions", st.UDPSessionsActive.Load(), "sctpAssociations", st.SCTPActive.Load())
 	return nil
 }
 
