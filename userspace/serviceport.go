@@ -141,7 +141,7 @@ func (sp *servicePort) update(spec *state.ServicePort) {
 		for _, s := range sp.sockets {
 			if u, ok := s.(interface{ dropStale() int }); ok {
 				if n := u.dropStale(); n > 0 {
-					klog.V(2).InfoS("Ended UDP sessions to removed endpoints", "service", sp.name, "sessions", n)
+					klog.V(2).InfoS("Ended UDP sessions to endpoints removed or no longer ready", "service", sp.name, "sessions", n)
 				}
 			}
 		}
