@@ -5,36 +5,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+. hack/demo-lib.sh
+
 pids=()
 log=$(mktemp)
+blog=$(mktemp)
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -f "$log" "${blog:-}"
+  rm -f "$log" "$blog"
 }
 trap cleanup EXIT
 
-blog=$(mktemp)
-bin/demo backends >"$blog" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 50); do
-  grep -q 'demo backends:' "$blog" && break
-  sleep 0.1
-done
-if ! kill -0 "${pids[0]}" 2>/dev/null || grep -q 'address already in use' "$blog"; then
-  echo "demo: the demo backends could not start:" >&2
-  cat "$blog" >&2
-  exit 1
-fi
-bin/kube-userspace-proxy --manifests examples/demo.yaml --portal=none \
-  --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 2>"$log" &
-pids+=($!)
-
-# Wait (bounded) until all three node ports are served.
-for _ in $(seq 1 100); do
-  if [ "$(grep -c 'via="node-port"' "$log" || true)" -ge 3 ]; then break; fi
-  sleep 0.1
-done
+start_backends "$blog"
+start_proxy "$log"
 grep 'Serving' "$log" | sed 's/^.*\] /proxy: /'
 
 echo
