@@ -21,8 +21,8 @@ start_backends() {
 
 # start_proxy LOG [ARGS...]: the proxy on examples/demo.yaml, its log
 # written to LOG (and passed to standard error when LOG_TO_TERMINAL is set);
-# waits, bounded, until the three node ports are served, else exits the
-# script saying why.
+# waits, bounded, until the three node ports are served, else (at the
+# first failed sync) exits the script saying why.
 start_proxy() {
   local log=$1
   shift
@@ -39,6 +39,7 @@ start_proxy() {
   for _ in $(seq 1 100); do
     [ "$(grep -c 'via="node-port"' "$log" || true)" -ge 3 ] && return 0
     kill -0 "$proxy" 2>/dev/null || break
+    grep -q '"Sync failed' "$log" && break
     sleep 0.1
   done
   echo >&2
