@@ -53,6 +53,9 @@ type eventLoop struct {
 	// (zero: the last one had events); see waitBusy.
 	quietSince time.Time
 	parked     atomic.Bool // waiting in the runtime's poller (see park)
+	// noPipesUntil: a pipe could not be had; splice no bulk data before
+	// then (see pipesShort).
+	noPipesUntil time.Time
 }
 
 // loopCmd is work handed to the loop; done is closed once it has run and

@@ -2,7 +2,13 @@
 
 package userspace
 
-import "golang.org/x/sys/unix"
+import (
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
 
 // Go's io.Copy between two *net.TCPConn uses splice(2), but it takes a pipe
 // (two fds) before it waits for data and keeps it while the connection is
@@ -13,7 +19,16 @@ import "golang.org/x/sys/unix"
 const (
 	spliceChunk  = 256 << 10 // bytes moved per splice call, and the pipe size we ask for
 	maxIdlePipes = 64        // pipes kept for reuse; more are closed
+	// pipeRetry is how long a loop copies bulk data through its scratch
+	// buffer after a pipe could not be had, before it tries pipes again.
+	pipeRetry = 100 * time.Millisecond
 )
+
+// pipesShort reports whether the loop recently found no descriptors for a
+// pipe, so bulk data keeps going through the scratch buffer for now.
+func (lp *eventLoop) pipesShort() bool {
+	return !lp.noPipesUntil.IsZero() && time.Now().Before(lp.noPipesUntil)
+}
 
 type pipe struct{ r, w int }
 
@@ -48,4 +63,17 @@ func putPipe(p *pipe) {
 func (p *pipe) close() {
 	rawClose(p.r)
 	rawClose(p.w)
+}
+
+// pipesLogged is when logPipes last logged (unix nanoseconds).
+var pipesLogged atomic.Int64
+
+// logPipes logs, at most once a minute, that bulk data is being copied
+// through memory for want of descriptors for splice pipes.
+func logPipes(err error, service string) {
+	now, last := time.Now().UnixNano(), pipesLogged.Load()
+	if last != 0 && now-last < int64(time.Minute) || !pipesLogged.CompareAndSwap(last, now) {
+		return
+	}
+	klog.ErrorS(err, "Out of file descriptors for splice pipes; copying through memory meanwhile (connections are kept)", "service", service)
 }

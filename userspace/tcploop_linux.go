@@ -510,7 +510,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 				d.eof = true
 				continue
 			}
-			d.bulk = n == len(scratch)
+			d.bulk = n == len(scratch) && !c.lp.pipesShort()
 			if n < len(scratch) && !c.hup[i] {
 				c.readable[i] = false
 			}
@@ -531,12 +531,14 @@ func (c *tcpConn) pumpDir(i int) bool {
 		}
 		var err error
 		if d.p, err = getPipe(); err != nil {
-			// Out of descriptors for a pipe: shed this connection rather
-			// than stall it.
-			p.stats.Shed.Add(1)
-			p.shed.log(err, c.l.sp.name.String())
-			c.abort()
-			return false
+			// Out of descriptors for a pipe: copy through the scratch
+			// buffer instead, as for small reads. A connection already
+			// being served must not be cut for want of a pipe; pipes are
+			// tried again after a pause.
+			c.lp.noPipesUntil = time.Now().Add(pipeRetry)
+			logPipes(err, c.l.sp.name.String())
+			d.bulk = false
+			continue
 		}
 		n, err := rawSplice(src, d.p.w, spliceChunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 		switch {
