@@ -5,8 +5,10 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -63,20 +65,23 @@ type dialCounters struct {
 // attempt moves on to another endpoint with the next, longer timeout and
 // replaces the client's affinity; at most len(DialTimeouts) attempts are
 // made.
-func dialWithFailover[C any](p *Proxier, b *balancer, client netip.Addr, sp *servicePort, n dialCounters, dial func(context.Context, netip.AddrPort) (C, error)) (C, netip.AddrPort, error) {
+func dialWithFailover[C any](p *Proxier, b *balancer, client netip.AddrPort, sp *servicePort, n dialCounters, dial func(context.Context, netip.AddrPort) (C, error)) (C, netip.AddrPort, error) {
 	var (
 		zero    C
 		tried   []netip.AddrPort
 		lastErr error
 	)
 	for _, timeout := range p.cfg.DialTimeouts {
-		ep, err := b.pick(client, tried)
+		ep, err := b.pick(client.Addr(), tried)
 		if err != nil {
 			n.noEndpoints.Add(1)
 			if klog.V(4).Enabled() {
-				klog.InfoS("No endpoints; refusing connection", "service", sp.name, "client", client)
+				klog.InfoS("No endpoints; resetting connection", "service", sp.name, "client", client)
 			}
 			return zero, ep, err
+		}
+		if !worthDialing(ep, tried, lastErr) {
+			break
 		}
 		ctx, cancel := context.WithTimeout(p.ctx, timeout)
 		conn, err := dial(ctx, ep)
@@ -94,13 +99,28 @@ func dialWithFailover[C any](p *Proxier, b *balancer, client netip.Addr, sp *ser
 		}
 		n.failures.Add(1)
 		b.penalize(ep, p.cfg.EndpointPenalty)
-		klog.V(3).InfoS("Dial to endpoint failed; trying another", "service", sp.name, "endpoint", ep, "client", client, "err", err)
+		klog.V(3).InfoS("Dial to endpoint failed", "service", sp.name, "endpoint", ep, "client", client, "err", err)
 		tried = append(tried, ep)
 		lastErr = err
 	}
 	n.giveUps.Add(1)
-	klog.V(2).InfoS("Every dial attempt failed; refusing connection", "service", sp.name, "client", client, "tried", len(tried), "err", lastErr)
+	klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", sp.name, "client", client, "tried", len(tried), "err", lastErr)
 	return zero, netip.AddrPort{}, lastErr
+}
+
+// worthDialing reports whether ep deserves a dial after the failures so
+// far (lastErr, nil before the first). A dial that timed out may succeed
+// with the next, longer timeout even on an endpoint already tried (its SYN
+// or the answer may have been lost); one refused or unreachable at once
+// would fail the same way again, so the connection is given up instead.
+func worthDialing(ep netip.AddrPort, tried []netip.AddrPort, lastErr error) bool {
+	return lastErr == nil || !slices.Contains(tried, ep) || isDialTimeout(lastErr)
+}
+
+func isDialTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ETIMEDOUT) ||
+		errors.As(err, &ne) && ne.Timeout()
 }
 
 // liveSet lets Close find and end the live connections of one kind that

@@ -67,7 +67,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	defer p.wg.Done()
 	client := addrPortOf(c.RemoteAddr())
 	b := l.sp.balancer(l.role, client.Addr())
-	backend, ep, err := dialWithFailover(p, b, client.Addr(), l.sp, p.stats.tcpDialCounters(),
+	backend, ep, err := dialWithFailover(p, b, client, l.sp, p.stats.tcpDialCounters(),
 		func(ctx context.Context, ep netip.AddrPort) (*net.TCPConn, error) {
 			d := net.Dialer{KeepAliveConfig: keepAlive}
 			c, err := d.DialContext(ctx, "tcp", ep.String())

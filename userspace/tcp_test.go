@@ -170,6 +170,29 @@ func TestConnectionEndIsLogged(t *testing.T) {
 	})
 }
 
+// TestRefusedEndpointIsDialledOnce: an endpoint that refuses at once is
+// not dialled again for the same client (it would refuse again); the
+// client gets its reset after one attempt. Timeouts are retried (see the
+// failover tests): a lost SYN may get through the next time.
+func TestRefusedEndpointIsDialledOnce(t *testing.T) {
+	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeTCPPort(t)) // nothing listens there
+	p := newTestProxier(t, Config{})
+	name := spn("web", "", state.TCP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(dead)})
+	if err := connectAndRead(proxyAddr(t, p, name)); !isReset(err) {
+		t.Fatalf("connection to a service whose only endpoint refuses: %v, want a reset", err)
+	}
+	settle(t, "the dial is given up", func() error {
+		if n := p.Stats().TCPDialGiveUps.Load(); n != 1 {
+			return fmt.Errorf("%d give-ups", n)
+		}
+		return nil
+	})
+	if n := p.Stats().TCPDialFailures.Load(); n != 1 {
+		t.Fatalf("%d dials to the refusing endpoint, want 1", n)
+	}
+}
+
 func TestTCPNoEndpointsResets(t *testing.T) {
 	p := newTestProxier(t, Config{})
 	name := spn("web", "", state.TCP)

@@ -364,18 +364,21 @@ func (c *tcpConn) dialFailed(err error) {
 	}
 	p.stats.TCPDialFailures.Add(1)
 	c.b.penalize(c.endpoint, p.cfg.EndpointPenalty)
-	klog.V(3).InfoS("Dial to endpoint failed; trying another", "service", c.l.sp.name, "endpoint", c.endpoint, "client", c.client, "err", err)
+	klog.V(3).InfoS("Dial to endpoint failed", "service", c.l.sp.name, "endpoint", c.endpoint, "client", c.client, "err", err)
 	c.tried = append(c.tried, c.endpoint)
 	c.attempt++
-	if c.attempt >= len(p.cfg.DialTimeouts) {
+	var ep netip.AddrPort
+	if c.attempt < len(p.cfg.DialTimeouts) {
+		var perr error
+		if ep, perr = c.b.pick(c.client.Addr(), c.tried); perr != nil {
+			p.stats.TCPNoEndpoints.Add(1)
+			c.abort()
+			return
+		}
+	}
+	if c.attempt >= len(p.cfg.DialTimeouts) || !worthDialing(ep, c.tried, err) {
 		p.stats.TCPDialGiveUps.Add(1)
 		klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", c.l.sp.name, "client", c.client, "tried", len(c.tried), "err", err)
-		c.abort()
-		return
-	}
-	ep, perr := c.b.pick(c.client.Addr(), c.tried)
-	if perr != nil {
-		p.stats.TCPNoEndpoints.Add(1)
 		c.abort()
 		return
 	}
