@@ -1,6 +1,7 @@
 package proxyserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,8 +42,12 @@ func Run(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
+	nodePortAddrs := "all"
+	if len(cfg.nodePorts) > 0 {
+		nodePortAddrs = fmt.Sprint(cfg.nodePorts)
+	}
 	klog.InfoS("Starting kube-userspace-proxy", "node", node, "portal", mode, "manifests", cfg.Manifests,
-		"bindAddress", cfg.BindAddress, "proxyPortRange", cfg.ProxyPortRange, "nodePortAddresses", cfg.NodePortAddresses)
+		"bindAddress", cfg.BindAddress, "proxyPortRange", cmp.Or(cfg.portRange.String(), "kernel-chosen"), "nodePortAddresses", nodePortAddrs)
 
 	pcfg := cfg.proxierConfig(mode)
 	var previous []portal.Portal

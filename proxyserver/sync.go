@@ -64,6 +64,7 @@ func (l *syncLoop) run(ctx context.Context) {
 	defer timer.Stop()
 	backoff := time.Duration(0)
 	var lastErr string
+	var logged uint64 // the last version a "Synced" line named
 	for {
 		select {
 		case <-ctx.Done():
@@ -100,7 +101,14 @@ func (l *syncLoop) run(ctx context.Context) {
 				klog.InfoS("Sync recovered", "servicePorts", snap.Len())
 			}
 			backoff, lastErr = 0, ""
-			klog.V(2).InfoS("Synced", "servicePorts", snap.Len(), "version", version, "took", took)
+			// A periodic resync of an unchanged snapshot is news only at
+			// -v=4.
+			v := klog.Level(2)
+			if version == logged {
+				v = 4
+			}
+			logged = version
+			klog.V(v).InfoS("Synced", "servicePorts", snap.Len(), "version", version, "took", took)
 		}
 		resetTimer(timer, next)
 	}
