@@ -3,7 +3,6 @@
 package userspace
 
 import (
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -65,15 +64,13 @@ func (p *pipe) close() {
 	rawClose(p.w)
 }
 
-// pipesLogged is when logPipes last logged (unix nanoseconds).
-var pipesLogged atomic.Int64
+// pipesLog throttles logPipes.
+var pipesLog logThrottle
 
 // logPipes logs, at most once a minute, that bulk data is being copied
 // through memory for want of descriptors for splice pipes.
 func logPipes(err error, service string) {
-	now, last := time.Now().UnixNano(), pipesLogged.Load()
-	if last != 0 && now-last < int64(time.Minute) || !pipesLogged.CompareAndSwap(last, now) {
-		return
+	if _, ok := pipesLog.note(time.Minute); ok {
+		klog.ErrorS(err, "Out of file descriptors for splice pipes; copying through memory meanwhile (connections are kept)", "service", service)
 	}
-	klog.ErrorS(err, "Out of file descriptors for splice pipes; copying through memory meanwhile (connections are kept)", "service", service)
 }

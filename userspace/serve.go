@@ -104,6 +104,7 @@ func dialWithFailover[C any](p *Proxier, b *balancer, client netip.AddrPort, sp 
 		lastErr = err
 	}
 	n.giveUps.Add(1)
+	sp.dialGaveUp(lastErr)
 	klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", sp.name, "client", client, "tried", len(tried), "err", lastErr)
 	return zero, netip.AddrPort{}, lastErr
 }

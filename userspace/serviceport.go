@@ -77,10 +77,8 @@ type servicePort struct {
 	fromHost atomic.Pointer[balancer]
 	// udpSessions counts live UDP sessions across the port's sockets.
 	udpSessions atomic.Int64
-	// capTurnedAway counts clients the session cap turned away since
-	// capLogged (unix nanoseconds), when that was last logged.
-	capTurnedAway atomic.Int64
-	capLogged     atomic.Int64
+	capLog      logThrottle // datagrams the UDP session cap dropped
+	giveUpLog   logThrottle // connections reset after every dial failed
 
 	spec      *state.ServicePort
 	proxyPort uint16
@@ -130,6 +128,9 @@ func (sp *servicePort) separate(b *balancer, own bool, eps []state.Endpoint, spe
 // next connection.
 func (sp *servicePort) update(spec *state.ServicePort) {
 	old := sp.spec
+	if before, after := old.InternalEndpoints(), spec.InternalEndpoints(); !slices.Equal(before, after) {
+		sp.logEndpoints(before, after)
+	}
 	sp.internal.update(spec.InternalEndpoints(), spec.Affinity)
 	sp.setExternal(spec)
 	sp.spec = spec
@@ -145,6 +146,29 @@ func (sp *servicePort) update(spec *state.ServicePort) {
 				}
 			}
 		}
+	}
+}
+
+// logEndpoints says how the endpoints that new connections use changed: at
+// -v=2 each change, and at every verbosity when the last one goes (an
+// outage should not be silent) or the first one comes back.
+func (sp *servicePort) logEndpoints(before, after []state.Endpoint) {
+	switch {
+	case len(before) > 0 && len(after) == 0:
+		klog.InfoS("Service port has no endpoints now; new connections are reset and datagrams dropped", "service", sp.name)
+	case len(before) == 0 && len(after) > 0:
+		klog.InfoS("Service port has endpoints now", "service", sp.name, "endpoints", len(after))
+	}
+	if klog.V(2).Enabled() {
+		const shown = 10
+		addrs := make([]string, 0, min(len(after), shown+1))
+		for _, e := range after[:min(len(after), shown)] {
+			addrs = append(addrs, e.Addr.String())
+		}
+		if len(after) > shown {
+			addrs = append(addrs, fmt.Sprintf("and %d more", len(after)-shown))
+		}
+		klog.InfoS("Endpoints changed", "service", sp.name, "endpoints", addrs)
 	}
 }
 
@@ -184,14 +208,20 @@ const capLogEvery = time.Minute
 // first time and then at most once every capLogEvery, with the count of
 // datagrams dropped since the last line.
 func (sp *servicePort) capReached(max int) {
-	sp.capTurnedAway.Add(1)
-	now := time.Now().UnixNano()
-	last := sp.capLogged.Load()
-	if last != 0 && now-last < int64(capLogEvery) || !sp.capLogged.CompareAndSwap(last, now) {
-		return
+	if n, ok := sp.capLog.note(capLogEvery); ok {
+		klog.InfoS("UDP session cap reached; datagrams from new clients are dropped (see --udp-max-sessions); said at most once a minute",
+			"service", sp.name, "maxSessions", max, "droppedSinceLastSaid", n)
 	}
-	klog.InfoS("UDP session cap reached; datagrams from new clients are dropped (see --udp-max-sessions); said at most once a minute",
-		"service", sp.name, "maxSessions", max, "droppedSinceLastSaid", sp.capTurnedAway.Swap(0))
+}
+
+// dialGaveUp says, at most once a minute, that connections are being
+// reset because every dial failed: the -v=2 line for each is off by
+// default, and an outage should not be silent.
+func (sp *servicePort) dialGaveUp(err error) {
+	if n, ok := sp.giveUpLog.note(capLogEvery); ok {
+		klog.ErrorS(err, "Every dial attempt failed; connections are reset (each is logged at -v=2); said at most once a minute",
+			"service", sp.name, "resetSinceLastSaid", n)
+	}
 }
 
 // udpRefused handles an endpoint that refused a session with ICMP port

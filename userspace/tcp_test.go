@@ -170,11 +170,37 @@ func TestConnectionEndIsLogged(t *testing.T) {
 	})
 }
 
+// TestEndpointChangesAreLogged: -v=2 names the endpoints new connections
+// use whenever they change, and losing the last one (or getting one back)
+// is said at every verbosity.
+func TestEndpointChangesAreLogged(t *testing.T) {
+	logs := captureLog(t, "2")
+	a, b := startTCPBackend(t, "a"), startTCPBackend(t, "b")
+	p := newTestProxier(t, Config{})
+	name := spn("web", "", state.TCP)
+	for _, e := range [][]state.Endpoint{eps(a.addr(), b.addr()), eps(b.addr()), nil, eps(a.addr())} {
+		mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: e})
+	}
+	klog.Flush()
+	for _, want := range []string{
+		fmt.Sprintf(`"Endpoints changed" service="test/web/TCP" endpoints=["%s"]`, b.addr()),
+		`"Service port has no endpoints now; new connections are reset and datagrams dropped" service="test/web/TCP"`,
+		`"Endpoints changed" service="test/web/TCP" endpoints=[]`,
+		`"Service port has endpoints now" service="test/web/TCP" endpoints=1`,
+		fmt.Sprintf(`"Endpoints changed" service="test/web/TCP" endpoints=["%s"]`, a.addr()),
+	} {
+		if logs.lineWith(want) == "" {
+			t.Errorf("no log line with %s", want)
+		}
+	}
+}
+
 // TestRefusedEndpointIsDialledOnce: an endpoint that refuses at once is
 // not dialled again for the same client (it would refuse again); the
 // client gets its reset after one attempt. Timeouts are retried (see the
 // failover tests): a lost SYN may get through the next time.
 func TestRefusedEndpointIsDialledOnce(t *testing.T) {
+	logs := captureLog(t, "0")
 	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeTCPPort(t)) // nothing listens there
 	p := newTestProxier(t, Config{})
 	name := spn("web", "", state.TCP)
@@ -190,6 +216,11 @@ func TestRefusedEndpointIsDialledOnce(t *testing.T) {
 	})
 	if n := p.Stats().TCPDialFailures.Load(); n != 1 {
 		t.Fatalf("%d dials to the refusing endpoint, want 1", n)
+	}
+	// Said even at the default verbosity: an outage must not be silent.
+	klog.Flush()
+	if logs.lineWith(`"Every dial attempt failed; connections are reset (each is logged at -v=2); said at most once a minute" err="`) == "" {
+		t.Error("the failed dials were not logged at -v=0")
 	}
 }
 

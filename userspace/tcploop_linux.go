@@ -378,6 +378,7 @@ func (c *tcpConn) dialFailed(err error) {
 	}
 	if c.attempt >= len(p.cfg.DialTimeouts) || !worthDialing(ep, c.tried, err) {
 		p.stats.TCPDialGiveUps.Add(1)
+		c.l.sp.dialGaveUp(err)
 		klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", c.l.sp.name, "client", c.client, "tried", len(c.tried), "err", err)
 		c.abort()
 		return
