@@ -3,8 +3,8 @@
 # (no proxy, HAProxy, nginx stream, socat, a minimal Go io.Copy proxy), all on
 # 127.0.0.1. Usage, from anywhere:
 #
-#   bench/run.sh            # the full run, about 3-5 minutes on 2 cores
-#   bench/run.sh -short     # a smoke run, about 30 seconds
+#   bench/run.sh            # the full run, about 2-3 minutes on 2 cores
+#   bench/run.sh -short     # a smoke run, about 20-30 seconds
 #   bench/run.sh -peers none,haproxy -tests latency
 #
 # Every argument is handed to bin/bench/loadgen; see `bin/bench/loadgen -h`.
