@@ -1,8 +1,11 @@
 package userspace
 
 import (
+	"cmp"
+	"errors"
 	"net"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -17,8 +20,35 @@ import (
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: -1, Count: -1}
 
 // logConnEnded logs, at -v=4, how a proxied connection ended: the bytes it
-// carried each way, how long it lasted, and whether it ended with a reset.
-func logConnEnded(name state.ServicePortName, client, endpoint netip.AddrPort, moved [2]uint64, since time.Time, reset bool) {
-	klog.InfoS("Connection ended", "service", name, "client", client, "endpoint", endpoint,
-		"bytesToEndpoint", moved[0], "bytesToClient", moved[1], "duration", time.Since(since).Round(time.Millisecond), "reset", reset)
+// carried each way, how long it lasted, and whether it ended with a reset,
+// and if so why (resetWhy).
+func logConnEnded(name state.ServicePortName, client, endpoint netip.AddrPort, moved [2]uint64, since time.Time, reset bool, why string) {
+	kv := []any{"service", name, "client", client, "endpoint", endpoint,
+		"bytesToEndpoint", moved[0], "bytesToClient", moved[1], "duration", time.Since(since).Round(time.Millisecond), "reset", reset}
+	if reset {
+		kv = append(kv, "reason", cmp.Or(why, whyProxyStopped))
+	}
+	klog.InfoS("Connection ended", kv...)
+}
+
+// Why a connection ended with a reset, for the -v=4 line.
+const (
+	whyProxyStopped    = "the proxy stopped serving the service port"
+	whyHalfCloseSilent = "the half-closed connection stayed silent longer than --tcp-half-close-timeout"
+)
+
+// sideFailed says why a connection was reset after an error on one side
+// (side is "client" or "endpoint"), reading from it or writing to it.
+func sideFailed(side string, reading bool, err error) string {
+	switch {
+	case err == nil:
+		return "the " + side + " ended the stream unexpectedly"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "the " + side + " reset the connection"
+	case errors.Is(err, syscall.EPIPE):
+		return "the " + side + " had closed the connection"
+	case reading:
+		return "reading from the " + side + " failed: " + err.Error()
+	}
+	return "sending to the " + side + " failed: " + err.Error()
 }

@@ -121,6 +121,7 @@ type tcpConn struct {
 	pending   atomic.Int32
 	abortOnce sync.Once
 	aborted   atomic.Bool
+	why       atomic.Pointer[string] // why it was reset, for the -v=4 line
 
 	// For the -v=4 log of how the connection ended.
 	name                 state.ServicePortName
@@ -149,13 +150,21 @@ func (t *tcpConn) directionDone() {
 		t.p.conns.remove(t)
 		t.p.stats.TCPActive.Add(-1)
 		if klog.V(4).Enabled() {
-			logConnEnded(t.name, t.clientAddr, t.endpoint, [2]uint64{t.toEndpoint.Load(), t.toClient.Load()}, t.since, t.aborted.Load())
+			var why string
+			if w := t.why.Load(); w != nil {
+				why = *w
+			}
+			logConnEnded(t.name, t.clientAddr, t.endpoint, [2]uint64{t.toEndpoint.Load(), t.toClient.Load()}, t.since, t.aborted.Load(), why)
 		}
 	}
 	t.p.wg.Done()
 }
 
 func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) {
+	from, to := "client", "endpoint"
+	if src == t.backend {
+		from, to = to, from
+	}
 	progress := func(n int) {
 		counter.Add(uint64(n))
 		moved.Add(uint64(n))
@@ -172,7 +181,7 @@ func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) {
 		}
 		// src sent FIN: pass it on and bound the other direction.
 		if cerr := dst.CloseWrite(); cerr != nil {
-			t.abort()
+			t.abortBecause(sideFailed(to, false, cerr))
 			return
 		}
 		if !t.halfClosed.Swap(true) {
@@ -187,16 +196,26 @@ func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) {
 		err = nil
 	}
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
+	var oe *net.OpError
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
 		t.p.stats.HalfCloseTimeouts.Add(1)
+		t.abortBecause(whyHalfCloseSilent)
+	case errors.As(err, &oe) && oe.Op == "write":
+		t.abortBecause(sideFailed(to, false, err))
+	default:
+		t.abortBecause(sideFailed(from, true, err))
 	}
-	t.abort()
 }
 
 // abort ends both sides at once with a reset, so an error on one side
 // reaches the other and nothing lingers.
-func (t *tcpConn) abort() {
+func (t *tcpConn) abort() { t.abortBecause(whyProxyStopped) }
+
+// abortBecause aborts, saying why in the -v=4 line.
+func (t *tcpConn) abortBecause(why string) {
 	t.abortOnce.Do(func() {
+		t.why.Store(&why)
 		t.aborted.Store(true)
 		resetTCP(t.client)
 		resetTCP(t.backend)

@@ -170,6 +170,47 @@ func TestConnectionEndIsLogged(t *testing.T) {
 	})
 }
 
+// TestConnectionResetSaysWhy: at -v=4 a connection that ended with a reset
+// says which side reset it.
+func TestConnectionResetSaysWhy(t *testing.T) {
+	logs := captureLog(t, "4")
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // an endpoint that reads a request, then resets
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c.Read(make([]byte, 16))
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	}()
+	p := newTestProxier(t, Config{})
+	name := spn("web", "", state.TCP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(ln.Addr().(*net.TCPAddr).AddrPort())})
+	c, err := net.Dial("tcp4", proxyAddr(t, p, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("hello"))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 16)); !isReset(err) {
+		t.Fatalf("read after the endpoint reset: %v, want a reset", err)
+	}
+	settle(t, "the end is logged", func() error {
+		klog.Flush()
+		line := logs.lineWith(`"Connection ended"`)
+		if !strings.Contains(line, `reset=true reason="the endpoint reset the connection"`) {
+			return fmt.Errorf("got %q", line)
+		}
+		return nil
+	})
+}
+
 // TestEndpointChangesAreLogged: -v=2 names the endpoints new connections
 // use whenever they change, and losing the last one (or getting one back)
 // is said at every verbosity.

@@ -213,6 +213,7 @@ type tcpConn struct {
 	dirs  [2]spliceDir // 0: client to endpoint; 1: endpoint to client
 	moved [2]uint64    // bytes each way, for the -v=4 log
 	since time.Time    // when proxying began, at -v=4
+	why   string       // why it was reset, for the -v=4 line
 	// readable[i] says the source of direction i may have data: set by
 	// an EPOLLIN event, cleared by a short read. With edge-triggered epoll
 	// a short read means the socket is drained, and data that arrives later
@@ -426,9 +427,11 @@ func (c *tcpConn) pump() {
 func (c *tcpConn) pumpDir(i int) bool {
 	p := c.l.sp.p
 	src, dst := c.cfd, c.bfd
+	from, to := "client", "endpoint"
 	counter := &p.stats.BytesToBackend
 	if i == 1 {
 		src, dst = c.bfd, c.cfd
+		from, to = to, from
 		counter = &p.stats.BytesToClient
 	}
 	d := &c.dirs[i]
@@ -449,7 +452,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			case unix.EAGAIN:
 				return true // dst is full: EPOLLOUT will bring us back
 			default:
-				c.abort()
+				c.abortBecause(sideFailed(to, false, err))
 				return false
 			}
 			d.buf = d.buf[n:]
@@ -466,7 +469,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			case unix.EAGAIN:
 				return true // dst is full: EPOLLOUT will bring us back
 			default:
-				c.abort()
+				c.abortBecause(sideFailed(to, false, err))
 				return false
 			}
 			d.pending -= int(n)
@@ -485,7 +488,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 					// both sides are done, finish closes both sockets
 					// instead, which sends the FIN without a shutdown.
 					if err := rawShutdown(dst, unix.SHUT_WR); err != nil {
-						c.abort()
+						c.abortBecause(sideFailed(to, false, err))
 						return false
 					}
 					c.halfClosed = true
@@ -508,7 +511,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 				c.readable[i] = false
 				return true
 			case err != nil:
-				c.abort() // e.g. a reset: pass it on as a reset
+				c.abortBecause(sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset
 				return false
 			case n == 0:
 				d.eof = true
@@ -524,7 +527,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			case unix.EAGAIN, unix.EINTR:
 				m = 0
 			default:
-				c.abort()
+				c.abortBecause(sideFailed(to, false, err))
 				return false
 			}
 			progress(m)
@@ -554,7 +557,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			c.readable[i] = false
 			return true
 		case err != nil:
-			c.abort() // e.g. a reset: pass it on as a reset
+			c.abortBecause(sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset
 			return false
 		case n == 0:
 			d.eof = true
@@ -588,7 +591,7 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 			return d
 		}
 		p.stats.HalfCloseTimeouts.Add(1)
-		c.abort()
+		c.abortBecause(whyHalfCloseSilent)
 	}
 	return time.Time{}
 }
@@ -599,6 +602,14 @@ func (c *tcpConn) finish() { c.release(false) }
 // abort ends both sides at once with a reset, so an error on one side
 // reaches the other and nothing lingers.
 func (c *tcpConn) abort() { c.release(true) }
+
+// abortBecause aborts, saying why in the -v=4 line.
+func (c *tcpConn) abortBecause(why string) {
+	if c.why == "" {
+		c.why = why
+	}
+	c.abort()
+}
 
 func (c *tcpConn) release(reset bool) {
 	if c.closed {
@@ -631,7 +642,7 @@ func (c *tcpConn) release(reset bool) {
 		c.active = false
 		c.l.sp.p.stats.TCPActive.Add(-1)
 		if klog.V(4).Enabled() {
-			logConnEnded(c.l.sp.name, c.client, c.endpoint, c.moved, c.since, reset)
+			logConnEnded(c.l.sp.name, c.client, c.endpoint, c.moved, c.since, reset, c.why)
 		}
 	}
 }
