@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -119,5 +121,146 @@ endpoints: [{addresses: ["127.0.0.1"]}]
 	}
 	if t.Failed() {
 		t.Logf("proxy log:\n%s", p.log())
+	}
+}
+
+// TestBinaryOutOfDescriptorsDoesNotSpin: when the proxy can neither accept
+// nor shed a waiting connection (no descriptor is free, not even its
+// spare, which another dial took), it leaves the listening socket alone for
+// a moment instead of spinning on it, and serves again once descriptors are
+// free. Both builds: the goroutine build spun at a full core before.
+func TestBinaryOutOfDescriptorsDoesNotSpin(t *testing.T) {
+	goroutines := filepath.Join(t.TempDir(), "kube-userspace-proxy-goroutines")
+	build := exec.Command("go", "build", "-tags", "goroutines", "-o", goroutines, "../cmd/kube-userspace-proxy")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the goroutine build: %v\n%s", err, out)
+	}
+	for _, tc := range []struct{ name, bin string }{{"event loops", proxyBin}, {"goroutines", goroutines}} {
+		t.Run(tc.name, func(t *testing.T) { outOfDescriptors(t, tc.bin) })
+	}
+}
+
+func outOfDescriptors(t *testing.T, bin string) {
+	// The endpoint holds what it accepts, until released; then it echoes.
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	var held []net.Conn
+	released := false
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			if !released {
+				held = append(held, c)
+				mu.Unlock()
+				continue
+			}
+			mu.Unlock()
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	release := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		released = true
+		for _, c := range held {
+			c.Close()
+		}
+	}
+	defer release()
+
+	np := freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: hold, namespace: e2e}
+spec:
+  type: NodePort
+  ports: [{name: tcp, port: 80, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: hold-1, namespace: e2e, labels: {kubernetes.io/service-name: hold}}
+addressType: IPv4
+ports: [{name: tcp, port: %d}]
+endpoints: [{addresses: ["127.0.0.1"]}]
+`, np, ln.Addr().(*net.TCPAddr).Port))
+	p := startCommand(t, bin, proxyArgs(file)...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+	pid := p.cmd.Process.Pid
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := uint64(len(entries) + 8)
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatalf("prlimit: %v", err)
+	}
+
+	// Far more clients than descriptors, all at once.
+	addr := fmt.Sprintf("127.0.0.1:%d", np)
+	var clients []net.Conn
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	for range 40 {
+		if c, err := net.DialTimeout("tcp4", addr, 2*time.Second); err == nil {
+			clients = append(clients, c)
+		}
+	}
+	p.waitLog(0, `"Out of file descriptors or buffers; shedding new connections"`, 1, 10*time.Second)
+
+	cpu := func() time.Duration {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+		ticks := 0
+		for _, i := range []int{11, 12} { // utime and stime, after the command name
+			n, _ := strconv.Atoi(f[i])
+			ticks += n
+		}
+		return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100
+	}
+	before := cpu()
+	time.Sleep(2 * time.Second)
+	if used := cpu() - before; used > 500*time.Millisecond {
+		t.Errorf("the proxy used %v of CPU in 2s while out of descriptors: it spins", used)
+	}
+
+	// Descriptors come back: the proxy serves again.
+	release()
+	for _, c := range clients {
+		c.Close()
+	}
+	clients = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 4)
+			if _, err = c.Write([]byte("ping")); err == nil {
+				_, err = io.ReadFull(c, buf)
+			}
+			c.Close()
+			if err == nil && string(buf) == "ping" {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not served again once descriptors were free: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

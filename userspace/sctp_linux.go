@@ -77,11 +77,14 @@ func (l *sctpListener) close() {
 func (l *sctpListener) acceptLoop() {
 	defer l.sp.p.wg.Done()
 	defer close(l.done)
-	shed := func() {
-		l.sp.p.shed.withSpare(func() {
-			if c, err := l.ln.Accept(); err == nil {
-				c.Abort()
+	shed := func() bool {
+		return l.sp.p.shed.withSpare(func() bool {
+			c, err := l.ln.Accept()
+			if err != nil {
+				return false
 			}
+			c.Abort()
+			return true
 		})
 	}
 	acceptLoop(l.sp, &l.sp.p.stats.SCTPAccepted, l.ln.Accept, shed, l.serve)

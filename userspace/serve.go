@@ -20,9 +20,10 @@ import (
 // acceptLoop accepts with accept until the listener is closed, and hands
 // each connection to serve on a goroutine of its own; serve must call
 // sp.p.wg.Done. Running out of file descriptors sheds one pending
-// connection (shed); other errors, rare and usually transient, back off so
-// a persistent one cannot spin.
-func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (C, error), shed func(), serve func(C)) {
+// connection (shed, which reports whether it could); a shed that failed,
+// and other errors, rare and usually transient, back off so a persistent
+// one cannot spin.
+func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (C, error), shed func() bool, serve func(C)) {
 	p := sp.p
 	var backoff time.Duration
 	for {
@@ -34,10 +35,12 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 			if isResourceExhausted(err) {
 				p.stats.Shed.Add(1)
 				p.shed.log(err, sp.name.String())
-				shed()
-				continue
+				if shed() {
+					continue
+				}
+			} else {
+				p.stats.AcceptErrors.Add(1)
 			}
-			p.stats.AcceptErrors.Add(1)
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			klog.V(2).InfoS("Accept failed; retrying", "service", sp.name, "err", err, "backoff", backoff)
 			select {

@@ -37,16 +37,21 @@ func newShedder() *shedder {
 }
 
 // withSpare gives up the spare descriptor while f runs (f accepts and
-// resets one connection), then takes it back.
-func (s *shedder) withSpare(f func()) {
+// resets one connection, and reports whether it could), then takes it
+// back. Another goroutine or loop may take the freed descriptor first, and
+// then the spare is lost until a descriptor is free again: withSpare
+// reports false, and the caller should wait a little before it accepts
+// again, or it would spin on a listener it cannot drain.
+func (s *shedder) withSpare(f func() bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.spare != nil {
 		s.spare.Close()
 		s.spare = nil
 	}
-	f()
+	shed := f()
 	s.spare, _ = os.Open(os.DevNull)
+	return shed
 }
 
 // logf logs a resource-exhaustion event at most once a second.

@@ -57,7 +57,7 @@ func (l *tcpListener) close() {
 func (l *tcpListener) acceptLoop() {
 	defer l.sp.p.wg.Done()
 	defer close(l.done)
-	acceptLoop(l.sp, &l.sp.p.stats.TCPAccepted, l.ln.AcceptTCP, func() { l.sp.p.shed.shedTCP(l.ln) }, l.serveConn)
+	acceptLoop(l.sp, &l.sp.p.stats.TCPAccepted, l.ln.AcceptTCP, func() bool { return l.sp.p.shed.shedTCP(l.ln) }, l.serveConn)
 }
 
 // serveConn dials an endpoint for c, with failover, and proxies between the
@@ -235,12 +235,15 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 }
 
 // shedTCP accepts and resets one pending connection from ln, using the
-// shedder's spare descriptor.
-func (s *shedder) shedTCP(ln *net.TCPListener) {
-	s.withSpare(func() {
-		if c, err := ln.AcceptTCP(); err == nil {
-			resetTCP(c)
+// shedder's spare descriptor; false means it could not (see withSpare).
+func (s *shedder) shedTCP(ln *net.TCPListener) bool {
+	return s.withSpare(func() bool {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			return false
 		}
+		resetTCP(c)
+		return true
 	})
 }
 

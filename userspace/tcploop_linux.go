@@ -19,8 +19,8 @@ import (
 
 // tcpListener is one listening TCP socket of a service port.
 type tcpListener struct {
-	loops []*eventLoop
-	sp    *servicePort
+	accepters []*tcpAccepter // one per loop
+	sp        *servicePort
 	role  socketRole
 	fd    int
 	port_ uint16
@@ -67,12 +67,13 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 	l := &tcpListener{sp: sp, role: k.role, fd: fd, port_: port}
 	for _, lp := range loops {
 		a := &tcpAccepter{l: l, lp: lp}
-		lp.do(func() { err = lp.register(fd, unix.EPOLLIN|unix.EPOLLEXCLUSIVE, a) })
+		a.timer = timerEntry{index: -1, owner: a}
+		lp.do(func() { err = a.arm() })
 		if err != nil {
 			l.close()
 			return nil, err
 		}
-		l.loops = append(l.loops, lp)
+		l.accepters = append(l.accepters, a)
 	}
 	return l, nil
 }
@@ -105,8 +106,12 @@ func (l *tcpListener) close() {
 	if l.fd < 0 {
 		return
 	}
-	for _, lp := range l.loops {
-		lp.do(func() { lp.unregister(l.fd) })
+	for _, a := range l.accepters {
+		a.lp.do(func() {
+			a.closed = true
+			a.lp.unschedule(&a.timer)
+			a.lp.unregister(l.fd)
+		})
 	}
 	unix.Close(l.fd)
 	l.fd = -1
@@ -122,9 +127,40 @@ func (l *tcpListener) close() {
 type tcpAccepter struct {
 	l  *tcpListener
 	lp *eventLoop
+	// Owned by the loop.
+	timer  timerEntry // ends a pause (see pause)
+	closed bool       // the listener is closing: never arm again
 }
 
-func (a *tcpAccepter) event(uint32) { a.l.accept(a.lp) }
+func (a *tcpAccepter) event(uint32) { a.l.accept(a) }
+
+// arm registers the listening socket with the loop.
+func (a *tcpAccepter) arm() error {
+	return a.lp.register(a.l.fd, unix.EPOLLIN|unix.EPOLLEXCLUSIVE, a)
+}
+
+// acceptPause is how long a loop leaves a listening socket alone when it
+// could neither accept nor shed a connection for want of descriptors.
+const acceptPause = 100 * time.Millisecond
+
+// pause takes the listening socket out of the loop for acceptPause: it is
+// level-triggered, and the connections that wait on it cannot be taken
+// until a descriptor is free, so the loop would spin on it.
+func (a *tcpAccepter) pause() {
+	a.lp.unregister(a.l.fd)
+	a.lp.schedule(&a.timer, time.Now().Add(acceptPause))
+}
+
+// expired ends a pause.
+func (a *tcpAccepter) expired(time.Time) time.Time {
+	if !a.closed {
+		if err := a.arm(); err != nil {
+			klog.ErrorS(err, "Cannot watch a listening socket again; retrying", "service", a.l.sp.name)
+			return time.Now().Add(acceptPause)
+		}
+	}
+	return time.Time{}
+}
 
 // accept takes one pending connection for loop lp. One per wake-up, as
 // nginx does: the socket is level-triggered, so the rest wake a loop that
@@ -132,7 +168,8 @@ func (a *tcpAccepter) event(uint32) { a.l.accept(a.lp) }
 // spread over the loops instead of landing on whichever woke first.
 // Errors that leave the next connection acceptable (an aborted one, a shed
 // one) are skipped, a bounded number of times.
-func (l *tcpListener) accept(lp *eventLoop) {
+func (l *tcpListener) accept(a *tcpAccepter) {
+	lp := a.lp
 	p := l.sp.p
 	for range 64 {
 		nfd, client, err := rawAccept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
@@ -145,11 +182,18 @@ func (l *tcpListener) accept(lp *eventLoop) {
 		case isResourceExhausted(err):
 			p.stats.Shed.Add(1)
 			p.shed.log(err, l.sp.name.String())
-			p.shed.withSpare(func() {
-				if fd, _, err := rawAccept4(l.fd, unix.SOCK_CLOEXEC); err == nil {
-					resetFD(fd)
+			shed := p.shed.withSpare(func() bool {
+				fd, _, err := rawAccept4(l.fd, unix.SOCK_CLOEXEC)
+				if err != nil {
+					return false
 				}
+				resetFD(fd)
+				return true
 			})
+			if !shed {
+				a.pause()
+				return
+			}
 			continue
 		default:
 			p.stats.AcceptErrors.Add(1)
