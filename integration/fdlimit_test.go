@@ -45,36 +45,9 @@ func TestBinaryKeepsConnectionsWithoutSpareDescriptors(t *testing.T) {
 		}
 	}()
 
-	np := freePort(t)
-	file := filepath.Join(t.TempDir(), "services.yaml")
-	writeFile(t, file, fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: bulk, namespace: e2e}
-spec:
-  type: NodePort
-  ports: [{name: data, port: 80, nodePort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: bulk-1, namespace: e2e, labels: {kubernetes.io/service-name: bulk}}
-addressType: IPv4
-ports: [{name: data, port: %d}]
-endpoints: [{addresses: ["127.0.0.1"]}]
-`, np, ln.Addr().(*net.TCPAddr).Port))
-	p := startProxy(t, proxyArgs(file)...)
-	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
-
 	// Two descriptors per connection, and a few to spare; no room for the
 	// two of a pipe per connection.
-	pid := p.cmd.Process.Pid
-	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	limit := uint64(len(entries) + 2*conns + 4)
-	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
-		t.Fatalf("prlimit: %v", err)
-	}
+	p, np, limit := proxyWithFewDescriptors(t, proxyBin, ln.Addr().(*net.TCPAddr).Port, 2*conns+4)
 
 	clients := make([]net.Conn, conns)
 	for i := range clients {
@@ -176,33 +149,8 @@ func outOfDescriptors(t *testing.T, bin string) {
 	}
 	defer release()
 
-	np := freePort(t)
-	file := filepath.Join(t.TempDir(), "services.yaml")
-	writeFile(t, file, fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: hold, namespace: e2e}
-spec:
-  type: NodePort
-  ports: [{name: tcp, port: 80, nodePort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: hold-1, namespace: e2e, labels: {kubernetes.io/service-name: hold}}
-addressType: IPv4
-ports: [{name: tcp, port: %d}]
-endpoints: [{addresses: ["127.0.0.1"]}]
-`, np, ln.Addr().(*net.TCPAddr).Port))
-	p := startCommand(t, bin, proxyArgs(file)...)
-	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+	p, np, _ := proxyWithFewDescriptors(t, bin, ln.Addr().(*net.TCPAddr).Port, 8)
 	pid := p.cmd.Process.Pid
-	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	limit := uint64(len(entries) + 8)
-	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
-		t.Fatalf("prlimit: %v", err)
-	}
 
 	// Far more clients than descriptors, all at once.
 	addr := fmt.Sprintf("127.0.0.1:%d", np)
@@ -263,4 +211,40 @@ endpoints: [{addresses: ["127.0.0.1"]}]
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// proxyWithFewDescriptors starts bin on a NodePort Service whose endpoint
+// is 127.0.0.1:endpointPort and, once it serves, limits its open files to
+// those it holds and spare more. It returns the proxy, the node port and
+// the limit.
+func proxyWithFewDescriptors(t *testing.T, bin string, endpointPort, spare int) (*proxyProc, int, uint64) {
+	t.Helper()
+	np := freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: few, namespace: e2e}
+spec:
+  type: NodePort
+  ports: [{name: tcp, port: 80, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: few-1, namespace: e2e, labels: {kubernetes.io/service-name: few}}
+addressType: IPv4
+ports: [{name: tcp, port: %d}]
+endpoints: [{addresses: ["127.0.0.1"]}]
+`, np, endpointPort))
+	p := startCommand(t, bin, proxyArgs(file)...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+	pid := p.cmd.Process.Pid
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := uint64(len(entries) + spare)
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatalf("prlimit: %v", err)
+	}
+	return p, np, limit
 }
