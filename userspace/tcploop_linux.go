@@ -21,9 +21,9 @@ import (
 type tcpListener struct {
 	accepters []*tcpAccepter // one per loop
 	sp        *servicePort
-	role  socketRole
-	fd    int
-	port_ uint16
+	role      socketRole
+	fd        int
+	port_     uint16
 }
 
 func listenTCP(sp *servicePort, k sockKey) (socket, error) {
