@@ -203,6 +203,24 @@ func TestBinaryHelpVersionAndHangUp(t *testing.T) {
 			short := func(s string) string { return s[:min(len(s), 200)] }
 			t.Fatalf("%s: stdout %q, stderr %q; want %q on stdout only", flag, short(stdout.String()), short(stderr.String()), want)
 		}
+		if flag != "--help" {
+			continue
+		}
+		// Of klog's flags, --help shows the two a user needs; the others
+		// are hidden but still work.
+		for _, shown := range []string{"-v, --v Level", "--vmodule"} {
+			if !strings.Contains(stdout.String(), shown) {
+				t.Errorf("--help does not show %s", shown)
+			}
+		}
+		for _, hidden := range []string{"--log_dir", "--alsologtostderr", "--skip_headers"} {
+			if strings.Contains(stdout.String(), hidden) {
+				t.Errorf("--help shows klog's %s", hidden)
+			}
+		}
+	}
+	if out, err := exec.Command(proxyBin, "--logtostderr=true", "--version").CombinedOutput(); err != nil {
+		t.Errorf("a hidden klog flag is refused: %v\n%s", err, out)
 	}
 
 	a, ua := httpBackend(t, "a"), udpBackend(t, "ua")
