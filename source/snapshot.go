@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -156,6 +157,18 @@ func skipReason(svc *corev1.Service, proxyName string) (onLabels bool, why strin
 	return false, ""
 }
 
+// restrictsSources reports whether loadBalancerSourceRanges keep any
+// source out: an empty list, or one with 0.0.0.0/0 or ::/0, lets every
+// source in (kube-proxy reads them the same way).
+func restrictsSources(ranges []string) bool {
+	for _, r := range ranges {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(r)); err == nil && p.Bits() == 0 {
+			return false
+		}
+	}
+	return len(ranges) > 0
+}
+
 // isHeadless reports whether svc has clusterIP: None.
 func isHeadless(svc *corev1.Service) bool {
 	return svc.Spec.ClusterIP == corev1.ClusterIPNone || len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone
@@ -186,6 +199,11 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 			continue
 		}
 		lbIPs = b.appendFrontend(lbIPs, ref, fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
+	}
+	if len(lbIPs) > 0 && restrictsSources(svc.Spec.LoadBalancerSourceRanges) {
+		// Not silently: a user who set them expects other sources kept out.
+		b.report("Service", ref, "spec.loadBalancerSourceRanges",
+			errors.New("not enforced yet: the load-balancer IPs accept traffic from every source"))
 	}
 	affinity := b.affinity(svc, ref)
 	families := b.ipFamilies(svc, ref)

@@ -196,6 +196,29 @@ func TestBuildSnapshotServices(t *testing.T) {
 			})},
 		},
 		{
+			name: "loadBalancerSourceRanges are not enforced, and say so",
+			services: []*corev1.Service{
+				service("web", func(s *corev1.Service) {
+					s.Spec.Type = corev1.ServiceTypeLoadBalancer
+					s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
+					s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
+				}),
+				service("open", func(s *corev1.Service) { // 0.0.0.0/0 keeps nobody out
+					s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.11", nil
+					s.Spec.Type = corev1.ServiceTypeLoadBalancer
+					s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "0.0.0.0/0"}
+					s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.2"}}
+				}),
+			},
+			want: []state.ServicePort{
+				with(func(sp *state.ServicePort) {
+					sp.Name.Name, sp.ClusterIPs, sp.LoadBalancerIPs = "open", ips("10.96.0.11"), ips("198.51.100.2")
+				}),
+				with(func(sp *state.ServicePort) { sp.LoadBalancerIPs = ips("198.51.100.1") }),
+			},
+			wantProblems: []string{`Service demo/web: spec.loadBalancerSourceRanges: not enforced yet: the load-balancer IPs accept traffic from every source`},
+		},
+		{
 			name: "metadata, multicast and malformed external IPs refused",
 			services: []*corev1.Service{service("web", func(s *corev1.Service) {
 				s.Spec.ExternalIPs = []string{"169.254.169.254", "224.0.0.1", "0.0.0.0", "nope", "192.0.2.1"}
