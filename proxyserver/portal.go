@@ -142,14 +142,23 @@ func joinErrors(errs ...error) error {
 }
 
 // oneLine formats a sync's errors on one line, so each stays one log line
-// ("2 errors: …; …") rather than go-multierror's indented list.
+// ("2 errors: …; …") rather than go-multierror's indented list. Past
+// maxShownErrors it names how many more there are: a full proxy port range
+// fails every Service that has none yet, and hundreds of them on every
+// retry made lines of tens of KiB.
 func oneLine(errs []error) string {
 	if len(errs) == 1 {
 		return errs[0].Error()
 	}
-	msgs := make([]string, len(errs))
-	for i, err := range errs {
-		msgs[i] = err.Error()
+	msgs := make([]string, 0, min(len(errs), maxShownErrors)+1)
+	for _, err := range errs[:min(len(errs), maxShownErrors)] {
+		msgs = append(msgs, err.Error())
+	}
+	if len(errs) > maxShownErrors {
+		msgs = append(msgs, fmt.Sprintf("and %d more", len(errs)-maxShownErrors))
 	}
 	return fmt.Sprintf("%d errors: %s", len(errs), strings.Join(msgs, "; "))
 }
+
+// maxShownErrors is how many of a sync's errors its log line spells out.
+const maxShownErrors = 10

@@ -3,6 +3,8 @@ package proxyserver
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -67,5 +69,23 @@ func TestSyncLoopCoalescesAndRetries(t *testing.T) {
 	case got := <-applied:
 		t.Fatalf("unexpected extra apply of %d ports after success", got)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// TestJoinErrorsStaysShort: a sync with many failing service ports logs a
+// line that names the first few and counts the rest.
+func TestJoinErrorsStaysShort(t *testing.T) {
+	var errs []error
+	for i := range 25 {
+		errs = append(errs, fmt.Errorf("service s%d: proxy port range exhausted", i))
+	}
+	got := joinErrors(errs...).Error()
+	for _, want := range []string{"25 errors: service s0: proxy port range exhausted; ", "service s9:", "; and 15 more"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%q lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "service s10:") {
+		t.Errorf("%q spells out more than 10 errors", got)
 	}
 }
