@@ -594,3 +594,31 @@ func TestPreferredProxyPorts(t *testing.T) {
 		t.Fatalf("proxy port %d with the preferred %d busy", got, want)
 	}
 }
+
+// TestInternalLocalAloneOpensNoExternalPort: a ClusterIP Service with
+// internalTrafficPolicy: Local has no external traffic, so it gets no
+// external proxy port (one would balance over every endpoint, round the
+// policy); the same Service with a node port gets one.
+func TestInternalLocalAloneOpensNoExternalPort(t *testing.T) {
+	be := startTCPBackend(t, "a")
+	p := newTestProxier(t, loopbackNodePorts(Config{}))
+	name := spn("web", "", state.TCP)
+	sp := state.ServicePort{Name: name, Port: 80, InternalLocal: true,
+		ClusterEndpoints: eps(be.addr()), LocalEndpoints: nil}
+	roles := func() map[string]int {
+		got := map[string]int{}
+		for _, l := range p.Listeners() {
+			got[l.Role]++
+		}
+		return got
+	}
+	mustApply(t, p, sp)
+	if got := roles(); got["external-proxy-port"] != 0 || got["proxy-port"] == 0 {
+		t.Fatalf("ClusterIP Service with internalTrafficPolicy Local: listeners %v, want a proxy port and no external one", got)
+	}
+	sp.NodePort = freeTCPPort(t)
+	mustApply(t, p, sp)
+	if got := roles(); got["external-proxy-port"] == 0 {
+		t.Fatalf("with a node port: listeners %v, want an external proxy port too", got)
+	}
+}

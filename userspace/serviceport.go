@@ -128,8 +128,17 @@ func (sp *servicePort) separate(b *balancer, own bool, eps []state.Endpoint, spe
 // next connection.
 func (sp *servicePort) update(spec *state.ServicePort) {
 	old := sp.spec
-	if before, after := old.InternalEndpoints(), spec.InternalEndpoints(); !slices.Equal(before, after) {
+	if before, after := old.InternalEndpoints(), spec.InternalEndpoints(); !slices.EqualFunc(before, after, func(a, b state.Endpoint) bool { return a.Addr == b.Addr }) {
 		sp.logEndpoints(before, after)
+	}
+	if spec.ExternalLocal && spec.ExternalLocal != spec.InternalLocal {
+		// Node-port and external traffic uses this node's endpoints only.
+		switch before, after := old.ExternalEndpoints(), spec.ExternalEndpoints(); {
+		case len(before) > 0 && len(after) == 0:
+			klog.InfoS("Service port has no endpoints on this node now; its external traffic (externalTrafficPolicy: Local) is reset or dropped", "service", sp.name)
+		case len(before) == 0 && len(after) > 0:
+			klog.InfoS("Service port has endpoints on this node now, for its external traffic", "service", sp.name, "endpoints", len(after))
+		}
 	}
 	sp.internal.update(spec.InternalEndpoints(), spec.Affinity)
 	sp.setExternal(spec)
@@ -306,7 +315,7 @@ func (sp *servicePort) prune(extra []sockKey) {
 			*port = 0
 		}
 	}
-	if sp.extProxyPort != 0 && sp.spec.InternalLocal == sp.spec.ExternalLocal {
+	if sp.extProxyPort != 0 && !sp.separateExternal() {
 		sp.p.ports.release(sp.extProxyPort)
 		sp.extProxyPort = 0
 	}
@@ -320,6 +329,19 @@ func (sp *servicePort) prune(extra []sockKey) {
 	}
 }
 
+// separateExternal reports whether external traffic needs a proxy port of
+// its own: the Service has a node port, external IPs or load-balancer IPs,
+// and its traffic policies give them other endpoints than internal
+// traffic. A ClusterIP Service has no external traffic, so
+// internalTrafficPolicy: Local alone opens no second port (one that
+// balanced over every endpoint would get round the policy with
+// --portal=none).
+func (sp *servicePort) separateExternal() bool {
+	spec := sp.spec
+	external := spec.NodePort != 0 || len(spec.ExternalIPs) > 0 || len(spec.LoadBalancerIPs) > 0
+	return external && spec.InternalLocal != spec.ExternalLocal
+}
+
 // reconcile closes unwanted sockets and opens missing ones. The proxy-port
 // sockets are opened once and kept for the service port's lifetime (unless
 // their port becomes a node port).
@@ -330,7 +352,7 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 		if err := sp.ensureProxyPort(roleProxyPort, &sp.proxyPort); err != nil {
 			errs = multierror.Append(errs, err)
 		}
-		if sp.spec.InternalLocal != sp.spec.ExternalLocal {
+		if sp.separateExternal() {
 			if err := sp.ensureProxyPort(roleExternalProxyPort, &sp.extProxyPort); err != nil {
 				errs = multierror.Append(errs, err)
 			}
