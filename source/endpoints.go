@@ -53,12 +53,21 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 		if len(indexes) == 0 {
 			continue // the Service is absent or not served
 		}
+		fam := state.IPv4
 		switch s.AddressType {
-		case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
+		case discoveryv1.AddressTypeIPv4:
+		case discoveryv1.AddressTypeIPv6:
+			fam = state.IPv6
 		case discoveryv1.AddressTypeFQDN:
 			continue // kube-proxy ignores FQDN slices
 		default:
 			b.report("EndpointSlice", ref, "addressType", fmt.Errorf("unknown address type %q; ignored", s.AddressType))
+			continue
+		}
+		// kube-proxy runs a proxier per family, and each reads the slices
+		// of its own: an IPv6 slice of an IPv4-only Service is not used.
+		if !servesFamily(&ports[indexes[0]], fam) {
+			b.report("EndpointSlice", ref, "addressType", fmt.Errorf("%s is not an IP family of Service %s/%s; ignored, as kube-proxy does", fam, s.Namespace, svcName))
 			continue
 		}
 		targets := b.targets(s, ref, ports, indexes)
@@ -95,6 +104,19 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 		ports[i].ClusterEndpoints = b.clusterEndpoints(eps)
 		ports[i].LocalEndpoints = localEndpoints(eps)
 	}
+}
+
+// servesFamily reports whether sp's Service is of IP family fam: by its
+// ipFamilies, else by its cluster IPs. A Service that states neither (a
+// manifest may leave both out) takes endpoints of either family.
+func servesFamily(sp *state.ServicePort, fam state.IPFamily) bool {
+	if len(sp.IPFamilies) > 0 {
+		return slices.Contains(sp.IPFamilies, fam)
+	}
+	if len(sp.ClusterIPs) == 0 {
+		return true
+	}
+	return slices.ContainsFunc(sp.ClusterIPs, func(ip netip.Addr) bool { return ip.Unmap().Is4() == (fam == state.IPv4) })
 }
 
 // targets matches the ports of slice s to the service ports of its Service

@@ -15,6 +15,10 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 	const v4, v6 = discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6
 	type eps = []discoveryv1.Endpoint
 	here := Options{NodeName: "node-a", NodeLabels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}
+	dualStack := service("web", func(s *corev1.Service) {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.10", []string{"10.96.0.10", "fd00::10"}
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	})
 
 	tests := []struct {
 		name         string
@@ -170,12 +174,22 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			wantLocal:   []string{"10.0.0.1:8080"},
 		},
 		{
-			name: "dual-stack IPv4 and IPv6 slices",
+			name:    "dual-stack IPv4 and IPv6 slices",
+			service: dualStack,
 			slices: []*discoveryv1.EndpointSlice{
 				endpointSlice("web-v6", v6, eps{endpoint("fd00::2"), endpoint("fd00::1")}),
 				endpointSlice("web-v4", v4, eps{endpoint("10.0.0.1")}),
 			},
 			wantCluster: []string{"10.0.0.1:8080", "[fd00::1]:8080", "[fd00::2]:8080"},
+		},
+		{
+			name: "a slice of a family the Service does not have is ignored, as kube-proxy does",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-v6", v6, eps{endpoint("fd00::1")}),
+				endpointSlice("web-v4", v4, eps{endpoint("10.0.0.1")}),
+			},
+			wantCluster:  []string{"10.0.0.1:8080"},
+			wantProblems: []string{"EndpointSlice demo/web-v6: addressType: IPv6 is not an IP family of Service demo/web; ignored, as kube-proxy does"},
 		},
 		{
 			name: "FQDN slices are ignored",
@@ -234,7 +248,8 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			wantProblems: []string{"EndpointSlice demo/web-2: metadata.labels: no kubernetes.io/service-name label"},
 		},
 		{
-			name: "refused addresses, loopback not allowed",
+			name:    "refused addresses, loopback not allowed",
+			service: dualStack,
 			slices: []*discoveryv1.EndpointSlice{
 				endpointSlice("web-1", v4, eps{
 					endpoint("169.254.169.254"), endpoint("169.254.1.1"), endpoint("224.0.0.251"),
@@ -265,7 +280,8 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			},
 		},
 		{
-			name: "loopback allowed in manifest mode, IPv4-mapped normalised",
+			name:    "loopback allowed in manifest mode, IPv4-mapped normalised",
+			service: dualStack,
 			slices: []*discoveryv1.EndpointSlice{
 				endpointSlice("web-1", v4, eps{endpoint("127.0.0.1"), endpoint("169.254.169.254")}),
 				endpointSlice("web-2", v6, eps{endpoint("::1"), endpoint("::ffff:127.0.0.2"), endpoint("::ffff:10.0.0.5")}),
@@ -275,7 +291,8 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			wantProblems: []string{"endpoints[1].addresses[0]: address refused: 169.254.169.254 is link-local"},
 		},
 		{
-			name: "malformed addresses, wrong family, no address",
+			name:    "malformed addresses, wrong family, no address",
+			service: dualStack,
 			slices: []*discoveryv1.EndpointSlice{
 				endpointSlice("web-1", v4, eps{
 					endpoint("10.0.0.256"), endpoint("fd00::1"), endpoint("fe80::1%eth0"), {}, endpoint("10.0.0.1"),
