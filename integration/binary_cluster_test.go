@@ -429,7 +429,7 @@ func TestBinarySurvivesAPIServerOutage(t *testing.T) {
 	var r clientResult
 	for deadline := time.Now().Add(150 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		if r = dial(t, w.pod, "tcp", "198.18.0.66:80", "ping", 0); strings.HasPrefix(r.Reply, "be2:") {
-			px.waitLog(logged, `"The API server answers again"`, 1, time.Second)
+			px.waitLog(logged, `"The API server answers again; the informers now list`, 1, time.Second)
 			return
 		}
 	}

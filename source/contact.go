@@ -79,7 +79,7 @@ func (c *contact) answered() {
 	if c.downSince.IsZero() {
 		return
 	}
-	c.report(nil, "The API server answers again", "after", c.now().Sub(c.downSince).Round(time.Second), "failedRequests", c.failures)
+	c.report(nil, "The API server answers again; the informers now list what changed meanwhile, which client-go may put off for up to a minute", "after", c.now().Sub(c.downSince).Round(time.Second), "failedRequests", c.failures)
 	c.downSince, c.failures = time.Time{}, 0
 }
 
