@@ -17,8 +17,9 @@ import (
 
 // TestBinaryForbiddenNodeSaysSo: when RBAC lets the proxy read Services
 // and EndpointSlices but not its Node, the proxy says once, plainly, what
-// is forbidden, serves nothing yet, and carries on as soon as a grant
-// allows it, without a restart.
+// is forbidden and what that means, serves the Services meanwhile (as
+// kube-proxy does: the Node only gives topology labels), and reads the
+// Node's labels as soon as a grant allows it, without a restart.
 func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 	api := requireAPIServer(t)
 	c := api.Client
@@ -52,16 +53,20 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 	if err := api.kubeconfigFor(limitedToken, kubeconfig); err != nil {
 		t.Fatal(err)
 	}
-	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
-		"--nodeport-addresses=127.0.0.1/32", "--hostname-override=rbac-node")
-	px.waitLog(0, `forbids reading what the proxy needs.*resource="nodes"`, 1, 30*time.Second)
-	if strings.Contains(px.log(), "Informer caches synced") {
-		t.Fatal("the caches synced without the Node")
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelTopologyZone: "zone-rbac"}}}
+	if _, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
+		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2")
+	px.waitLog(0, `forbids reading what the proxy needs; Services are served meanwhile, without the Node's labels: topology hints are ignored until RBAC allows it.*resource="nodes"`, 1, 30*time.Second)
+	px.waitLog(0, `"This node's Node cannot be read yet; serving without its labels`, 1, 30*time.Second)
+	px.waitLog(0, `"Synced"`, 1, 10*time.Second)
 
 	grant("-nodes", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: read})
 	// client-go retries a failed list with a backoff of up to 30 s.
-	px.waitLog(0, `"Informer caches synced"`, 1, 60*time.Second)
+	px.waitLog(0, fmt.Sprintf(`"Node labels changed" node="%s" zone="zone-rbac"`, name), 1, 60*time.Second)
 	if n := strings.Count(px.log(), "forbids reading"); n != 1 {
 		t.Errorf("said %d times that reading is forbidden, want once", n)
 	}

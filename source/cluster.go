@@ -118,10 +118,10 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	if err := slices.AddIndexers(cache.Indexers{serviceIndex: sliceServiceIndex}); err != nil {
 		return fmt.Errorf("cluster: index EndpointSlices: %w", err)
 	}
-	if err := reportForbidden(services, "services", ""); err != nil {
+	if err := reportForbidden(services, "services", "", whyNothingServed); err != nil {
 		return err
 	}
-	if err := reportForbidden(slices, "endpointslices", "discovery.k8s.io"); err != nil {
+	if err := reportForbidden(slices, "endpointslices", "discovery.k8s.io", whyNothingServed); err != nil {
 		return err
 	}
 	svcReg, err := services.AddEventHandler(t.serviceHandler())
@@ -134,6 +134,7 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	}
 	synced := []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced}
 	var nodeStore cache.Store
+	var nodeSynced cache.InformerSynced
 	if c.NodeName != "" {
 		nodeFactory = informers.NewSharedInformerFactoryWithOptions(c.Client, resync,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -141,14 +142,14 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 			}))
 		nodes := nodeFactory.Core().V1().Nodes().Informer()
 		nodeStore = nodes.GetStore()
-		if err := reportForbidden(nodes, "nodes", ""); err != nil {
+		if err := reportForbidden(nodes, "nodes", "", "Services are served meanwhile, without the Node's labels: topology hints are ignored"); err != nil {
 			return err
 		}
 		nodeReg, err := nodes.AddEventHandler(t.nodeHandler(c.NodeName))
 		if err != nil {
 			return fmt.Errorf("cluster: watch Node %s: %w", c.NodeName, err)
 		}
-		synced = append(synced, nodeReg.HasSynced)
+		nodeSynced = nodeReg.HasSynced
 		nodeFactory.Start(ctx.Done())
 	}
 	factory.Start(ctx.Done())
@@ -161,6 +162,21 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		return nil // ctx is done
 	}
 	klog.InfoS("Informer caches synced", "took", time.Since(start).Round(time.Millisecond))
+	if nodeSynced != nil {
+		// The Node gives topology labels only: worth a short wait, so the
+		// first sync has them, but not worth serving nothing, as
+		// kube-proxy does not. Its labels apply whenever it comes.
+		wait, cancel := context.WithTimeout(ctx, nodeSyncWait)
+		nodeOK := cache.WaitForCacheSync(wait.Done(), nodeSynced)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !nodeOK {
+			klog.ErrorS(nil, "This node's Node cannot be read yet; serving without its labels, so topology hints are ignored until it can be", "node", c.NodeName, "waited", nodeSyncWait)
+			nodeStore = nil // no verdict on whether it exists
+		}
+	}
 	if nodeStore != nil {
 		if _, found, _ := nodeStore.GetByKey(c.NodeName); !found {
 			// Usually a host name that is not the Node's name.
@@ -267,17 +283,23 @@ func (p *problemLog) fresh(problems []error) []error {
 	return out
 }
 
+// whyNothingServed is what a forbidden Service or EndpointSlice read means.
+const whyNothingServed = "nothing is served"
+
+// nodeSyncWait is how long the first sync waits for this node's Node.
+const nodeSyncWait = 10 * time.Second
+
 // reportForbidden makes an informer say plainly, once, when RBAC forbids
-// what it needs: until the caches sync nothing is served, and client-go's
-// own message repeats with every retry and names no fix. The informer
+// what it needs, and what that means meanwhile: client-go's own message
+// repeats with every retry and names no fix. The informer
 // keeps retrying, so a later grant is picked up without a restart. Other
 // errors go to client-go's handler.
-func reportForbidden(inf cache.SharedIndexInformer, resource, group string) error {
+func reportForbidden(inf cache.SharedIndexInformer, resource, group, meanwhile string) error {
 	var once sync.Once
 	err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
 		if apierrors.IsForbidden(err) {
 			once.Do(func() {
-				klog.ErrorS(err, "The API server forbids reading what the proxy needs; nothing is served until RBAC allows it (deploy/kube-userspace-proxy.yaml has the ClusterRole)",
+				klog.ErrorS(err, "The API server forbids reading what the proxy needs; "+meanwhile+" until RBAC allows it (deploy/kube-userspace-proxy.yaml has the ClusterRole)",
 					"resource", resource, "apiGroup", group, "verbs", "get,list,watch")
 			})
 		}
