@@ -206,7 +206,11 @@ func TestBinaryIPTablesPortal(t *testing.T) {
 		refused(w.outside, "nc -z -v -w2 "+nodeOutSide+" 30080")
 		refused(w.node, "nc -z -v -w2 198.18.0.10 80")
 		// nc -u cannot tell: a resolver's connected socket can, a new one
-		// and the one that kept its port.
+		// and the one that kept its port. The kept port's conntrack entry
+		// goes just after the rules change (first the REJECT, so no new
+		// entry can form): wait for that, or its datagram may still take
+		// the old entry to the proxy, which has nowhere to send it.
+		px.waitLog(from, `"Deleted stale UDP conntrack entries"`, 1, 10*time.Second)
 		for _, port := range []int{0, keptPort} {
 			start := time.Now()
 			if r := dial(t, w.pod, "udp-connected", "198.18.0.53:53", "ping", port); !strings.Contains(r.Err, "connection refused") || time.Since(start) > time.Second {
