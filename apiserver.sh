@@ -1,3 +1,0 @@
-#!/bin/bash
-cd /tmp/explore-cluster
-exec /root/.cache/kube-userspace-proxy/bin/kube-apiserver --etcd-servers http://127.0.0.1:47001 --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port 47003 --cert-dir /tmp/explore-cluster/certs --token-auth-file /tmp/explore-cluster/tokens.csv --authorization-mode RBAC --service-cluster-ip-range 198.18.0.0/16 --service-account-issuer https://kubernetes.default.svc.cluster.local --service-account-key-file /tmp/explore-cluster/sa.key --service-account-signing-key-file /tmp/explore-cluster/sa.key --enable-priority-and-fairness=false --profiling=false --v 1
