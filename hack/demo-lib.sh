@@ -26,14 +26,11 @@ start_backends() {
 start_proxy() {
   local log=$1
   shift
-  if [ -n "${LOG_TO_TERMINAL:-}" ]; then
-    bin/kube-userspace-proxy --manifests examples/demo.yaml --portal=none \
-      --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 "$@" \
-      2> >(tee "$log" >&2) &
-  else
-    bin/kube-userspace-proxy --manifests examples/demo.yaml --portal=none \
-      --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 "$@" 2>"$log" &
-  fi
+  local echo=/dev/null
+  [ -n "${LOG_TO_TERMINAL:-}" ] && echo=/dev/stderr
+  bin/kube-userspace-proxy --manifests examples/demo.yaml --portal=none \
+    --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 "$@" \
+    2> >(tee "$log" >"$echo") &
   pids+=($!)
   local proxy=$!
   for _ in $(seq 1 100); do

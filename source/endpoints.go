@@ -106,17 +106,16 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 	}
 }
 
-// servesFamily reports whether sp's Service is of IP family fam: by its
-// ipFamilies, else by its cluster IPs. A Service that states neither (a
-// manifest may leave both out) takes endpoints of either family.
+// servesFamily reports whether sp is served in IP family fam (see
+// ServicePort.Families). A Service that states neither ipFamilies nor a
+// cluster IP (a manifest may leave both out) takes endpoints of either
+// family.
 func servesFamily(sp *state.ServicePort, fam state.IPFamily) bool {
-	if len(sp.IPFamilies) > 0 {
-		return slices.Contains(sp.IPFamilies, fam)
-	}
-	if len(sp.ClusterIPs) == 0 {
+	if len(sp.IPFamilies) == 0 && len(sp.ClusterIPs) == 0 {
 		return true
 	}
-	return slices.ContainsFunc(sp.ClusterIPs, func(ip netip.Addr) bool { return ip.Unmap().Is4() == (fam == state.IPv4) })
+	v4, v6 := sp.Families()
+	return fam == state.IPv4 && v4 || fam == state.IPv6 && v6
 }
 
 // targets matches the ports of slice s to the service ports of its Service

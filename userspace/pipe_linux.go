@@ -70,7 +70,7 @@ var pipesLog logThrottle
 // logPipes logs, at most once a minute, that bulk data is being copied
 // through memory for want of descriptors for splice pipes.
 func logPipes(err error, service string) {
-	if _, ok := pipesLog.note(time.Minute); ok {
+	if _, ok := pipesLog.note(sayAgainAfter); ok {
 		klog.ErrorS(err, "Out of file descriptors for splice pipes; copying through memory meanwhile (connections are kept)", "service", service)
 	}
 }

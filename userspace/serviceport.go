@@ -128,19 +128,17 @@ func (sp *servicePort) separate(b *balancer, own bool, eps []state.Endpoint, spe
 // next connection.
 func (sp *servicePort) update(spec *state.ServicePort) {
 	old := sp.spec
-	if before, after := old.InternalEndpoints(), spec.InternalEndpoints(); !slices.EqualFunc(before, after, func(a, b state.Endpoint) bool { return a.Addr == b.Addr }) {
-		sp.logEndpoints(before, after)
+	internal := spec.InternalEndpoints()
+	if before := old.InternalEndpoints(); !slices.EqualFunc(before, internal, func(a, b state.Endpoint) bool { return a.Addr == b.Addr }) {
+		sp.logEndpoints(before, internal)
 	}
 	if spec.ExternalLocal && spec.ExternalLocal != spec.InternalLocal {
 		// Node-port and external traffic uses this node's endpoints only.
-		switch before, after := old.ExternalEndpoints(), spec.ExternalEndpoints(); {
-		case len(before) > 0 && len(after) == 0:
-			klog.InfoS("Service port has no endpoints on this node now; its external traffic (externalTrafficPolicy: Local) is reset or dropped", "service", sp.name)
-		case len(before) == 0 && len(after) > 0:
-			klog.InfoS("Service port has endpoints on this node now, for its external traffic", "service", sp.name, "endpoints", len(after))
-		}
+		sp.sayOutage(old.ExternalEndpoints(), spec.ExternalEndpoints(),
+			"Service port has no endpoints on this node now; its external traffic (externalTrafficPolicy: Local) is reset or dropped",
+			"Service port has endpoints on this node now, for its external traffic")
 	}
-	sp.internal.update(spec.InternalEndpoints(), spec.Affinity)
+	sp.internal.update(internal, spec.Affinity)
 	sp.setExternal(spec)
 	sp.spec = spec
 	if sp.proto == state.UDP && (!slices.Equal(old.ClusterEndpoints, spec.ClusterEndpoints) || !slices.Equal(old.LocalEndpoints, spec.LocalEndpoints)) {
@@ -162,12 +160,8 @@ func (sp *servicePort) update(spec *state.ServicePort) {
 // -v=2 each change, and at every verbosity when the last one goes (an
 // outage should not be silent) or the first one comes back.
 func (sp *servicePort) logEndpoints(before, after []state.Endpoint) {
-	switch {
-	case len(before) > 0 && len(after) == 0:
-		klog.InfoS("Service port has no endpoints now; new connections are reset and datagrams dropped", "service", sp.name)
-	case len(before) == 0 && len(after) > 0:
-		klog.InfoS("Service port has endpoints now", "service", sp.name, "endpoints", len(after))
-	}
+	sp.sayOutage(before, after, "Service port has no endpoints now; new connections are reset and datagrams dropped",
+		"Service port has endpoints now")
 	if klog.V(2).Enabled() {
 		const shown = 10
 		addrs := make([]string, 0, min(len(after), shown+1))
@@ -178,6 +172,17 @@ func (sp *servicePort) logEndpoints(before, after []state.Endpoint) {
 			addrs = append(addrs, fmt.Sprintf("and %d more", len(after)-shown))
 		}
 		klog.InfoS("Endpoints changed", "service", sp.name, "endpoints", addrs)
+	}
+}
+
+// sayOutage logs, at every verbosity, when a set of endpoints empties
+// (gone) or fills again (back).
+func (sp *servicePort) sayOutage(before, after []state.Endpoint, gone, back string) {
+	switch {
+	case len(before) > 0 && len(after) == 0:
+		klog.InfoS(gone, "service", sp.name)
+	case len(before) == 0 && len(after) > 0:
+		klog.InfoS(back, "service", sp.name, "endpoints", len(after))
 	}
 }
 
@@ -210,14 +215,15 @@ func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balanc
 	return b, ep, true
 }
 
-// capLogEvery is how often a service port at its UDP session cap says so.
-const capLogEvery = time.Minute
+// sayAgainAfter is how long a service port waits before it says again that
+// it is at its UDP session cap, or that every dial fails.
+const sayAgainAfter = time.Minute
 
 // capReached counts a datagram the session cap dropped, and logs it the
-// first time and then at most once every capLogEvery, with the count of
+// first time and then at most once every sayAgainAfter, with the count of
 // datagrams dropped since the last line.
 func (sp *servicePort) capReached(max int) {
-	if n, ok := sp.capLog.note(capLogEvery); ok {
+	if n, ok := sp.capLog.note(sayAgainAfter); ok {
 		klog.InfoS("UDP session cap reached; datagrams from new clients are dropped (see --udp-max-sessions); said at most once a minute",
 			"service", sp.name, "maxSessions", max, "droppedSinceLastSaid", n)
 	}
@@ -227,7 +233,7 @@ func (sp *servicePort) capReached(max int) {
 // reset because every dial failed: the -v=2 line for each is off by
 // default, and an outage should not be silent.
 func (sp *servicePort) dialGaveUp(err error) {
-	if n, ok := sp.giveUpLog.note(capLogEvery); ok {
+	if n, ok := sp.giveUpLog.note(sayAgainAfter); ok {
 		klog.ErrorS(err, "Every dial attempt failed; connections are reset (each is logged at -v=2); said at most once a minute",
 			"service", sp.name, "resetSinceLastSaid", n)
 	}

@@ -26,8 +26,7 @@ type shedder struct {
 	mu    sync.Mutex // guards spare
 	spare *os.File
 
-	logMu   sync.Mutex // guards lastLog
-	lastLog time.Time
+	logged logThrottle
 }
 
 func newShedder() *shedder {
@@ -54,17 +53,12 @@ func (s *shedder) withSpare(f func() bool) bool {
 	return shed
 }
 
-// logf logs a resource-exhaustion event at most once a second.
+// log logs a resource-exhaustion event at most once a second, with how
+// many there were since the last line.
 func (s *shedder) log(err error, service string) {
-	s.logMu.Lock()
-	now := time.Now()
-	if now.Sub(s.lastLog) < time.Second {
-		s.logMu.Unlock()
-		return
+	if n, ok := s.logged.note(time.Second); ok {
+		klog.ErrorS(err, "Out of file descriptors or buffers; shedding new connections", "service", service, "shedSinceLastSaid", n)
 	}
-	s.lastLog = now
-	s.logMu.Unlock()
-	klog.ErrorS(err, "Out of file descriptors or buffers; shedding new connections", "service", service)
 }
 
 func (s *shedder) close() {

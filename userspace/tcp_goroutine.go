@@ -120,8 +120,7 @@ type tcpConn struct {
 	// closes both sockets.
 	pending   atomic.Int32
 	abortOnce sync.Once
-	aborted   atomic.Bool
-	why       atomic.Pointer[string] // why it was reset, for the -v=4 line
+	why       atomic.Pointer[string] // set once it is reset: why, for the -v=4 line
 
 	// For the -v=4 log of how the connection ended.
 	name                 state.ServicePortName
@@ -151,10 +150,11 @@ func (t *tcpConn) directionDone() {
 		t.p.stats.TCPActive.Add(-1)
 		if klog.V(4).Enabled() {
 			var why string
-			if w := t.why.Load(); w != nil {
+			w := t.why.Load()
+			if w != nil {
 				why = *w
 			}
-			logConnEnded(t.name, t.clientAddr, t.endpoint, [2]uint64{t.toEndpoint.Load(), t.toClient.Load()}, t.since, t.aborted.Load(), why)
+			logConnEnded(t.name, t.clientAddr, t.endpoint, [2]uint64{t.toEndpoint.Load(), t.toClient.Load()}, t.since, w != nil, why)
 		}
 	}
 	t.p.wg.Done()
@@ -216,7 +216,6 @@ func (t *tcpConn) abort() { t.abortBecause(whyProxyStopped) }
 func (t *tcpConn) abortBecause(why string) {
 	t.abortOnce.Do(func() {
 		t.why.Store(&why)
-		t.aborted.Store(true)
 		resetTCP(t.client)
 		resetTCP(t.backend)
 	})

@@ -412,23 +412,22 @@ func (c *tcpConn) dialFailed(err error) {
 	klog.V(3).InfoS("Dial to endpoint failed", "service", c.l.sp.name, "endpoint", c.endpoint, "client", c.client, "err", err)
 	c.tried = append(c.tried, c.endpoint)
 	c.attempt++
-	var ep netip.AddrPort
 	if c.attempt < len(p.cfg.DialTimeouts) {
-		var perr error
-		if ep, perr = c.b.pick(c.client.Addr(), c.tried); perr != nil {
+		ep, perr := c.b.pick(c.client.Addr(), c.tried)
+		if perr != nil {
 			p.stats.TCPNoEndpoints.Add(1)
 			c.abort()
 			return
 		}
+		if worthDialing(ep, c.tried, err) {
+			c.dial(ep)
+			return
+		}
 	}
-	if c.attempt >= len(p.cfg.DialTimeouts) || !worthDialing(ep, c.tried, err) {
-		p.stats.TCPDialGiveUps.Add(1)
-		c.l.sp.dialGaveUp(err)
-		klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", c.l.sp.name, "client", c.client, "tried", len(c.tried), "err", err)
-		c.abort()
-		return
-	}
-	c.dial(ep)
+	p.stats.TCPDialGiveUps.Add(1)
+	c.l.sp.dialGaveUp(err)
+	klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", c.l.sp.name, "client", c.client, "tried", len(c.tried), "err", err)
+	c.abort()
 }
 
 // closeBackend drops a failed attempt's socket, and what its events said,
