@@ -24,7 +24,7 @@ func ips(s ...string) []netip.Addr {
 }
 
 func portals(ports []state.ServicePort, proxy map[state.ServicePortName]uint16) []portal.Portal {
-	return portal.FromSnapshot(state.NewSnapshot(ports), func(n state.ServicePortName) uint16 { return proxy[n] })
+	return portal.FromSnapshot(state.NewSnapshot(ports), func(n state.ServicePortName) uint16 { return proxy[n] }, nil)
 }
 
 func TestStaleUDP(t *testing.T) {

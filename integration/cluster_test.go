@@ -386,6 +386,51 @@ func TestClusterTrafficPolicyLocal(t *testing.T) {
 	}
 }
 
+// TestClusterLoadBalancerSourceRanges: the ranges come from the API
+// server as it stored them (padded with spaces), together
+// with the load-balancer IP from the status, and an update of the ranges
+// reaches the snapshot.
+func TestClusterLoadBalancerSourceRanges(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	a := runCluster(t, c)
+	ns := testNamespace(t, c)
+
+	createService(t, c, newService(ns, "lb", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.LoadBalancerSourceRanges = []string{" 198.18.11.0/24 ", "fd5e:b1b5:11::/64"}
+	}))
+	svc, err := c.CoreV1().Services(ns).Get(context.Background(), "lb", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.2.1"}}
+	if _, err := c.CoreV1().Services(ns).UpdateStatus(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update status: %v", err)
+	}
+	putSlice(t, c, newSlice(ns, "lb", "lb-1", readyEP("198.19.3.1")))
+
+	lb := svcPort(ns, "lb")
+	rangesAre := func(want ...string) func(state.Snapshot) bool {
+		return func(s state.Snapshot) bool {
+			sp := s.Get(lb)
+			if sp == nil || len(sp.LoadBalancerIPs) != 1 || sp.LoadBalancerIPs[0] != netip.MustParseAddr("198.19.2.1") {
+				return false
+			}
+			var got []string
+			for _, r := range sp.SourceRanges(sp.LoadBalancerIPs[0], nil) {
+				got = append(got, r.String())
+			}
+			return slices.Equal(got, want)
+		}
+	}
+	from, _ := a.waitFor(t, 0, "the IPv4 range of the load-balancer IP", waitApply, rangesAre("198.18.11.0/24"))
+	updateService(t, c, ns, "lb", func(s *corev1.Service) {
+		s.Spec.LoadBalancerSourceRanges = append(s.Spec.LoadBalancerSourceRanges, "198.18.10.0/24")
+	})
+	a.waitFor(t, from, "the added range", waitApply, rangesAre("198.18.11.0/24", "198.18.10.0/24"))
+}
+
 func TestClusterNodeZone(t *testing.T) {
 	api := requireAPIServer(t)
 	c := api.Client

@@ -106,7 +106,7 @@ func runProxyHelper(mode string, withProxier bool) error {
 			var portals []portal.Portal
 			start := time.Now()
 			if mode == "bind" {
-				portals = portal.FromSnapshot(snap, nil)
+				portals = portal.FromSnapshot(snap, nil, nil)
 				fail(pt.Sync(ctx, portals)) // addresses first: listeners bind them
 				resp.SyncTook = time.Since(start)
 				if p != nil {
@@ -118,7 +118,7 @@ func runProxyHelper(mode string, withProxier bool) error {
 					fail(p.Apply(snap))
 					proxyPort = p.ProxyPort
 				}
-				portals = portal.FromSnapshot(snap, proxyPort)
+				portals = portal.FromSnapshot(snap, proxyPort, nil)
 				start = time.Now()
 				fail(pt.Sync(ctx, portals))
 				resp.SyncTook = time.Since(start)

@@ -41,7 +41,7 @@
 //	pt, err := portal.NewIPTables(ctx, portal.IPTablesConfig{NodePortAddresses: prefixes})
 //	...
 //	if err := proxier.Apply(snap); err != nil { ... }
-//	if err := pt.Sync(ctx, portal.FromSnapshot(snap, proxier.ProxyPort)); err != nil {
+//	if err := pt.Sync(ctx, portal.FromSnapshot(snap, proxier.ProxyPort, nil)); err != nil {
 //		// retried by the next sync
 //	}
 //	// --cleanup:

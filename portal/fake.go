@@ -82,11 +82,12 @@ func (f *Fake) Rules(fam Family) string {
 	return Render(f.portals, fam, f.NodePortAddresses)
 }
 
-// Lookup returns the proxy port traffic of proto to dst goes to, as the
-// last Sync's portals redirect it; a NodePort matches any dst whose port
-// is the node port (the caller decides dst is local). ok is false when no
-// portal catches it.
-func (f *Fake) Lookup(proto string, dst netip.AddrPort) (proxyPort uint16, ok bool) {
+// Lookup returns the proxy port traffic of proto from src to dst goes to,
+// as the last Sync's portals redirect it; a NodePort matches any dst whose
+// port is the node port (the caller decides dst is local), and a
+// load-balancer IP only the sources of its SourceRanges. ok is false when
+// no portal catches it.
+func (f *Fake) Lookup(proto string, src netip.Addr, dst netip.AddrPort) (proxyPort uint16, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, want := range []bool{true, false} { // address portals first, as the chains are ordered
@@ -95,6 +96,9 @@ func (f *Fake) Lookup(proto string, dst netip.AddrPort) (proxyPort uint16, ok bo
 				continue
 			}
 			if want && p.Kind != NodePort && p.IP == dst.Addr().Unmap() {
+				if p.SourceRanges != nil && !slices.ContainsFunc(p.SourceRanges, func(r netip.Prefix) bool { return r.Contains(src.Unmap()) }) {
+					return 0, false
+				}
 				return p.ProxyPort, true
 			}
 			if !want && p.Kind == NodePort {

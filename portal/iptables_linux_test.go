@@ -20,7 +20,7 @@ type fakeIPT struct {
 
 func newFakeIPT() *fakeIPT {
 	f := &fakeIPT{chains: make(map[string][]string)}
-	for _, c := range []string{"nat/PREROUTING", "nat/OUTPUT", "filter/INPUT"} {
+	for _, c := range []string{"nat/PREROUTING", "nat/OUTPUT", "filter/INPUT", "filter/FORWARD", "filter/OUTPUT"} {
 		f.chains[c] = nil
 	}
 	return f
@@ -177,6 +177,9 @@ func TestIPTablesSync(t *testing.T) {
 		"append nat PREROUTING KUBE-NODEPORT-CONTAINER",
 		"append nat OUTPUT KUBE-NODEPORT-HOST",
 		"insert filter INPUT 1 KUBE-NODEPORT-NON-LOCAL",
+		"insert filter INPUT 1 KUBE-PORTALS-FIREWALL",
+		"insert filter FORWARD 1 KUBE-PORTALS-FIREWALL",
+		"insert filter OUTPUT 1 KUBE-PORTALS-FIREWALL",
 	}
 	if !slices.Equal(mutations(fakes[IPv4].calls), wantCalls) {
 		t.Errorf("jump calls =\n%q\nwant\n%q", fakes[IPv4].calls, wantCalls)
@@ -187,7 +190,7 @@ func TestIPTablesSync(t *testing.T) {
 	if err := p.Sync(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"list nat PREROUTING", "list nat OUTPUT", "list filter INPUT"}; !slices.Equal(fakes[IPv4].calls, want) {
+	if want := []string{"list nat PREROUTING", "list nat OUTPUT", "list filter INPUT", "list filter FORWARD", "list filter OUTPUT"}; !slices.Equal(fakes[IPv4].calls, want) {
 		t.Errorf("second sync made calls %q, want only one listing per built-in chain", fakes[IPv4].calls)
 	}
 	if last := rl.inputs["iptables-nft-restore"][2]; strings.Contains(last, "-A ") {

@@ -199,7 +199,6 @@ func portalsInSave(tables map[string]*savedTable, fam Family) (out []Portal, unr
 	if nat == nil {
 		return nil, 0
 	}
-	seen := make(map[Portal]bool)
 	for _, chain := range []string{ChainPortalsContainer, ChainNodePortContainer} {
 		for _, args := range nat.rules[chain] {
 			p, err := parseRule(chain, args)
@@ -210,12 +209,10 @@ func portalsInSave(tables map[string]*savedTable, fam Family) (out []Portal, unr
 			if p.Kind == NodePort {
 				p.Family = fam
 			}
-			if !seen[p] {
-				seen[p] = true
-				out = append(out, p)
-			}
+			out = append(out, p)
 		}
 	}
+	// A portal with loadBalancerSourceRanges has a rule per range.
 	slices.SortFunc(out, Portal.Compare)
-	return out, unreadable
+	return slices.CompactFunc(out, Portal.Equal), unreadable
 }

@@ -25,10 +25,11 @@ func TestSaveRoundTrip(t *testing.T) {
 				p.Kind = ClusterIP // the rules do not tell address kinds apart
 			}
 			p.Reject = false // the nat rules do not say; only proxy ports are read back
+			p.SourceRanges = nil
 			want = append(want, p)
 		}
 		slices.SortFunc(want, Portal.Compare)
-		if !slices.Equal(got, want) {
+		if !slices.EqualFunc(got, want, Portal.Equal) {
 			t.Errorf("%s: portals read back =\n%v\nwant\n%v", fam, got, want)
 		}
 	}

@@ -79,6 +79,11 @@ type Portal struct {
 	// means the proxy has no proxy port for it (it is not served, or it
 	// binds the frontend itself): redirecting portals skip it.
 	ProxyPort uint16
+	// SourceRanges, on a LoadBalancerIP portal, are the only sources
+	// whose traffic is redirected (loadBalancerSourceRanges, see
+	// state.ServicePort.SourceRanges); the iptables portal drops traffic
+	// to the address from any other source. Nil redirects every source.
+	SourceRanges []netip.Prefix
 	// Reject says the service port has no endpoints at all: the iptables
 	// portal refuses new connections redirected to ProxyPort, as
 	// kube-proxy rejects them (TCP clients get "connection refused" at
@@ -116,7 +121,26 @@ func (p Portal) Compare(o Portal) int {
 	if c := int(p.Port) - int(o.Port); c != 0 {
 		return c
 	}
-	return int(p.ProxyPort) - int(o.ProxyPort)
+	if c := int(p.ProxyPort) - int(o.ProxyPort); c != 0 {
+		return c
+	}
+	if p.Reject != o.Reject {
+		if p.Reject {
+			return 1
+		}
+		return -1
+	}
+	return slices.CompareFunc(p.SourceRanges, o.SourceRanges, comparePrefix)
+}
+
+// Equal reports whether two portals are the same redirection.
+func (p Portal) Equal(o Portal) bool { return p.Compare(o) == 0 }
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
 }
 
 func kindRank(k Kind) int {
@@ -138,8 +162,10 @@ func kindRank(k Kind) int {
 // Proxier.ProxyPort); a zero result is kept as ProxyPort 0, which
 // redirecting portals skip and binding portals do not need. A NodePort
 // gets one portal per IP family of the service's frontends (IPv4 when it
-// has none), as the data plane listens.
-func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uint16) []Portal {
+// has none), as the data plane listens. hostAddrs are this host's
+// addresses, which decide whether a load-balancer IP may be the source of
+// its own traffic (see state.ServicePort.SourceRanges).
+func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uint16, hostAddrs []netip.Addr) []Portal {
 	var out []Portal
 	for sp := range snap.All {
 		pp := uint16(0)
@@ -150,7 +176,11 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 		add := func(kind Kind, ips []netip.Addr) {
 			for _, ip := range ips {
 				ip = ip.Unmap()
-				out = append(out, Portal{Service: sp.Name, Kind: kind, Family: FamilyOf(ip), IP: ip, Port: sp.Port, ProxyPort: pp, Reject: reject})
+				p := Portal{Service: sp.Name, Kind: kind, Family: FamilyOf(ip), IP: ip, Port: sp.Port, ProxyPort: pp, Reject: reject}
+				if kind == LoadBalancerIP {
+					p.SourceRanges = sp.SourceRanges(ip, hostAddrs)
+				}
+				out = append(out, p)
 			}
 		}
 		add(ClusterIP, sp.ClusterIPs)
@@ -163,7 +193,7 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 		}
 	}
 	slices.SortFunc(out, Portal.Compare)
-	return slices.CompactFunc(out, func(a, b Portal) bool { return a == b })
+	return slices.CompactFunc(out, Portal.Equal)
 }
 
 func families(sp *state.ServicePort) []Family {

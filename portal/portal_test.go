@@ -25,12 +25,13 @@ func addrs(s ...string) []netip.Addr {
 
 // fixedSnapshot is the snapshot of the golden tests: every kind of
 // frontend, both families and all three protocols; the SCTP service port
-// has no endpoints.
+// has no endpoints; the load-balancer IP has source ranges.
 func fixedSnapshot() state.Snapshot {
 	ep := []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:8080"), Ready: true, Serving: true}}
 	return state.NewSnapshot([]state.ServicePort{
 		{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10", "fd5e:b1b5::10"), NodePort: 30080,
-			ExternalIPs: addrs("198.19.0.5"), LoadBalancerIPs: addrs("198.19.1.1"), ClusterEndpoints: ep},
+			ExternalIPs: addrs("198.19.0.5"), LoadBalancerIPs: addrs("198.19.1.1"), ClusterEndpoints: ep,
+			LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.11.0/24"), netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("fd5e:b1b5:11::/64")}},
 		{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), NodePort: 30053, ClusterEndpoints: ep},
 		{Name: sigSCTP, Port: 3868, ClusterIPs: addrs("198.18.0.99")},
 		{Name: v6Only, Port: 8080, ClusterIPs: addrs("fd5e:b1b5::80"), NodePort: 30081, LocalEndpoints: ep},
@@ -40,7 +41,7 @@ func fixedSnapshot() state.Snapshot {
 var fixedProxyPorts = map[state.ServicePortName]uint16{webHTTP: 41234, dnsUDP: 41235, sigSCTP: 41236, v6Only: 41237}
 
 func fixedPortals() []Portal {
-	return FromSnapshot(fixedSnapshot(), func(n state.ServicePortName) uint16 { return fixedProxyPorts[n] })
+	return FromSnapshot(fixedSnapshot(), func(n state.ServicePortName) uint16 { return fixedProxyPorts[n] }, nil)
 }
 
 func TestFromSnapshot(t *testing.T) {
@@ -106,7 +107,7 @@ func TestFromSnapshot(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := FromSnapshot(state.NewSnapshot(tc.ports), func(n state.ServicePortName) uint16 { return tc.proxy[n] })
+			got := FromSnapshot(state.NewSnapshot(tc.ports), func(n state.ServicePortName) uint16 { return tc.proxy[n] }, nil)
 			var s []string
 			for _, p := range got {
 				line := string(p.Kind) + " " + p.String()

@@ -22,6 +22,11 @@ const (
 	ChainNodePortContainer = "KUBE-NODEPORT-CONTAINER"
 	ChainNodePortHost      = "KUBE-NODEPORT-HOST"
 	ChainNodePortNonLocal  = "KUBE-NODEPORT-NON-LOCAL"
+	// ChainFirewall drops new traffic to a load-balancer IP from sources
+	// outside its loadBalancerSourceRanges, which the portal chains did
+	// not redirect. (kube-proxy's own chain, KUBE-PROXY-FIREWALL, is not
+	// reused: a leftover of it is kube-proxy's to remove.)
+	ChainFirewall = "KUBE-PORTALS-FIREWALL"
 )
 
 // natChains are our nat chains in the order they are declared.
@@ -49,9 +54,13 @@ const (
 	jumpPortalsComment  = "kube-userspace-proxy service portals; keep before the node port jump"
 	jumpNodePortComment = "kube-userspace-proxy node ports; keep as the last rule"
 	jumpNonLocalComment = "kube-userspace-proxy: accept new connections to proxy ports"
+	jumpFirewallComment = "kube-userspace-proxy: load-balancer source ranges"
 )
 
-var localOnly = []string{"-m", "addrtype", "--dst-type", "LOCAL"}
+var (
+	localOnly = []string{"-m", "addrtype", "--dst-type", "LOCAL"}
+	newOnly   = []string{"-m", "conntrack", "--ctstate", "NEW"}
+)
 
 // jumps lists our jump rules, in the order Sync ensures them.
 var jumps = []jump{
@@ -60,12 +69,18 @@ var jumps = []jump{
 	{table: tableNAT, from: "PREROUTING", to: ChainNodePortContainer, match: localOnly, comment: jumpNodePortComment},
 	{table: tableNAT, from: "OUTPUT", to: ChainNodePortHost, match: localOnly, comment: jumpNodePortComment},
 	{table: tableFilter, from: "INPUT", to: ChainNodePortNonLocal, prepend: true, comment: jumpNonLocalComment},
+	// Traffic the portals did not redirect keeps its load-balancer IP as
+	// destination: it is for this host (INPUT), routed through it
+	// (FORWARD) or sent by it (OUTPUT).
+	{table: tableFilter, from: "INPUT", to: ChainFirewall, prepend: true, match: newOnly, comment: jumpFirewallComment},
+	{table: tableFilter, from: "FORWARD", to: ChainFirewall, prepend: true, match: newOnly, comment: jumpFirewallComment},
+	{table: tableFilter, from: "OUTPUT", to: ChainFirewall, prepend: true, match: newOnly, comment: jumpFirewallComment},
 }
 
 // ownedChains lists every chain we own, by table.
 var ownedChains = map[string][]string{
 	tableNAT:    natChains,
-	tableFilter: {ChainNodePortNonLocal},
+	tableFilter: {ChainNodePortNonLocal, ChainFirewall},
 }
 
 // validate reports why a portal cannot be written as a rule.
@@ -111,7 +126,7 @@ type rules struct {
 // argument order so that a save of our chains reads the same.
 func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 	var chains [4]bytes.Buffer // natChains order
-	var filter bytes.Buffer
+	var filter, firewall bytes.Buffer
 	var r rules
 	accepted := make(map[string]bool)
 	for _, p := range portals {
@@ -121,10 +136,13 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 		proto := strings.ToLower(string(p.Protocol()))
 		comment := quoteComment(p.Service.Comment())
 		target := "-j REDIRECT --to-ports " + strconv.Itoa(int(p.ProxyPort))
-		match := func(dst string) string {
+		match := func(src, dst string) string {
 			s := ""
+			if src != "" {
+				s = "-s " + src + " "
+			}
 			if dst != "" {
-				s = "-d " + dst + " "
+				s += "-d " + dst + " "
 			}
 			return s + "-p " + proto + " -m comment --comment " + comment +
 				" -m " + proto + " --dport " + strconv.Itoa(int(p.Port)) + " " + target + "\n"
@@ -140,7 +158,7 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 				}
 			}
 			for _, d := range dsts {
-				chains[2].WriteString("-A " + ChainNodePortContainer + " " + match(d))
+				chains[2].WriteString("-A " + ChainNodePortContainer + " " + match("", d))
 				r.count++
 			}
 			if len(dsts) == 0 {
@@ -148,8 +166,22 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 			}
 		} else {
 			dst := netip.PrefixFrom(p.IP, p.IP.BitLen()).String()
-			chains[0].WriteString("-A " + ChainPortalsContainer + " " + match(dst))
-			r.count++
+			if p.Kind == LoadBalancerIP && p.SourceRanges != nil {
+				// Only the admitted sources are redirected; the firewall
+				// chain drops the rest, as kube-proxy drops them.
+				for _, src := range p.SourceRanges {
+					if FamilyOf(src.Addr()) == fam {
+						chains[0].WriteString("-A " + ChainPortalsContainer + " " + match(src.Masked().String(), dst))
+						r.count++
+					}
+				}
+				fmt.Fprintf(&firewall, "-A %s -d %s -p %s -m comment --comment %s -m %s --dport %d -j DROP\n",
+					ChainFirewall, dst, proto, strings.TrimSuffix(comment, `"`)+` source not in loadBalancerSourceRanges"`, proto, p.Port)
+				r.count++
+			} else {
+				chains[0].WriteString("-A " + ChainPortalsContainer + " " + match("", dst))
+				r.count++
+			}
 		}
 		// INPUT sees the packet after REDIRECT, so the filter rule matches
 		// the proxy port: one per service port and protocol. A service
@@ -187,7 +219,8 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 	}
 	nat.WriteString("COMMIT\n")
 	r.nat = nat.Bytes()
-	r.filter = slices.Concat([]byte("*filter\n:"+ChainNodePortNonLocal+" - [0:0]\n"), filter.Bytes(), []byte("COMMIT\n"))
+	r.filter = slices.Concat([]byte("*filter\n:"+ChainNodePortNonLocal+" - [0:0]\n:"+ChainFirewall+" - [0:0]\n"),
+		filter.Bytes(), firewall.Bytes(), []byte("COMMIT\n"))
 	return r
 }
 

@@ -61,7 +61,7 @@ func TestRenderGolden(t *testing.T) {
 func TestRenderEmptyDeclaresChains(t *testing.T) {
 	got := Render(nil, IPv4, nil)
 	want := "*nat\n:KUBE-PORTALS-CONTAINER - [0:0]\n:KUBE-PORTALS-HOST - [0:0]\n:KUBE-NODEPORT-CONTAINER - [0:0]\n:KUBE-NODEPORT-HOST - [0:0]\nCOMMIT\n" +
-		"*filter\n:KUBE-NODEPORT-NON-LOCAL - [0:0]\nCOMMIT\n"
+		"*filter\n:KUBE-NODEPORT-NON-LOCAL - [0:0]\n:KUBE-PORTALS-FIREWALL - [0:0]\nCOMMIT\n"
 	if got != want {
 		t.Errorf("Render(nil) =\n%s\nwant\n%s", got, want)
 	}

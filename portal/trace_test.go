@@ -12,7 +12,7 @@ import (
 // kernel would with our jumps in place: the portal chain of its hook, then
 // the node-port chain when its destination is local. It returns the
 // REDIRECT port and the rule that took it, or ok false.
-func tracePacket(t *testing.T, ruleText, hook, proto string, dst netip.AddrPort, local bool) (port uint16, rule string, ok bool) {
+func tracePacket(t *testing.T, ruleText, hook, proto string, src netip.Addr, dst netip.AddrPort, local bool) (port uint16, rule string, ok bool) {
 	t.Helper()
 	tables, err := parseSave(ruleText)
 	if err != nil {
@@ -31,7 +31,7 @@ func tracePacket(t *testing.T, ruleText, hook, proto string, dst netip.AddrPort,
 				}
 				continue
 			}
-			if p, ok := matchRule(t, args, proto, dst); ok {
+			if p, ok := matchRule(t, args, proto, src, dst); ok {
 				return p, chain + " " + args, true
 			}
 		}
@@ -48,7 +48,9 @@ func tracePacket(t *testing.T, ruleText, hook, proto string, dst netip.AddrPort,
 	return 0, "", false
 }
 
-func matchRule(t *testing.T, args, proto string, dst netip.AddrPort) (uint16, bool) {
+// matchRule reports whether a rule matches a packet, and the port it
+// redirects to; a rule that does not redirect (DROP) matches with port 0.
+func matchRule(t *testing.T, args, proto string, src netip.Addr, dst netip.AddrPort) (uint16, bool) {
 	words, err := splitArgs(args)
 	if err != nil {
 		t.Fatal(err)
@@ -57,6 +59,10 @@ func matchRule(t *testing.T, args, proto string, dst netip.AddrPort) (uint16, bo
 	for i := 0; i+1 < len(words); i++ {
 		v := words[i+1]
 		switch words[i] {
+		case "-s":
+			if !netip.MustParsePrefix(v).Contains(src) {
+				return 0, false
+			}
 		case "-d":
 			if !netip.MustParsePrefix(v).Contains(dst.Addr()) {
 				return 0, false
@@ -74,55 +80,80 @@ func matchRule(t *testing.T, args, proto string, dst netip.AddrPort) (uint16, bo
 			to = uint16(n)
 		}
 	}
-	return to, to != 0
+	return to, to != 0 || strings.HasSuffix(args, " -j DROP")
+}
+
+// dropped reports whether the firewall chain of the rendered filter table
+// drops a new packet that the nat rules left alone.
+func dropped(t *testing.T, ruleText, proto string, src netip.Addr, dst netip.AddrPort) bool {
+	t.Helper()
+	tables, err := parseSave(ruleText)
+	if err != nil {
+		t.Fatalf("parse rendered rules: %v", err)
+	}
+	for _, args := range tables[tableFilter].rules[ChainFirewall] {
+		if _, ok := matchRule(t, args, proto, src, dst); ok {
+			return true
+		}
+	}
+	return false
 }
 
 func TestTrace(t *testing.T) {
 	nodeAddrs := []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}
+	pod, outside, node6 := "198.18.10.2", "198.18.11.2", "fd5e:b1b5:1::1"
 	tests := []struct {
-		hook, proto, dst string
-		local            bool
-		nodePortAddrs    []netip.Prefix
-		want             uint16 // 0: not redirected
+		hook, proto, src, dst string
+		local                 bool
+		nodePortAddrs         []netip.Prefix
+		want                  uint16 // 0: not redirected
+		drop                  bool   // not redirected, then dropped
 	}{
-		{"PREROUTING", "tcp", "198.18.0.10:80", false, nil, 41234},
-		{"OUTPUT", "tcp", "198.18.0.10:80", false, nil, 41234},
-		{"PREROUTING", "udp", "198.18.0.10:80", false, nil, 0}, // wrong protocol
-		{"PREROUTING", "tcp", "198.18.0.10:81", false, nil, 0}, // wrong port
-		{"PREROUTING", "tcp", "198.19.0.5:80", false, nil, 41234},
-		{"OUTPUT", "tcp", "198.19.1.1:80", false, nil, 41234},
-		{"PREROUTING", "udp", "198.18.0.53:53", false, nil, 41235},
-		{"OUTPUT", "udp", "198.18.0.53:53", false, nil, 41235},
-		{"PREROUTING", "sctp", "198.18.0.99:3868", false, nil, 41236},
-		{"PREROUTING", "tcp", "[fd5e:b1b5::10]:80", false, nil, 41234},
-		{"OUTPUT", "tcp", "[fd5e:b1b5::80]:8080", false, nil, 41237},
-		{"PREROUTING", "tcp", "198.18.1.1:30080", true, nil, 41234},
-		{"OUTPUT", "udp", "127.0.0.1:30053", true, nil, 41235},
-		{"PREROUTING", "tcp", "198.18.9.9:30080", false, nil, 0}, // not a local address
-		{"PREROUTING", "tcp", "[fd5e:b1b5:1::1]:30081", true, nil, 41237},
-		{"PREROUTING", "tcp", "198.18.1.1:30080", true, nodeAddrs, 41234},
-		{"OUTPUT", "tcp", "127.0.0.1:30080", true, nodeAddrs, 0}, // outside --nodeport-addresses
-		{"PREROUTING", "tcp", "[fd5e:b1b5:1::1]:30081", true, nodeAddrs, 0},
+		{"PREROUTING", "tcp", pod, "198.18.0.10:80", false, nil, 41234, false},
+		{"OUTPUT", "tcp", pod, "198.18.0.10:80", false, nil, 41234, false},
+		{"PREROUTING", "udp", pod, "198.18.0.10:80", false, nil, 0, false}, // wrong protocol
+		{"PREROUTING", "tcp", pod, "198.18.0.10:81", false, nil, 0, false}, // wrong port
+		{"PREROUTING", "tcp", pod, "198.19.0.5:80", false, nil, 41234, false},
+		{"OUTPUT", "tcp", outside, "198.19.1.1:80", false, nil, 41234, false},
+		{"PREROUTING", "tcp", "203.0.113.9", "198.19.1.1:80", false, nil, 41234, false},
+		{"PREROUTING", "tcp", pod, "198.19.1.1:80", false, nil, 0, true},      // outside the source ranges
+		{"PREROUTING", "tcp", outside, "198.19.1.1:81", false, nil, 0, false}, // another port: not ours to drop
+		{"PREROUTING", "udp", pod, "198.18.0.53:53", false, nil, 41235, false},
+		{"OUTPUT", "udp", pod, "198.18.0.53:53", false, nil, 41235, false},
+		{"PREROUTING", "sctp", pod, "198.18.0.99:3868", false, nil, 41236, false},
+		{"PREROUTING", "tcp", node6, "[fd5e:b1b5::10]:80", false, nil, 41234, false},
+		{"OUTPUT", "tcp", node6, "[fd5e:b1b5::80]:8080", false, nil, 41237, false},
+		{"PREROUTING", "tcp", outside, "198.18.1.1:30080", true, nil, 41234, false},
+		{"OUTPUT", "udp", "127.0.0.1", "127.0.0.1:30053", true, nil, 41235, false},
+		{"PREROUTING", "tcp", outside, "198.18.9.9:30080", false, nil, 0, false}, // not a local address
+		{"PREROUTING", "tcp", node6, "[fd5e:b1b5:1::1]:30081", true, nil, 41237, false},
+		{"PREROUTING", "tcp", outside, "198.18.1.1:30080", true, nodeAddrs, 41234, false},
+		{"OUTPUT", "tcp", "127.0.0.1", "127.0.0.1:30080", true, nodeAddrs, 0, false}, // outside --nodeport-addresses
+		{"PREROUTING", "tcp", node6, "[fd5e:b1b5:1::1]:30081", true, nodeAddrs, 0, false},
 	}
 	for _, tc := range tests {
-		dst := netip.MustParseAddrPort(tc.dst)
-		name := fmt.Sprintf("%s %s/%s local=%v nodeports=%v", tc.hook, tc.dst, strings.ToUpper(tc.proto), tc.local, tc.nodePortAddrs)
+		src, dst := netip.MustParseAddr(tc.src), netip.MustParseAddrPort(tc.dst)
+		name := fmt.Sprintf("%s %s to %s/%s local=%v nodeports=%v", tc.hook, tc.src, tc.dst, strings.ToUpper(tc.proto), tc.local, tc.nodePortAddrs)
 		t.Run(name, func(t *testing.T) {
 			text := Render(fixedPortals(), FamilyOf(dst.Addr()), tc.nodePortAddrs)
-			got, rule, ok := tracePacket(t, text, tc.hook, tc.proto, dst, tc.local)
-			if tc.want == 0 {
-				if ok {
-					t.Errorf("%s redirects to :%d by %q, want no redirect", tc.dst, got, rule)
-				}
-				return
-			}
-			if !ok || got != tc.want {
+			got, rule, ok := tracePacket(t, text, tc.hook, tc.proto, src, dst, tc.local)
+			switch {
+			case tc.want == 0 && ok:
+				t.Errorf("%s redirects to :%d by %q, want no redirect", tc.dst, got, rule)
+			case tc.want != 0 && (!ok || got != tc.want):
 				t.Errorf("%s/%s redirects to :%d (%v), want :%d", tc.dst, strings.ToUpper(tc.proto), got, ok, tc.want)
 			}
-			// The fake agrees with the rules for address portals.
+			if drop := dropped(t, text, tc.proto, src, dst); tc.want == 0 && drop != tc.drop {
+				t.Errorf("dropped = %v, want %v", drop, tc.drop)
+			}
+			// The fake agrees with the rules for address portals (it
+			// leaves to its caller whether a node-port dst is local).
+			if tc.local || tc.want == 0 && !tc.drop {
+				return
+			}
 			f := &Fake{NodePortAddresses: tc.nodePortAddrs}
 			f.Sync(t.Context(), fixedPortals())
-			if fp, _ := f.Lookup(strings.ToUpper(tc.proto), dst); !tc.local && fp != got {
+			if fp, _ := f.Lookup(strings.ToUpper(tc.proto), src, dst); fp != got {
 				t.Errorf("Fake.Lookup = :%d, rules say :%d", fp, got)
 			}
 		})

@@ -80,7 +80,7 @@ type kernelSync struct {
 
 func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	now := time.Now()
-	same := k.synced && slices.Equal(portals, k.last)
+	same := k.synced && slices.EqualFunc(portals, k.last, portal.Portal.Equal)
 	if same && now.Sub(k.lastTime) < k.resync {
 		return nil
 	}

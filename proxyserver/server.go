@@ -84,7 +84,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		var errs []error
 		if mode == PortalBind {
 			// Addresses first: listeners bind to them.
-			errs = append(errs, ks.sync(ctx, portal.FromSnapshot(s, nil)))
+			errs = append(errs, ks.sync(ctx, portal.FromSnapshot(s, nil, nil)))
 		}
 		errs = append(errs, p.Apply(s))
 		if mode == PortalIPTables {
@@ -152,7 +152,19 @@ func Run(ctx context.Context, cfg *Config) error {
 // which differs from the proxy port when a Local traffic policy gives
 // external traffic other endpoints.
 func redirectPortals(s state.Snapshot, p *userspace.Proxier) []portal.Portal {
-	ps := portal.FromSnapshot(s, p.ProxyPort)
+	var hostAddrs []netip.Addr
+	for sp := range s.All {
+		if len(sp.LoadBalancerSourceRanges) > 0 && len(sp.LoadBalancerIPs) > 0 {
+			// They decide whether a load-balancer IP may be the source of
+			// the node's own traffic to it.
+			var err error
+			if hostAddrs, err = userspace.HostAddrs(); err != nil {
+				klog.ErrorS(err, "Cannot list this host's addresses; its own traffic to load-balancer IPs with source ranges is redirected only from the ranges")
+			}
+			break
+		}
+	}
+	ps := portal.FromSnapshot(s, p.ProxyPort, hostAddrs)
 	for i := range ps {
 		if ps[i].Kind != portal.ClusterIP {
 			ps[i].ProxyPort = p.ExternalProxyPort(ps[i].Service)

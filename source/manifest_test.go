@@ -481,6 +481,18 @@ status:
 			},
 		},
 		{
+			name: "load-balancer source ranges",
+			data: svcHead + "spec:\n  type: LoadBalancer\n  loadBalancerSourceRanges: [203.0.113.0/24, 203.0.113.7, 10.0.0.0/33, \" 198.18.0.0/15 \", 198.18.0.1/15, 010.0.0.0/8]\n  ports: [{port: 80}]\n" +
+				"---\n" + strings.Replace(svcHead, "web", "web2", 1) + "spec:\n  type: NodePort\n  loadBalancerSourceRanges: [203.0.113.0/24]\n  ports: [{port: 80, nodePort: 30080}]\n",
+			want: []string{
+				`document 1 (Service demo/web): spec.loadBalancerSourceRanges[1]: "203.0.113.7" is not a CIDR (want an address range such as 203.0.113.0/24)`,
+				`document 1 (Service demo/web): spec.loadBalancerSourceRanges[2]: "10.0.0.0/33" is not a CIDR`,
+				`document 1 (Service demo/web): spec.loadBalancerSourceRanges[4]: "198.18.0.1/15" has bits set beyond the prefix length (write 198.18.0.0/15)`,
+				`document 1 (Service demo/web): spec.loadBalancerSourceRanges[5]: "010.0.0.0/8" has leading zeros (write 10.0.0.0/8)`,
+				"document 2 (Service demo/web2): spec.loadBalancerSourceRanges: may be set only when type is LoadBalancer",
+			},
+		},
+		{
 			name: "ip families",
 			data: svcHead + "spec:\n  clusterIPs: [10.0.0.1, fd00::1]\n  ipFamilies: [IPv6, IPv4]\n  ports: [{port: 80}]\n" +
 				"---\n" + strings.Replace(svcHead, "web", "web2", 1) + "spec:\n  ipFamilies: [IPv6, IPv6]\n  ports: [{port: 80}]\n" +

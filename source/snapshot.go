@@ -157,16 +157,46 @@ func skipReason(svc *corev1.Service, proxyName string) (onLabels bool, why strin
 	return false, ""
 }
 
-// restrictsSources reports whether loadBalancerSourceRanges keep any
-// source out: an empty list, or one with 0.0.0.0/0 or ::/0, lets every
-// source in (kube-proxy reads them the same way).
-func restrictsSources(ranges []string) bool {
-	for _, r := range ranges {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(r)); err == nil && p.Bits() == 0 {
-			return false
+// sourceRanges returns spec.loadBalancerSourceRanges, masked. An entry
+// that is not a CIDR is reported and left out, as kube-proxy leaves out
+// what it cannot parse (the API server refuses such entries; the manifest
+// checks refuse them too).
+func (b *builder) sourceRanges(svc *corev1.Service, ref objectRef) []netip.Prefix {
+	var out []netip.Prefix
+	for i, s := range svc.Spec.LoadBalancerSourceRanges {
+		p, err := parseSourceRange(s)
+		if err != nil {
+			b.report("Service", ref, fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i), fmt.Errorf("%w; left out", err))
+			continue
 		}
+		out = append(out, p)
 	}
-	return len(ranges) > 0
+	return out
+}
+
+// parseSourceRange reads a loadBalancerSourceRanges entry as the API
+// server accepts it: padded with spaces (a leftover of the annotation the
+// field replaced), host bits set, and IPv4 octets with leading zeros,
+// which it reads as decimal.
+func parseSourceRange(s string) (netip.Prefix, error) {
+	t := strings.TrimSpace(s)
+	p, err := netip.ParsePrefix(t)
+	if err != nil && strings.Contains(t, ".") && !strings.Contains(t, ":") {
+		addr, bits, _ := strings.Cut(t, "/")
+		octets := strings.Split(addr, ".")
+		for i, o := range octets {
+			if trimmed := strings.TrimLeft(o, "0"); trimmed != "" {
+				octets[i] = trimmed
+			} else if o != "" {
+				octets[i] = "0"
+			}
+		}
+		p, err = netip.ParsePrefix(strings.Join(octets, ".") + "/" + bits)
+	}
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", s)
+	}
+	return p.Masked(), nil
 }
 
 // isHeadless reports whether svc has clusterIP: None.
@@ -200,11 +230,7 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 		}
 		lbIPs = b.appendFrontend(lbIPs, ref, fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
 	}
-	if len(lbIPs) > 0 && restrictsSources(svc.Spec.LoadBalancerSourceRanges) {
-		// Not silently: a user who set them expects other sources kept out.
-		b.report("Service", ref, "spec.loadBalancerSourceRanges",
-			errors.New("not enforced yet: the load-balancer IPs accept traffic from every source"))
-	}
+	sourceRanges := b.sourceRanges(svc, ref)
 	affinity := b.affinity(svc, ref)
 	families := b.ipFamilies(svc, ref)
 
@@ -263,9 +289,11 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 			NodePort:        uint16(p.NodePort),
 			ExternalIPs:     slices.Clone(externalIPs),
 			LoadBalancerIPs: slices.Clone(lbIPs),
-			IPFamilies:      families,
-			Affinity:        affinity,
-			InternalLocal:   internalLocal,
+			// Shared by the Service's ports: nothing modifies it.
+			LoadBalancerSourceRanges: sourceRanges,
+			IPFamilies:               families,
+			Affinity:                 affinity,
+			InternalLocal:            internalLocal,
 		}
 		// Only an externally reachable port has external traffic to keep
 		// local (kube-proxy's ExternallyAccessible).

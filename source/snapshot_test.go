@@ -2,6 +2,7 @@ package source
 
 import (
 	"errors"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -196,27 +197,22 @@ func TestBuildSnapshotServices(t *testing.T) {
 			})},
 		},
 		{
-			name: "loadBalancerSourceRanges are not enforced, and say so",
+			name: "loadBalancerSourceRanges as the API server takes them: padded, host bits, leading zeros",
 			services: []*corev1.Service{
 				service("web", func(s *corev1.Service) {
 					s.Spec.Type = corev1.ServiceTypeLoadBalancer
-					s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
+					s.Spec.LoadBalancerSourceRanges = []string{" 203.0.113.0/24 ", "198.18.10.7/16", "010.001.0.0/16", "fd5e:b1b5::1/48", "nope"}
 					s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
 				}),
-				service("open", func(s *corev1.Service) { // 0.0.0.0/0 keeps nobody out
-					s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.11", nil
-					s.Spec.Type = corev1.ServiceTypeLoadBalancer
-					s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "0.0.0.0/0"}
-					s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.2"}}
-				}),
 			},
-			want: []state.ServicePort{
-				with(func(sp *state.ServicePort) {
-					sp.Name.Name, sp.ClusterIPs, sp.LoadBalancerIPs = "open", ips("10.96.0.11"), ips("198.51.100.2")
-				}),
-				with(func(sp *state.ServicePort) { sp.LoadBalancerIPs = ips("198.51.100.1") }),
-			},
-			wantProblems: []string{`Service demo/web: spec.loadBalancerSourceRanges: not enforced yet: the load-balancer IPs accept traffic from every source`},
+			want: []state.ServicePort{with(func(sp *state.ServicePort) {
+				sp.LoadBalancerIPs = ips("198.51.100.1")
+				sp.LoadBalancerSourceRanges = []netip.Prefix{
+					netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("198.18.0.0/16"),
+					netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("fd5e:b1b5::/48"),
+				}
+			})},
+			wantProblems: []string{`Service demo/web: spec.loadBalancerSourceRanges[4]: "nope" is not a CIDR; left out`},
 		},
 		{
 			name: "metadata, multicast and malformed external IPs refused",

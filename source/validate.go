@@ -111,6 +111,26 @@ func validateService(svc *corev1.Service) []finding {
 	for i, s := range svc.Spec.ExternalIPs {
 		fs.ip(spec.Child("externalIPs").Index(i), s, "")
 	}
+	if ranges := svc.Spec.LoadBalancerSourceRanges; len(ranges) > 0 {
+		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
+			fs.errorf(spec.Child("loadBalancerSourceRanges"), "may be set only when type is LoadBalancer")
+		}
+		for i, s := range ranges {
+			// The API server still serves objects it stored before it
+			// turned strict (1.36 refuses host bits), which the proxy
+			// reads leniently; a new object must be canonical.
+			p := spec.Child("loadBalancerSourceRanges").Index(i)
+			pfx, err := parseSourceRange(s)
+			switch strict, serr := netip.ParsePrefix(strings.TrimSpace(s)); {
+			case err != nil:
+				fs.errorf(p, "%s (want an address range such as 203.0.113.0/24)", err)
+			case serr != nil:
+				fs.errorf(p, "%q has leading zeros (write %s)", s, pfx)
+			case strict != pfx:
+				fs.errorf(p, "%q has bits set beyond the prefix length (write %s)", s, pfx)
+			}
+		}
+	}
 
 	if len(svc.Spec.Ports) == 0 && !headless && !externalName {
 		fs.errorf(spec.Child("ports"), "at least one port is required")

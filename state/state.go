@@ -150,6 +150,10 @@ type ServicePort struct {
 	// LoadBalancerIPs are the status.loadBalancer ingress IPs whose ipMode
 	// is VIP (or unset).
 	LoadBalancerIPs []netip.Addr
+	// LoadBalancerSourceRanges are spec.loadBalancerSourceRanges, masked:
+	// the sources the load-balancer IPs admit. Empty admits every source;
+	// SourceRanges says which apply to one load-balancer IP.
+	LoadBalancerSourceRanges []netip.Prefix
 	// IPFamilies are the Service's spec.ipFamilies. They decide the
 	// families of a port with no frontends (a manifest without cluster
 	// IPs); otherwise the frontends do.
@@ -220,12 +224,50 @@ func (sp *ServicePort) Families() (ipv4, ipv6 bool) {
 	return ipv4 || !ipv6, ipv6
 }
 
+// SourceRanges returns the sources that traffic to the load-balancer IP
+// lbIP may come from, or nil when any source may. As in kube-proxy, only
+// the ranges of lbIP's family count, and a family with none, or with a /0
+// range, admits every source. When a range holds one of hostAddrs (this
+// node's addresses), the service's load-balancer IPs of that family are
+// admitted as sources too: a cloud that puts the VIP on the node itself
+// makes it the source of the node's own traffic to it (kube-proxy allows
+// them when a range holds its node IP).
+func (sp *ServicePort) SourceRanges(lbIP netip.Addr, hostAddrs []netip.Addr) []netip.Prefix {
+	is4 := lbIP.Unmap().Is4()
+	var out []netip.Prefix
+	for _, r := range sp.LoadBalancerSourceRanges {
+		if r.Addr().Is4() != is4 {
+			continue
+		}
+		if r.Bits() == 0 {
+			return nil
+		}
+		out = append(out, r)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	nodeAdmitted := slices.ContainsFunc(hostAddrs, func(a netip.Addr) bool {
+		a = a.Unmap()
+		return slices.ContainsFunc(out, func(r netip.Prefix) bool { return r.Contains(a) })
+	})
+	if nodeAdmitted {
+		for _, ip := range sp.LoadBalancerIPs {
+			if ip = ip.Unmap(); ip.Is4() == is4 {
+				out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+			}
+		}
+	}
+	return out
+}
+
 // Equal reports whether two service ports are identical.
 func (sp *ServicePort) Equal(o *ServicePort) bool {
 	return sp.Name == o.Name && sp.Port == o.Port && sp.NodePort == o.NodePort &&
 		slices.Equal(sp.ClusterIPs, o.ClusterIPs) &&
 		slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		slices.Equal(sp.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
 		slices.Equal(sp.IPFamilies, o.IPFamilies) &&
 		sp.Affinity == o.Affinity &&
 		sp.InternalLocal == o.InternalLocal && sp.ExternalLocal == o.ExternalLocal &&

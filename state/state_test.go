@@ -2,6 +2,7 @@ package state
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -28,6 +29,44 @@ func TestServicePortFamilies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got4, got6 := tc.sp.Families(); got4 != tc.want4 || got6 != tc.want6 {
 				t.Fatalf("Families() = %v, %v; want %v, %v", got4, got6, tc.want4, tc.want6)
+			}
+		})
+	}
+}
+
+func TestSourceRanges(t *testing.T) {
+	lb4, lb6 := netip.MustParseAddr("198.19.1.1"), netip.MustParseAddr("fd5e:b1b5:1::1")
+	pfx := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
+	}
+	node := []netip.Addr{netip.MustParseAddr("198.18.11.1"), netip.MustParseAddr("fd5e:b1b5:11::1")}
+	tests := []struct {
+		name   string
+		ranges []netip.Prefix
+		lbIP   netip.Addr
+		host   []netip.Addr
+		want   []netip.Prefix
+	}{
+		{name: "none admits all", lbIP: lb4},
+		{name: "IPv4 ranges for an IPv4 VIP", ranges: pfx("198.18.10.0/24", "fd5e:b1b5:10::/64"), lbIP: lb4, want: pfx("198.18.10.0/24")},
+		{name: "IPv6 ranges for an IPv6 VIP", ranges: pfx("198.18.10.0/24", "fd5e:b1b5:10::/64"), lbIP: lb6, want: pfx("fd5e:b1b5:10::/64")},
+		{name: "no range of the VIP's family admits all", ranges: pfx("fd5e:b1b5:10::/64"), lbIP: lb4},
+		{name: "a /0 admits all", ranges: pfx("198.18.10.0/24", "0.0.0.0/0"), lbIP: lb4},
+		{name: "the other family's /0 does not", ranges: pfx("198.18.10.0/24", "::/0"), lbIP: lb4, want: pfx("198.18.10.0/24")},
+		{name: "IPv4-mapped VIP is IPv4", ranges: pfx("198.18.10.0/24"), lbIP: netip.MustParseAddr("::ffff:198.19.1.1"), want: pfx("198.18.10.0/24")},
+		{name: "node outside the ranges: VIPs not admitted", ranges: pfx("198.18.10.0/24"), lbIP: lb4, host: node, want: pfx("198.18.10.0/24")},
+		{name: "node in a range: the family's VIPs admitted", ranges: pfx("198.18.11.0/24"), lbIP: lb4, host: node, want: pfx("198.18.11.0/24", "198.19.1.1/32")},
+		{name: "node in a range: IPv6 VIP admitted", ranges: pfx("fd5e:b1b5:11::/64"), lbIP: lb6, host: node, want: pfx("fd5e:b1b5:11::/64", "fd5e:b1b5:1::1/128")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			sp := ServicePort{LoadBalancerIPs: []netip.Addr{lb4, lb6}, LoadBalancerSourceRanges: tc.ranges}
+			if got := sp.SourceRanges(tc.lbIP, tc.host); !slices.Equal(got, tc.want) {
+				t.Fatalf("SourceRanges(%s) = %v, want %v", tc.lbIP, got, tc.want)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package userspace
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -200,11 +201,12 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 	// overlaps the node-port range (a node port the proxier listens on,
 	// and a health-check node port, which has a listener of its own
 	// whatever the portal).
-	var nodePorts, externalLocal bool
+	var nodePorts, externalLocal, sourceRanges bool
 	hostPorts := make(map[uint16]bool)
 	for spec := range snap.All {
 		nodePorts = nodePorts || spec.NodePort != 0
 		externalLocal = externalLocal || spec.ExternalLocal
+		sourceRanges = sourceRanges || len(spec.LoadBalancerSourceRanges) > 0 && len(spec.LoadBalancerIPs) > 0
 		if spec.NodePort != 0 && p.cfg.ServeNodePorts {
 			hostPorts[spec.NodePort] = true
 		}
@@ -221,7 +223,8 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 			p.checkNodePortAddrs(nodePorts, localAddrs)
 		}
 	}
-	p.readHostAddrs(externalLocal, localAddrs)
+	p.readHostAddrs(externalLocal || sourceRanges, localAddrs)
+	hostAddrs := p.hostAddrList()
 	p.ports.reserve(hostPorts)
 	type work struct {
 		sp    *servicePort
@@ -243,6 +246,7 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		} else {
 			sp.sweep() // unchanged: only drop expired affinity
 		}
+		sp.setSources(spec, hostAddrs) // the host's addresses may have changed
 		todo = append(todo, work{sp, p.desiredSockets(sp, spec, localAddrs)})
 	}
 	// Close what every service port no longer wants before opening
@@ -262,7 +266,8 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 // readHostAddrs keeps this host's addresses (localAddrs, when the caller
 // has read them already) while needed: while some service port has a
 // Local external traffic policy, whose external traffic from this host
-// goes to the cluster endpoints. If they cannot be read, the last ones
+// goes to the cluster endpoints, or load-balancer source ranges, which
+// may admit the node's own traffic. If they cannot be read, the last ones
 // are kept.
 func (p *Proxier) readHostAddrs(needed bool, localAddrs []netip.Addr) {
 	if !needed {
@@ -281,6 +286,16 @@ func (p *Proxier) readHostAddrs(needed bool, localAddrs []netip.Addr) {
 		set[a.Unmap()] = true
 	}
 	p.hostAddrs.Store(&set)
+}
+
+// hostAddrList returns the addresses readHostAddrs last read, if it keeps
+// them.
+func (p *Proxier) hostAddrList() []netip.Addr {
+	set := p.hostAddrs.Load()
+	if set == nil {
+		return nil
+	}
+	return slices.Collect(maps.Keys(*set))
 }
 
 // isHostAddr reports whether a is one of this host's addresses, as

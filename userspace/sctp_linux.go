@@ -51,6 +51,7 @@ func sctpAvailable() error { return sctp.Available() }
 type sctpListener struct {
 	sp   *servicePort
 	role socketRole
+	addr netip.Addr // the address listened on
 	ln   *sctp.Listener
 	done chan struct{} // closed when the accept loop has returned
 	once sync.Once
@@ -61,7 +62,7 @@ func listenSCTP(sp *servicePort, k sockKey) (socket, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &sctpListener{sp: sp, role: k.role, ln: ln, done: make(chan struct{})}
+	l := &sctpListener{sp: sp, role: k.role, addr: k.addr.Addr(), ln: ln, done: make(chan struct{})}
 	sp.p.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
@@ -95,6 +96,10 @@ func (l *sctpListener) acceptLoop() {
 func (l *sctpListener) serve(client *sctp.Conn) {
 	p := l.sp.p
 	defer p.wg.Done()
+	if !l.sp.admits(l.role, l.addr, client.RemoteAddr()) {
+		client.Abort()
+		return
+	}
 	// Ask the endpoint for as many streams as the client opened to us.
 	in, _, err := client.Streams()
 	if err != nil {

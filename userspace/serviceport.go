@@ -80,6 +80,11 @@ type servicePort struct {
 	capLog      logThrottle // datagrams the UDP session cap dropped
 	giveUpLog   logThrottle // connections reset after every dial failed
 
+	// sources maps each load-balancer IP whose loadBalancerSourceRanges
+	// keep some sources out to the sources it admits; nil when none does.
+	// Only sockets bound to a load-balancer IP check it.
+	sources atomic.Pointer[map[netip.Addr][]netip.Prefix]
+
 	spec      *state.ServicePort
 	proxyPort uint16
 	// extProxyPort takes redirected node-port, external-IP and
@@ -186,15 +191,18 @@ func (sp *servicePort) sayOutage(before, after []state.Endpoint, gone, back stri
 	}
 }
 
-// admitUDP decides whether a datagram from client may open a new session,
-// and picks its endpoint from the balancer of the socket's role. It reports
-// false, and counts why, when the port's session cap is reached or it has
-// no endpoint. On true the new session holds one place under the cap
+// admitUDP decides whether a datagram from client to frontend may open a
+// new session, and picks its endpoint from the balancer of the socket's
+// role. It reports false, and counts why, when the source is refused, the
+// port's session cap is reached or it has no endpoint. On true the new session holds one place under the cap
 // (udpSessions), taken here so that sockets read by different goroutines
 // cannot together pass the cap; a session that then fails to open gives it
 // back with releaseUDP, and one that opens gives it back when it ends.
-func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balancer, netip.AddrPort, bool) {
+func (sp *servicePort) admitUDP(role socketRole, frontend netip.Addr, client netip.AddrPort) (*balancer, netip.AddrPort, bool) {
 	p := sp.p
+	if !sp.admits(role, frontend, client) {
+		return nil, netip.AddrPort{}, false
+	}
 	n := sp.udpSessions.Add(1)
 	if max := p.cfg.UDPMaxSessions; max > 0 && n > int64(max) {
 		sp.releaseUDP()
@@ -213,6 +221,54 @@ func (sp *servicePort) admitUDP(role socketRole, client netip.AddrPort) (*balanc
 		return nil, netip.AddrPort{}, false
 	}
 	return b, ep, true
+}
+
+// setSources builds the load-balancer IPs' source filter of spec;
+// hostAddrs are this host's addresses (see state.ServicePort.SourceRanges).
+func (sp *servicePort) setSources(spec *state.ServicePort, hostAddrs []netip.Addr) {
+	var m map[netip.Addr][]netip.Prefix
+	if len(spec.LoadBalancerSourceRanges) > 0 {
+		for _, ip := range spec.LoadBalancerIPs {
+			if ranges := spec.SourceRanges(ip, hostAddrs); ranges != nil {
+				if m == nil {
+					m = make(map[netip.Addr][]netip.Prefix)
+				}
+				m[ip.Unmap()] = ranges
+			}
+		}
+	}
+	if m == nil {
+		sp.sources.Store(nil)
+		return
+	}
+	sp.sources.Store(&m)
+}
+
+// admits reports whether client may use the service through frontend, an
+// address a socket of role r listens on: a load-balancer IP admits only the
+// sources of its loadBalancerSourceRanges. Redirected traffic is filtered
+// by the iptables portal instead, before it reaches a proxy port.
+func (sp *servicePort) admits(r socketRole, frontend netip.Addr, client netip.AddrPort) bool {
+	if r != roleExternalFrontend {
+		return true
+	}
+	m := sp.sources.Load()
+	if m == nil {
+		return true
+	}
+	ranges, ok := (*m)[frontend.Unmap()]
+	if !ok {
+		return true
+	}
+	src := client.Addr().Unmap()
+	if slices.ContainsFunc(ranges, func(p netip.Prefix) bool { return p.Contains(src) }) {
+		return true
+	}
+	sp.p.stats.SourceRefused.Add(1)
+	if klog.V(4).Enabled() {
+		klog.InfoS("Source not in loadBalancerSourceRanges; refused", "service", sp.name, "client", client, "frontend", frontend)
+	}
+	return false
 }
 
 // sayAgainAfter is how long a service port waits before it says again that

@@ -30,6 +30,8 @@ type Stats struct {
 	UDPDatagramsOut     atomic.Uint64 // endpoint datagrams sent back to clients
 	UDPDropped          atomic.Uint64 // datagrams dropped on a full socket buffer or send error
 	UDPRefused          atomic.Uint64 // sessions ended because the endpoint refused (ICMP port unreachable)
+
+	SourceRefused atomic.Uint64 // connections reset and datagrams dropped: their source is outside loadBalancerSourceRanges
 }
 
 // StatsSnapshot is a copy of Stats at one moment.
@@ -43,6 +45,7 @@ type StatsSnapshot struct {
 	UDPSessionsOpened, UDPSessionsRejected, UDPNoEndpoints           uint64
 	UDPSessionsActive                                                int64
 	UDPDatagramsIn, UDPDatagramsOut, UDPDropped, UDPRefused          uint64
+	SourceRefused                                                    uint64
 }
 
 // Snapshot copies the counters.
@@ -71,5 +74,6 @@ func (s *Stats) Snapshot() StatsSnapshot {
 		UDPDatagramsOut:     s.UDPDatagramsOut.Load(),
 		UDPDropped:          s.UDPDropped.Load(),
 		UDPRefused:          s.UDPRefused.Load(),
+		SourceRefused:       s.SourceRefused.Load(),
 	}
 }

@@ -23,6 +23,7 @@ import (
 type tcpListener struct {
 	sp   *servicePort
 	role socketRole
+	addr netip.Addr // the address listened on
 	ln   *net.TCPListener
 	done chan struct{} // closed when the accept loop has returned
 	once sync.Once
@@ -39,7 +40,7 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 		return nil, err
 	}
 	ln := nl.(*net.TCPListener)
-	l := &tcpListener{sp: sp, role: k.role, ln: ln, done: make(chan struct{})}
+	l := &tcpListener{sp: sp, role: k.role, addr: k.addr.Addr(), ln: ln, done: make(chan struct{})}
 	sp.p.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
@@ -66,6 +67,10 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	p := l.sp.p
 	defer p.wg.Done()
 	client := addrPortOf(c.RemoteAddr())
+	if !l.sp.admits(l.role, l.addr, client) {
+		resetTCP(c)
+		return
+	}
 	b := l.sp.balancer(l.role, client.Addr())
 	backend, ep, err := dialWithFailover(p, b, client, l.sp, p.stats.tcpDialCounters(),
 		func(ctx context.Context, ep netip.AddrPort) (*net.TCPConn, error) {

@@ -22,6 +22,7 @@ type tcpListener struct {
 	accepters []*tcpAccepter // one per loop
 	sp        *servicePort
 	role      socketRole
+	addr      netip.Addr // the address listened on
 	fd        int
 	port_     uint16
 }
@@ -64,7 +65,7 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 	if err != nil {
 		return fail("getsockname", err)
 	}
-	l := &tcpListener{sp: sp, role: k.role, fd: fd, port_: port}
+	l := &tcpListener{sp: sp, role: k.role, addr: k.addr.Addr(), fd: fd, port_: port}
 	for _, lp := range loops {
 		a := &tcpAccepter{l: l, lp: lp}
 		a.timer = timerEntry{index: -1, owner: a}
@@ -201,6 +202,10 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			return
 		}
 		p.stats.TCPAccepted.Add(1)
+		if !l.sp.admits(l.role, l.addr, client) {
+			resetFD(nfd)
+			continue
+		}
 		startConn(lp, l, nfd, client)
 		return
 	}

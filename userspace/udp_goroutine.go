@@ -26,6 +26,7 @@ var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); r
 type udpListener struct {
 	sp   *servicePort
 	role socketRole
+	addr netip.Addr // the address listened on
 	fam  family
 	conn *net.UDPConn
 	rc   syscall.RawConn
@@ -49,7 +50,7 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &udpListener{sp: sp, role: k.role, fam: fam, conn: conn, done: make(chan struct{}),
+	l := &udpListener{sp: sp, role: k.role, addr: k.addr.Addr(), fam: fam, conn: conn, done: make(chan struct{}),
 		sessions: make(map[netip.AddrPort]*udpSession)}
 	if l.rc, err = conn.SyscallConn(); err != nil {
 		conn.Close()
@@ -162,7 +163,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	if s != nil {
 		return s
 	}
-	b, ep, ok := l.sp.admitUDP(l.role, client)
+	b, ep, ok := l.sp.admitUDP(l.role, l.addr, client)
 	if !ok {
 		return nil
 	}

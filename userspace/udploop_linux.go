@@ -22,6 +22,7 @@ type udpListener struct {
 	lp       *eventLoop
 	sp       *servicePort
 	role     socketRole
+	addr     netip.Addr // the address listened on
 	fam      family
 	fd       int
 	sessions map[netip.AddrPort]*udpSession // owned by the loop
@@ -63,7 +64,7 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 	}
 	g := &udpGroup{}
 	for _, lp := range loops {
-		l := &udpListener{lp: lp, sp: sp, role: k.role, fam: fam,
+		l := &udpListener{lp: lp, sp: sp, role: k.role, addr: k.addr.Addr(), fam: fam,
 			sessions: make(map[netip.AddrPort]*udpSession)}
 		if err := g.add(l, addr, shared); err != nil {
 			g.close()
@@ -232,7 +233,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		return s
 	}
 	p := l.sp.p
-	b, ep, ok := l.sp.admitUDP(l.role, client)
+	b, ep, ok := l.sp.admitUDP(l.role, l.addr, client)
 	if !ok {
 		return nil
 	}

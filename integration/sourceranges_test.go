@@ -1,0 +1,114 @@
+//go:build integration
+
+package integration
+
+import (
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sourceRangesManifest is a LoadBalancer Service whose
+// loadBalancerSourceRanges admit the outside host's subnet only.
+const sourceRangesManifest = `apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: e2e}
+spec:
+  type: LoadBalancer
+  clusterIP: 198.18.0.20
+  loadBalancerSourceRanges: [RANGES]
+  ports:
+  - {name: http, protocol: TCP, port: 80, nodePort: 30090}
+  - {name: dns, protocol: UDP, port: 53, nodePort: 30091}
+status:
+  loadBalancer:
+    ingress: [{ip: 198.19.2.1}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-1, namespace: e2e, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}, {name: dns, protocol: UDP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"]}]
+`
+
+func sourceRanges(ranges string) string {
+	return strings.Replace(sourceRangesManifest, "RANGES", ranges, 1)
+}
+
+// TestBinaryLoadBalancerSourceRanges: the real binary, with the iptables
+// and the bind portal, lets only the sources of loadBalancerSourceRanges
+// reach the load-balancer IP, over TCP and UDP; the same Service's cluster
+// IP and node ports admit everyone; and an edit of the ranges applies.
+// With iptables, other sources are dropped as kube-proxy drops them (the
+// test reads the drop rule's counter); with bind, which has no netfilter,
+// a TCP client is reset and a datagram dropped.
+func TestBinaryLoadBalancerSourceRanges(t *testing.T) {
+	for _, mode := range []string{"iptables", "bind"} {
+		t.Run(mode, func(t *testing.T) {
+			w := newWorld(t)
+			// A node routes (its pods' traffic): a packet to the
+			// load-balancer IP that is not redirected is forwarded, and
+			// meets the firewall chain there.
+			w.node.mustRun(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+			startBackend(t, w.backend, "8080=be1")
+			file := filepath.Join(t.TempDir(), "services.yaml")
+			writeFile(t, file, sourceRanges("198.18.11.0/24"))
+			px := startNodeProxy(t, w, file, "--portal="+mode)
+			if mode == "iptables" {
+				px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+			} else {
+				px.waitLog(0, `"Serving".*198.19.2.1:53`, 1, 30*time.Second)
+			}
+
+			expectReply(t, w.outside, "tcp", "198.19.2.1:80", "be1:ping")
+			expectReply(t, w.outside, "udp", "198.19.2.1:53", "be1:ping")
+			// The node's own traffic leaves from 198.18.11.1, in the range.
+			expectReply(t, w.node, "tcp", "198.19.2.1:80", "be1:ping")
+
+			dropsBefore := firewallDrops(t, w, mode)
+			expectNoReply(t, w.pod, "tcp", "198.19.2.1:80")
+			expectNoReply(t, w.pod, "udp", "198.19.2.1:53")
+			if mode == "iptables" {
+				if got := firewallDrops(t, w, mode); got <= dropsBefore {
+					t.Errorf("the firewall chain dropped %d packets, then %d: the pod's traffic did not meet it", dropsBefore, got)
+				}
+			}
+			// Only the load-balancer IP is restricted.
+			expectReply(t, w.pod, "tcp", "198.18.0.20:80", "be1:ping")
+			expectReply(t, w.pod, "udp", "198.18.0.20:53", "be1:ping")
+			expectReply(t, w.pod, "tcp", nodePodSide+":30090", "be1:ping")
+			expectReply(t, w.pod, "udp", nodePodSide+":30091", "be1:ping")
+
+			writeFile(t, file, sourceRanges("198.18.11.0/24, 198.18.10.0/24"))
+			eventually(t, w.pod, "tcp", "198.19.2.1:80", "be1:ping")
+			eventually(t, w.pod, "udp", "198.19.2.1:53", "be1:ping")
+
+			writeFile(t, file, sourceRanges("198.18.11.0/24"))
+			eventuallyNot(t, w.pod, "tcp", "198.19.2.1:80")
+			expectReply(t, w.outside, "tcp", "198.19.2.1:80", "be1:ping")
+		})
+	}
+}
+
+var dropCounter = regexp.MustCompile(`^\[(\d+):\d+\] -A KUBE-PORTALS-FIREWALL .* -j DROP`)
+
+// firewallDrops sums the packet counters of the node's firewall rules (0
+// when there are none, as with the bind portal).
+func firewallDrops(t *testing.T, w *world, mode string) int {
+	t.Helper()
+	if mode != "iptables" {
+		return 0
+	}
+	n := 0
+	for _, line := range strings.Split(w.node.mustRun(t, "iptables-save", "-c", "-t", "filter"), "\n") {
+		if m := dropCounter.FindStringSubmatch(line); m != nil {
+			c, _ := strconv.Atoi(m[1])
+			n += c
+		}
+	}
+	return n
+}

@@ -1,0 +1,143 @@
+package userspace
+
+import (
+	"net"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// freePort returns a port free for TCP and UDP on every one of addrs.
+func freePort(t *testing.T, addrs ...string) uint16 {
+	t.Helper()
+next:
+	for range 20 {
+		ln, err := net.Listen("tcp4", addrs[0]+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+		ln.Close()
+		for _, a := range addrs {
+			if ln, err := net.Listen("tcp4", net.JoinHostPort(a, port)); err != nil {
+				continue next
+			} else {
+				ln.Close()
+			}
+			if c, err := net.ListenPacket("udp4", net.JoinHostPort(a, port)); err != nil {
+				continue next
+			} else {
+				c.Close()
+			}
+		}
+		n, _ := strconv.Atoi(port)
+		return uint16(n)
+	}
+	t.Fatal("no port free for both TCP and UDP")
+	return 0
+}
+
+// TestLoadBalancerSourceRanges: with the frontends bound (the bind
+// portal), a load-balancer IP admits only the sources of its
+// loadBalancerSourceRanges: other TCP clients are reset before any dial,
+// other UDP clients' datagrams dropped. The Service's other frontends
+// admit everyone, and a change of the ranges applies to the next
+// connection without touching the listeners.
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	const (
+		clusterIP = "127.0.0.3"
+		lbIP      = "127.0.0.4"
+		allowed   = "127.0.0.10"
+		other     = "127.0.0.11"
+	)
+	tb := startTCPBackend(t, "be-tcp")
+	ub := startUDPBackend(t, "be-udp")
+	port := freePort(t, lbIP, clusterIP)
+	p := newTestProxier(t, Config{ServeFrontends: true, DisableProxyPorts: true,
+		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }})
+	web, dns := spn("web", "http", state.TCP), spn("web", "dns", state.UDP)
+	spec := func(ranges ...string) []state.ServicePort {
+		var pfx []netip.Prefix
+		for _, r := range ranges {
+			pfx = append(pfx, netip.MustParsePrefix(r))
+		}
+		common := state.ServicePort{Port: port, ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)},
+			LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(lbIP)}, LoadBalancerSourceRanges: pfx}
+		tcp, udp := common, common
+		tcp.Name, tcp.ClusterEndpoints = web, eps(tb.addr())
+		udp.Name, udp.ClusterEndpoints = dns, eps(ub.addr())
+		return []state.ServicePort{tcp, udp}
+	}
+	mustApply(t, p, spec(allowed+"/32", "fd5e:b1b5::/32")...)
+
+	at := func(ip string) string { return net.JoinHostPort(ip, strconv.Itoa(int(port))) }
+	tcpFrom := func(src, dst string) (string, error) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+		return tcpWhoDial(func() (net.Conn, error) { return d.Dial("tcp4", dst) }, dst)
+	}
+	udpFrom := func(src, dst string, wait time.Duration) (string, error) {
+		c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(src)}, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(dst)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("who")); err != nil {
+			return "", err
+		}
+		c.SetReadDeadline(time.Now().Add(wait))
+		buf := make([]byte, 100)
+		n, err := c.Read(buf)
+		return string(buf[:n]), err
+	}
+
+	if name, err := tcpFrom(allowed, at(lbIP)); err != nil || name != "be-tcp" {
+		t.Fatalf("TCP from %s to the load-balancer IP: %q, %v; want be-tcp", allowed, name, err)
+	}
+	if reply, err := udpFrom(allowed, at(lbIP), 5*time.Second); err != nil || reply != "be-udp" {
+		t.Fatalf("UDP from %s to the load-balancer IP: %q, %v; want be-udp", allowed, reply, err)
+	}
+	before := p.Stats().Snapshot()
+	if name, err := tcpFrom(other, at(lbIP)); err == nil {
+		t.Fatalf("TCP from %s to the load-balancer IP reached %q; want it refused", other, name)
+	}
+	if reply, err := udpFrom(other, at(lbIP), 300*time.Millisecond); err == nil {
+		t.Fatalf("UDP from %s to the load-balancer IP got %q; want no answer", other, reply)
+	}
+	after := p.Stats().Snapshot()
+	if got := after.SourceRefused - before.SourceRefused; got != 2 {
+		t.Errorf("SourceRefused went up by %d, want 2 (one connection, one datagram)", got)
+	}
+	if after.TCPDialFailures != before.TCPDialFailures || after.UDPSessionsOpened != before.UDPSessionsOpened {
+		t.Errorf("a refused source was dialled for: %+v, then %+v", before, after)
+	}
+	// The ranges are the load-balancer IP's only.
+	if name, err := tcpFrom(other, at(clusterIP)); err != nil || name != "be-tcp" {
+		t.Fatalf("TCP from %s to the cluster IP: %q, %v; want be-tcp", other, name, err)
+	}
+	if reply, err := udpFrom(other, at(clusterIP), 5*time.Second); err != nil || reply != "be-udp" {
+		t.Fatalf("UDP from %s to the cluster IP: %q, %v; want be-udp", other, reply, err)
+	}
+
+	listeners := len(p.Listeners())
+	mustApply(t, p, spec(allowed+"/32", "127.0.0.8/29")...)
+	if name, err := tcpFrom(other, at(lbIP)); err != nil || name != "be-tcp" {
+		t.Fatalf("TCP from %s after the ranges grew: %q, %v; want be-tcp", other, name, err)
+	}
+	if reply, err := udpFrom(other, at(lbIP), 5*time.Second); err != nil || reply != "be-udp" {
+		t.Fatalf("UDP from %s after the ranges grew: %q, %v; want be-udp", other, reply, err)
+	}
+	// A /0 of the address's family admits everyone; so does a list with
+	// no range of its family.
+	for _, ranges := range [][]string{{"10.0.0.0/8", "0.0.0.0/0"}, {"fd5e:b1b5::/32"}} {
+		mustApply(t, p, spec(ranges...)...)
+		if name, err := tcpFrom("127.0.0.12", at(lbIP)); err != nil || name != "be-tcp" {
+			t.Fatalf("TCP with ranges %v: %q, %v; want be-tcp", ranges, name, err)
+		}
+	}
+	if got := len(p.Listeners()); got != listeners {
+		t.Errorf("listeners went from %d to %d when only the ranges changed", listeners, got)
+	}
+}
