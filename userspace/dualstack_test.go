@@ -1,6 +1,7 @@
 package userspace
 
 import (
+	"bufio"
 	"fmt"
 	"net"
 	"net/netip"
@@ -161,4 +162,49 @@ func listenIPs(p *Proxier, name state.ServicePortName) map[string]bool {
 		}
 	}
 	return on
+}
+
+// TestProxyPortMovesWhenTakenInANewFamily: a service port that gains an IP
+// family whose half of its proxy port another program holds moves to a
+// port free in both families, rather than retrying the taken one for ever.
+func TestProxyPortMovesWhenTakenInANewFamily(t *testing.T) {
+	needIPv6Loopback(t)
+	b := startTCPBackendOn(t, "b6", "[::1]:0")
+	p := newTestProxier(t, Config{BindAddress: netip.IPv4Unspecified()})
+	name := spn("v6", "moves", state.TCP)
+	sp := state.ServicePort{Name: name, Port: 80, IPFamilies: []state.IPFamily{state.IPv6}, ClusterEndpoints: eps(b.addr())}
+	mustApply(t, p, sp)
+	old := p.ProxyPort(name)
+	squatter, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", old))
+	if err != nil {
+		t.Fatalf("hold the IPv4 half of proxy port %d: %v", old, err)
+	}
+	defer squatter.Close()
+	held, err := net.Dial("tcp6", fmt.Sprintf("[::1]:%d", old)) // open across the move
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+
+	sp.IPFamilies = []state.IPFamily{state.IPv6, state.IPv4}
+	mustApply(t, p, sp)
+	moved := p.ProxyPort(name)
+	if moved == old || moved == 0 {
+		t.Fatalf("proxy port %d after the move, want another than %d", moved, old)
+	}
+	for _, addr := range []string{fmt.Sprintf("127.0.0.1:%d", moved), fmt.Sprintf("[::1]:%d", moved)} {
+		if got := tcpWho(t, addr); got != "b6" {
+			t.Fatalf("via %s reached %q", addr, got)
+		}
+	}
+	if on := listenIPs(p, name); len(on) != 2 {
+		t.Fatalf("listening on %v, want :: and 0.0.0.0 only", on)
+	}
+	expectClosedTCP(t, fmt.Sprintf("[::1]:%d", old))
+	// The connection accepted on the old port still works.
+	r := bufio.NewReader(held)
+	held.SetDeadline(time.Now().Add(5 * time.Second))
+	if greeting, err := r.ReadString('\n'); err != nil || greeting != "b6\n" {
+		t.Fatalf("connection across the move: %q, %v", greeting, err)
+	}
 }

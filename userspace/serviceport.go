@@ -413,9 +413,13 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 	if !sp.p.cfg.DisableProxyPorts {
 		if err := sp.ensureProxyPort(roleProxyPort, &sp.proxyPort); err != nil {
 			errs = multierror.Append(errs, err)
+		} else if err := sp.extendProxyPort(roleProxyPort, &sp.proxyPort); err != nil {
+			errs = multierror.Append(errs, err)
 		}
 		if sp.separateExternal() {
 			if err := sp.ensureProxyPort(roleExternalProxyPort, &sp.extProxyPort); err != nil {
+				errs = multierror.Append(errs, err)
+			} else if err := sp.extendProxyPort(roleExternalProxyPort, &sp.extProxyPort); err != nil {
 				errs = multierror.Append(errs, err)
 			}
 		}
@@ -498,6 +502,51 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 		busy = append(busy, want)
 	}
 	return fmt.Errorf("userspace: service %s: open proxy port: %w", sp.name, lastErr)
+}
+
+// extendProxyPort opens the proxy-port sockets of a role that an IP family
+// the service port gained needs. When another program holds the port in
+// that family, the proxy port moves: the role gets a port free in every
+// family, and the old sockets are closed (connections they accepted go on;
+// the portal follows the new port at this sync). Before, the port was kept
+// and the new family was retried for ever.
+func (sp *servicePort) extendProxyPort(role socketRole, port *uint16) error {
+	taken := false
+	for _, a := range sp.p.proxyPortAddrs(sp.spec) {
+		k := sockKey{netip.AddrPortFrom(a, *port), role}
+		if _, ok := sp.sockets[k]; ok {
+			continue
+		}
+		s, err := sp.listen(k)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			taken = true
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("userspace: service %s: listen on %s (%s): %w", sp.name, k.addr, role, err)
+		}
+		klog.V(2).InfoS("Listening", "service", sp.name, "addr", k.addr, "role", role)
+		sp.sockets[k] = s
+	}
+	if !taken {
+		return nil
+	}
+	old := *port
+	*port = 0
+	if err := sp.ensureProxyPort(role, port); err != nil {
+		*port = old
+		return err
+	}
+	for k, s := range sp.sockets {
+		if k.role == role && k.addr.Port() == old {
+			s.close()
+			delete(sp.sockets, k)
+		}
+	}
+	sp.p.ports.release(old)
+	klog.InfoS("Moved a proxy port: another program holds it in an IP family the service port now has",
+		"service", sp.name, "role", role, "oldProxyPort", old, "proxyPort", *port)
+	return nil
 }
 
 // preferredPort returns the configured previous proxy port of a role, once
