@@ -3,14 +3,21 @@ package source
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 )
 
-// parseIP parses a textual IP address as Kubernetes writes them: no zone,
-// no leading zeros in IPv4 (netip refuses those, as the API server does
-// since 1.30). The result is not yet unmapped, so callers can still check
-// the family the author wrote.
+// parseIP parses a textual IP address as Kubernetes stores them: no zone;
+// an IPv4 address may have leading zeros in its parts, which older API
+// servers accepted and kube-proxy still reads, as decimal
+// (ParseIPSloppy), so that objects stored then keep working. (Manifests
+// are checked as a current API server checks them: see findings.ip.) The
+// result is not yet unmapped, so callers can still check the family the
+// author wrote.
 func parseIP(s string) (netip.Addr, error) {
 	ip, err := netip.ParseAddr(s)
+	if t, ok := withoutLeadingZeros(s); err != nil && ok {
+		ip, err = netip.ParseAddr(t)
+	}
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%q is not a valid IP address", s)
 	}
@@ -18,6 +25,32 @@ func parseIP(s string) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("%q has a zone, which Kubernetes addresses may not have", s)
 	}
 	return ip, nil
+}
+
+// withoutLeadingZeros rewrites a dotted IPv4 address, or the address of
+// an IPv4 prefix, with its leading zeros dropped ("010.001.0.0/16" is
+// "10.1.0.0/16"); ok is false when s is not of that shape.
+func withoutLeadingZeros(s string) (string, bool) {
+	addr, bits, prefix := strings.Cut(s, "/")
+	parts := strings.Split(addr, ".")
+	if len(parts) != 4 {
+		return "", false
+	}
+	for i, p := range parts {
+		if p == "" || strings.Trim(p, "0123456789") != "" {
+			return "", false
+		}
+		if t := strings.TrimLeft(p, "0"); t != "" {
+			parts[i] = t
+		} else {
+			parts[i] = "0"
+		}
+	}
+	out := strings.Join(parts, ".")
+	if prefix {
+		out += "/" + bits
+	}
+	return out, true
 }
 
 var (

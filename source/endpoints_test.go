@@ -35,6 +35,11 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			wantCluster: []string{"10.0.0.1:8080", "10.0.0.3:8080", "10.0.0.20:8080"},
 		},
 		{
+			name:        "leading zeros, as older API servers stored them, read as decimal",
+			slices:      []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("010.000.000.009"), endpoint("10.0.0.10")})},
+			wantCluster: []string{"10.0.0.9:8080", "10.0.0.10:8080"},
+		},
+		{
 			name: "ready only; not-ready serving endpoints are left out",
 			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
 				endpoint("10.0.0.1"),

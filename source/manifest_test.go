@@ -454,7 +454,7 @@ func TestParseManifestsErrors(t *testing.T) {
   type: Magic
   clusterIP: 10.0.0.300
   clusterIPs: [10.0.0.1, 10.0.0.2, fd00::1]
-  externalIPs: [192.0.2.1, 192.0.2.256]
+  externalIPs: [192.0.2.1, 192.0.2.256, 192.0.02.1]
   ports: [{port: 80}]
   sessionAffinity: Sticky
   sessionAffinityConfig: {clientIP: {timeoutSeconds: 0}}
@@ -471,6 +471,7 @@ status:
 				`spec.clusterIPs[0]: "10.0.0.1" must equal spec.clusterIP "10.0.0.300"`,
 				"spec.clusterIPs: at most two addresses (one per IP family) are allowed, got 3",
 				`spec.externalIPs[1]: "192.0.2.256" is not a valid IP address`,
+				`spec.externalIPs[2]: "192.0.02.1" has leading zeros, which the API server refuses (write 192.0.2.1)`,
 				`spec.sessionAffinity: unknown affinity "Sticky" (want None or ClientIP)`,
 				"spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 is out of range 1-86400",
 				`spec.externalTrafficPolicy: unknown policy "Global"`,

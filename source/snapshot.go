@@ -181,17 +181,8 @@ func (b *builder) sourceRanges(svc *corev1.Service, ref objectRef) []netip.Prefi
 func parseSourceRange(s string) (netip.Prefix, error) {
 	t := strings.TrimSpace(s)
 	p, err := netip.ParsePrefix(t)
-	if err != nil && strings.Contains(t, ".") && !strings.Contains(t, ":") {
-		addr, bits, _ := strings.Cut(t, "/")
-		octets := strings.Split(addr, ".")
-		for i, o := range octets {
-			if trimmed := strings.TrimLeft(o, "0"); trimmed != "" {
-				octets[i] = trimmed
-			} else if o != "" {
-				octets[i] = "0"
-			}
-		}
-		p, err = netip.ParsePrefix(strings.Join(octets, ".") + "/" + bits)
+	if u, ok := withoutLeadingZeros(t); err != nil && ok {
+		p, err = netip.ParsePrefix(u)
 	}
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", s)

@@ -70,9 +70,12 @@ func (fs *findings) protocol(p *field.Path, proto corev1.Protocol) {
 // must have.
 func (fs *findings) ip(p *field.Path, s string, family discoveryv1.AddressType) {
 	ip, err := parseIP(s)
+	_, strictErr := netip.ParseAddr(s)
 	switch {
 	case err != nil:
 		fs.errorf(p, "%s", err)
+	case strictErr != nil: // parseIP reads leading zeros for objects stored long ago
+		fs.errorf(p, "%q has leading zeros, which the API server refuses (write %s)", s, ip)
 	case family == discoveryv1.AddressTypeIPv4 && !ip.Is4(), family == discoveryv1.AddressTypeIPv6 && !ip.Is6():
 		fs.errorf(p, "%s is not an %s address", s, family)
 	}
