@@ -103,3 +103,21 @@ func TestBinaryNamesMissingNode(t *testing.T) {
 		t.Errorf("reported a missing Node while %s exists:\n%s", present, px2.log())
 	}
 }
+
+// TestBinarySaysCredentialsAreRefused: a token the API server does not
+// know gets 401 on every request; the proxy says so once, plainly, with
+// what to check, rather than only client-go's repeated errors.
+func TestBinarySaysCredentialsAreRefused(t *testing.T) {
+	api := requireAPIServer(t)
+	kubeconfig := filepath.Join(t.TempDir(), "bad.kubeconfig")
+	if err := api.kubeconfigFor("not-a-token-the-server-knows", kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32")
+	px.waitLog(0, `"The API server does not accept the proxy's credentials \(401 Unauthorized\)`, 1, 30*time.Second)
+	// client-go retries the first lists within a second or two.
+	px.waitLog(0, `Unauthorized`, 4, 30*time.Second)
+	if n := strings.Count(px.log(), "does not accept the proxy's credentials"); n != 1 {
+		t.Errorf("said %d times that the credentials are refused, want once", n)
+	}
+}

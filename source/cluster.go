@@ -118,10 +118,11 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	if err := slices.AddIndexers(cache.Indexers{serviceIndex: sliceServiceIndex}); err != nil {
 		return fmt.Errorf("cluster: index EndpointSlices: %w", err)
 	}
-	if err := reportForbidden(services, "services", "", whyNothingServed); err != nil {
+	var badCredentials sync.Once
+	if err := reportForbidden(services, "services", "", whyNothingServed, &badCredentials); err != nil {
 		return err
 	}
-	if err := reportForbidden(slices, "endpointslices", "discovery.k8s.io", whyNothingServed); err != nil {
+	if err := reportForbidden(slices, "endpointslices", "discovery.k8s.io", whyNothingServed, &badCredentials); err != nil {
 		return err
 	}
 	svcReg, err := services.AddEventHandler(t.serviceHandler())
@@ -142,7 +143,7 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 			}))
 		nodes := nodeFactory.Core().V1().Nodes().Informer()
 		nodeStore = nodes.GetStore()
-		if err := reportForbidden(nodes, "nodes", "", "Services are served meanwhile, without the Node's labels: topology hints are ignored"); err != nil {
+		if err := reportForbidden(nodes, "nodes", "", "Services are served meanwhile, without the Node's labels: topology hints are ignored", &badCredentials); err != nil {
 			return err
 		}
 		nodeReg, err := nodes.AddEventHandler(t.nodeHandler(c.NodeName))
@@ -290,17 +291,24 @@ const whyNothingServed = "nothing is served"
 const nodeSyncWait = 10 * time.Second
 
 // reportForbidden makes an informer say plainly, once, when RBAC forbids
-// what it needs, and what that means meanwhile: client-go's own message
-// repeats with every retry and names no fix. The informer
-// keeps retrying, so a later grant is picked up without a restart. Other
-// errors go to client-go's handler.
-func reportForbidden(inf cache.SharedIndexInformer, resource, group, meanwhile string) error {
+// what it needs, and what that means meanwhile, and, once for all the
+// informers sharing badCredentials, when the API server does not accept
+// the proxy's credentials: client-go's own message repeats with every
+// retry and names no fix. The informer keeps retrying, so a later grant
+// or credential is picked up without a restart. Other errors go to
+// client-go's handler.
+func reportForbidden(inf cache.SharedIndexInformer, resource, group, meanwhile string, badCredentials *sync.Once) error {
 	var once sync.Once
 	err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-		if apierrors.IsForbidden(err) {
+		switch {
+		case apierrors.IsForbidden(err):
 			once.Do(func() {
 				klog.ErrorS(err, "The API server forbids reading what the proxy needs; "+meanwhile+" until RBAC allows it (deploy/kube-userspace-proxy.yaml has the ClusterRole)",
 					"resource", resource, "apiGroup", group, "verbs", "get,list,watch")
+			})
+		case apierrors.IsUnauthorized(err):
+			badCredentials.Do(func() {
+				klog.ErrorS(err, "The API server does not accept the proxy's credentials (401 Unauthorized); nothing new is served until it does: check the token or client certificate of the kubeconfig, or the ServiceAccount's token in a pod")
 			})
 		}
 		cache.DefaultWatchErrorHandler(ctx, r, err)
