@@ -194,10 +194,11 @@ func (sp *servicePort) sayOutage(before, after []state.Endpoint, gone, back stri
 // admitUDP decides whether a datagram from client to frontend may open a
 // new session, and picks its endpoint from the balancer of the socket's
 // role. It reports false, and counts why, when the source is refused, the
-// port's session cap is reached or it has no endpoint. On true the new session holds one place under the cap
-// (udpSessions), taken here so that sockets read by different goroutines
-// cannot together pass the cap; a session that then fails to open gives it
-// back with releaseUDP, and one that opens gives it back when it ends.
+// port's session cap is reached or it has no endpoint. On true the new
+// session holds one place under the cap (udpSessions), taken here so that
+// sockets read by different goroutines cannot together pass the cap; a
+// session that then fails to open gives it back with releaseUDP, and one
+// that opens gives it back when it ends.
 func (sp *servicePort) admitUDP(role socketRole, frontend netip.Addr, client netip.AddrPort) (*balancer, netip.AddrPort, bool) {
 	p := sp.p
 	if !sp.admits(role, frontend, client) {
@@ -508,8 +509,7 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 // the service port gained needs. When another program holds the port in
 // that family, the proxy port moves: the role gets a port free in every
 // family, and the old sockets are closed (connections they accepted go on;
-// the portal follows the new port at this sync). Before, the port was kept
-// and the new family was retried for ever.
+// the portal follows the new port at this sync).
 func (sp *servicePort) extendProxyPort(role socketRole, port *uint16) error {
 	taken := false
 	for _, a := range sp.p.proxyPortAddrs(sp.spec) {
