@@ -29,7 +29,8 @@ start_proxy() {
   local echo=/dev/null
   [ -n "${LOG_TO_TERMINAL:-}" ] && echo=/dev/stderr
   bin/kube-userspace-proxy --manifests examples/demo.yaml --portal=none \
-    --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 "$@" \
+    --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 \
+    --healthz-bind-address=127.0.0.1:10256 "$@" \
     2> >(tee "$log" >"$echo") &
   pids+=($!)
   local proxy=$!

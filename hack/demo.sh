@@ -36,4 +36,9 @@ echo "== 10 UDP datagrams to demo/echo (NodePort 30053), each from a new client 
 bin/demo udp 127.0.0.1:30053 10 | sed 's/:.*//' | sort | uniq -c | sed 's/^/  served: /'
 
 echo
+echo "== the proxy's health (/healthz, as kube-proxy answers it)"
+curl -sS --max-time 5 -w ' (HTTP %{http_code})\n' http://127.0.0.1:10256/healthz | sed 's/^/  /' \
+  || echo "  no answer: another program holds 127.0.0.1:10256 (the proxy's log says so)"
+
+echo
 echo "demo: done"

@@ -121,3 +121,59 @@ func TestBinarySaysCredentialsAreRefused(t *testing.T) {
 		t.Errorf("said %d times that the credentials are refused, want once", n)
 	}
 }
+
+// TestBinaryHealthzFollowsNode: /healthz fails while this node's Node is
+// going away (tainted ToBeDeletedByClusterAutoscaler, deleted), so load
+// balancers drain it, as kube-proxy's does; /livez, a liveness probe's,
+// stays 200 meanwhile.
+func TestBinaryHealthzFollowsNode(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	ctx := context.Background()
+	name := fmt.Sprintf("kup-healthz-%d", time.Now().UnixNano())
+	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	hz := freePort(t)
+	px := startProxy(t, "--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32",
+		"--hostname-override="+name, fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz))
+	px.waitLog(0, `"Informer caches synced"`, 1, 60*time.Second)
+	healthz, livez := fmt.Sprintf("http://127.0.0.1:%d/healthz", hz), fmt.Sprintf("http://127.0.0.1:%d/livez", hz)
+	expect := func(url, code, inBody string) {
+		t.Helper()
+		var got, body string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if got, body = curlCode(t, url); got == code && strings.Contains(body, inBody) {
+				return
+			}
+		}
+		t.Fatalf("%s answered %s %q; want %s with %q within 10s", url, got, body, code, inBody)
+	}
+	expect(healthz, "200", `"nodeEligible":true`)
+
+	setTaint := func(taints []corev1.Taint) {
+		t.Helper()
+		node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Spec.Taints = taints
+		if _, err := c.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setTaint([]corev1.Taint{{Key: "ToBeDeletedByClusterAutoscaler", Value: "1700000000", Effect: corev1.TaintEffectNoSchedule}})
+	expect(healthz, "503", `"nodeEligible":false`)
+	expect(livez, "200", `"healthy":true`)
+	px.waitLog(0, `"This node should take no load-balancer traffic now: /healthz answers 503" reason="its Node has the taint ToBeDeletedByClusterAutoscaler`, 1, 5*time.Second)
+
+	setTaint(nil)
+	expect(healthz, "200", `"nodeEligible":true`)
+
+	if err := c.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect(healthz, "503", `"reason":"its Node was deleted"`)
+	expect(livez, "200", `"healthy":true`)
+}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -80,6 +81,11 @@ type proxyProc struct {
 
 func startProxy(t *testing.T, args ...string) *proxyProc {
 	t.Helper()
+	// Proxies of tests running side by side in the host's namespace would
+	// all want /healthz on port 10256: only tests that ask have it.
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--healthz-bind-address") }) {
+		args = append(args, "--healthz-bind-address=")
+	}
 	return startCommand(t, proxyBin, args...)
 }
 

@@ -3,12 +3,14 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -60,7 +62,7 @@ endpoints: [{addresses: ["127.0.0.1"], conditions: {ready: true}}]
 }
 
 func proxyArgs(file string) []string {
-	return []string{"--manifests", file, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32"}
+	return []string{"--manifests", file, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32", "--healthz-bind-address="}
 }
 
 // TestManifestEndToEnd runs the real binary on a manifest file and drives it
@@ -345,6 +347,109 @@ endpoints:
 	check("503", `{"service":{"namespace":"e2e","name":"lb"},"localEndpoints":0,"serviceProxyHealthy":true}`)
 	replaceFile(t, file, lb("node", false))
 	check("000", "*") // curl's code when nothing answers
+}
+
+// curlCode fetches url with the real curl and returns the status (000
+// when nothing answered) and the body.
+func curlCode(t *testing.T, url string) (code, body string) {
+	t.Helper()
+	out, _ := exec.Command(requireTool(t, "curl"), "-s", "--max-time", "2", "-w", "\n%{http_code}", url).Output()
+	i := strings.LastIndexByte(string(out), '\n')
+	return string(out[i+1:]), string(out[:max(i, 0)])
+}
+
+// TestBinaryHealthz: /healthz and /livez answer as kube-proxy's do: 503
+// once a change has waited more than twice --iptables-sync-period to be
+// applied (here a node port another program holds), and 200 again when
+// the sync recovers; a health-check node port says serviceProxyHealthy
+// false, and 503, meanwhile, so load balancers go to other nodes.
+func TestBinaryHealthz(t *testing.T) {
+	a := httpBackend(t, "a")
+	np, busy, hc, hz := freePort(t), freePort(t), freePort(t), freePort(t)
+	holder, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", busy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: e2e}
+spec:
+  type: LoadBalancer
+  clusterIP: 198.18.0.30
+  externalTrafficPolicy: Local
+  healthCheckNodePort: %d
+  ports: [{name: http, port: 80, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-1, namespace: e2e, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, port: %d}]
+endpoints: [{addresses: [127.0.0.1], nodeName: node}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: blocked, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 198.18.0.31
+  ports: [{name: http, port: 80, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: blocked-1, namespace: e2e, labels: {kubernetes.io/service-name: blocked}}
+addressType: IPv4
+ports: [{name: http, port: %d}]
+endpoints: [{addresses: [127.0.0.1]}]
+`, hc, np, a, busy, a))
+	px := startProxy(t, append(proxyArgs(file), "--hostname-override=node", "--iptables-sync-period=1s",
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz))...)
+	px.waitLog(0, `"Serving /healthz and /livez" addr="127.0.0.1:`+strconv.Itoa(hz), 1, 20*time.Second)
+	px.waitLog(0, `"Sync failed; will retry`, 1, 20*time.Second)
+
+	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", hz)
+	livez := fmt.Sprintf("http://127.0.0.1:%d/livez", hz)
+	hcURL := fmt.Sprintf("http://127.0.0.1:%d/", hc)
+	// waitFor polls url until it answers code, bounded, and returns the body.
+	waitFor := func(url, code string) string {
+		t.Helper()
+		var got, body string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if got, body = curlCode(t, url); got == code {
+				return body
+			}
+		}
+		t.Fatalf("%s answered %s %q; want %s within 10s", url, got, body, code)
+		return ""
+	}
+	var r struct {
+		Healthy      bool  `json:"healthy"`
+		NodeEligible *bool `json:"nodeEligible"`
+	}
+	body := waitFor(healthz, "503")
+	if err := json.Unmarshal([]byte(body), &r); err != nil || r.Healthy || r.NodeEligible == nil || !*r.NodeEligible {
+		t.Errorf("/healthz while a sync fails: %s (%v)", body, err)
+	}
+	waitFor(livez, "503")
+	if body := waitFor(hcURL, "503"); !strings.Contains(body, `"localEndpoints":1,"serviceProxyHealthy":false`) {
+		t.Errorf("health check node port while a sync fails: %s", body)
+	}
+
+	holder.Close()
+	px.waitLog(0, `"Sync recovered"`, 1, 10*time.Second)
+	body = waitFor(healthz, "200")
+	if err := json.Unmarshal([]byte(body), &r); err != nil || !r.Healthy {
+		t.Errorf("/healthz after recovery: %s (%v)", body, err)
+	}
+	waitFor(livez, "200")
+	if body := waitFor(hcURL, "200"); !strings.Contains(body, `"localEndpoints":1,"serviceProxyHealthy":true`) {
+		t.Errorf("health check node port after recovery: %s", body)
+	}
+	if body, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/", busy)); err != nil || body != "a" {
+		t.Errorf("the freed node port: %q, %v", body, err)
+	}
 }
 
 func TestBadInputFailsClearly(t *testing.T) {

@@ -70,12 +70,19 @@ type Config struct {
 	// SyncPeriod is the longest time between two full resyncs.
 	MinSyncPeriod time.Duration
 	SyncPeriod    time.Duration
+	// HealthzBindAddress is where /healthz and /livez are served: "ip:port",
+	// or an IP alone for port 10256. Empty turns them off.
+	HealthzBindAddress string
 
 	// Parsed by Validate.
 	bindAddr  netip.Addr
 	portRange userspace.PortRange
 	nodePorts []netip.Prefix
+	healthz   string // HealthzBindAddress as host:port, or ""
 }
+
+// defaultHealthzPort is kube-proxy's health port.
+const defaultHealthzPort = 10256
 
 // NewConfig returns a Config with the defaults of the flags.
 func NewConfig() *Config {
@@ -92,6 +99,7 @@ func NewConfig() *Config {
 		TCPHalfCloseTimeout: userspace.DefaultTCPHalfCloseTimeout,
 		MinSyncPeriod:       time.Second,
 		SyncPeriod:          30 * time.Second,
+		HealthzBindAddress:  "0.0.0.0:10256",
 	}
 }
 
@@ -118,6 +126,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.TCPHalfCloseTimeout, "tcp-half-close-timeout", c.TCPHalfCloseTimeout, "How long a TCP connection stays open after one side has finished sending while the other side is silent.")
 	fs.DurationVar(&c.MinSyncPeriod, "iptables-min-sync-period", c.MinSyncPeriod, "The least time between two syncs of kernel state (e.g. '1s').")
 	fs.DurationVar(&c.SyncPeriod, "iptables-sync-period", c.SyncPeriod, "The longest time between two full resyncs (e.g. '30s'); must be greater than 0.")
+	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port of /healthz and /livez ('[::]:10256' for IPv6; an IP alone means port 10256). They answer 503 once a change has waited more than twice --iptables-sync-period to be applied; /healthz also while this node's Node is going away. Empty turns them off.")
 }
 
 // Validate checks every option and parses the ones that need it. The
@@ -187,7 +196,27 @@ func (c *Config) Validate() error {
 	if c.SyncPeriod <= 0 {
 		bad("iptables-sync-period", "must be greater than 0, got %v", c.SyncPeriod)
 	}
+	if c.healthz, err = healthzAddr(c.HealthzBindAddress); err != nil {
+		bad("healthz-bind-address", "%v", err)
+	}
 	return errors.Join(errs...)
+}
+
+// healthzAddr reads --healthz-bind-address: "ip:port", or an IP alone for
+// kube-proxy's port; empty turns the server off.
+func healthzAddr(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return "", nil
+	}
+	if ip, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
+		return netip.AddrPortFrom(ip, defaultHealthzPort).String(), nil
+	}
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return "", fmt.Errorf("%q is not an IP address with a port, such as 0.0.0.0:%d", s, defaultHealthzPort)
+	}
+	return ap.String(), nil
 }
 
 // proxierConfig turns the options into the data plane's Config for a

@@ -26,6 +26,11 @@ func TestValidate(t *testing.T) {
 		{name: "sync period", args: []string{"--manifests", "x", "--iptables-sync-period", "0s"}, want: "--iptables-sync-period"},
 		{name: "several at once", args: []string{"--bind-address", "nope", "--udp-timeout", "-1s"}, want: "--udp-timeout"},
 		{name: "content type", args: []string{"--kube-api-content-type", "text/plain"}, want: "--kube-api-content-type"},
+		{name: "healthz off", args: []string{"--manifests", "x", "--healthz-bind-address="}},
+		{name: "healthz IPv6", args: []string{"--manifests", "x", "--healthz-bind-address=[::1]:10256"}},
+		{name: "healthz IP alone", args: []string{"--manifests", "x", "--healthz-bind-address=127.0.0.1"}},
+		{name: "healthz no IP", args: []string{"--manifests", "x", "--healthz-bind-address=:10256"}, want: `--healthz-bind-address: ":10256" is not an IP address with a port`},
+		{name: "healthz port", args: []string{"--manifests", "x", "--healthz-bind-address=127.0.0.1:70000"}, want: "--healthz-bind-address"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,6 +72,12 @@ func TestValidateParses(t *testing.T) {
 	}
 	if !pc.ServeNodePorts || pc.UDPIdleTimeout != time.Second {
 		t.Errorf("proxier config = %+v", pc)
+	}
+	for in, want := range map[string]string{"": "", "0.0.0.0:10256": "0.0.0.0:10256", "::": "[::]:10256", "[::1]": "[::1]:10256", " 127.0.0.1:0 ": "127.0.0.1:0"} {
+		c.HealthzBindAddress = in
+		if err := c.Validate(); err != nil || c.healthz != want {
+			t.Errorf("--healthz-bind-address=%q: %q, %v; want %q", in, c.healthz, err, want)
+		}
 	}
 }
 

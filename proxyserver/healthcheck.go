@@ -35,6 +35,10 @@ type healthChecks struct {
 	nodePortAddresses []netip.Prefix
 	// localAddrs lists this host's addresses, to match nodePortAddresses.
 	localAddrs func() ([]netip.Addr, error)
+	// proxyHealthy says whether the proxy keeps up with its source; while
+	// it does not, every port answers 503, so load balancers send their
+	// traffic to other nodes. Nil means it always does.
+	proxyHealthy func() bool
 
 	mu      sync.Mutex // guards servers; held for a whole sync
 	servers map[uint16]*healthServer
@@ -42,11 +46,12 @@ type healthChecks struct {
 
 // healthServer answers on one health-check node port.
 type healthServer struct {
-	port   uint16
-	addrs  []netip.AddrPort // listened on; nil for the wildcard
-	status atomic.Pointer[healthStatus]
-	srv    *http.Server
-	done   chan struct{} // closed when every Serve has returned
+	port    uint16
+	healthy func() bool      // proxyHealthy
+	addrs   []netip.AddrPort // listened on; nil for the wildcard
+	status  atomic.Pointer[healthStatus]
+	srv     *http.Server
+	done    chan struct{} // closed when every Serve has returned
 }
 
 // healthStatus is what a health-check port reports.
@@ -58,8 +63,8 @@ type healthStatus struct {
 	// LocalEndpoints counts this node's ready endpoints of the Service
 	// (distinct addresses over all its ports), as kube-proxy counts them.
 	LocalEndpoints int `json:"localEndpoints"`
-	// ServiceProxyHealthy is true: the port is served only while the
-	// proxy runs.
+	// ServiceProxyHealthy says whether the proxy keeps up with its source
+	// (see proxyHealth); set when answering.
 	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
 }
 
@@ -76,7 +81,7 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		}
 		st := want[port]
 		if st == nil {
-			st = &healthStatus{ServiceProxyHealthy: true}
+			st = &healthStatus{}
 			st.Service.Namespace, st.Service.Name = sp.Name.Namespace, sp.Name.Name
 			want[port] = st
 			addrsOf[port] = make(map[netip.Addr]bool)
@@ -118,7 +123,7 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		if err != nil || listen != nil && len(listen) == 0 {
 			continue // no addresses to listen on (yet)
 		}
-		srv, serr := startHealthServer(port, listenOn(listen, port), st)
+		srv, serr := startHealthServer(port, listenOn(listen, port), st, h.proxyHealthy)
 		if serr != nil {
 			errs = append(errs, fmt.Errorf("health check node port %d of Service %s/%s: %w", port, st.Service.Namespace, st.Service.Name, serr))
 			continue
@@ -163,8 +168,8 @@ func listenOn(addrs []netip.Addr, port uint16) []netip.AddrPort {
 	return out
 }
 
-func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthStatus) (*healthServer, error) {
-	s := &healthServer{port: port, addrs: addrs, done: make(chan struct{})}
+func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthStatus, healthy func() bool) (*healthServer, error) {
+	s := &healthServer{port: port, healthy: healthy, addrs: addrs, done: make(chan struct{})}
 	s.status.Store(st)
 	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	var lns []net.Listener
@@ -206,14 +211,15 @@ func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthStatus) (*
 }
 
 // ServeHTTP answers every request with the Service's status: 200 when this
-// node has a ready endpoint of it, else 503.
+// node has a ready endpoint of it and the proxy keeps up, else 503.
 func (s *healthServer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	st := s.status.Load()
+	st := *s.status.Load()
+	st.ServiceProxyHealthy = s.healthy == nil || s.healthy()
 	body, _ := json.Marshal(st)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(st.LocalEndpoints))
-	if st.LocalEndpoints > 0 {
+	if st.LocalEndpoints > 0 && st.ServiceProxyHealthy {
 		w.WriteHeader(http.StatusOK)
 	} else {
 		w.WriteHeader(http.StatusServiceUnavailable)

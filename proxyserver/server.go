@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-multierror"
 	"k8s.io/klog/v2"
@@ -78,7 +79,10 @@ func Run(ctx context.Context, cfg *Config) error {
 		}
 	}
 	rep := &listenerReport{}
-	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.HostAddrs}
+	// kube-proxy's rule: unhealthy once a change waits twice the resync
+	// period.
+	health := newProxyHealth(2 * cfg.SyncPeriod)
+	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.HostAddrs, proxyHealthy: health.healthy}
 	defer hc.closeAll()
 	loop := newSyncLoop(func(s state.Snapshot) error {
 		var errs []error
@@ -95,6 +99,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		errs = append(errs, hc.sync(s))
 		return joinErrors(errs...)
 	}, cfg.MinSyncPeriod, cfg.SyncPeriod)
+	loop.health = health
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -103,6 +108,9 @@ func Run(ctx context.Context, cfg *Config) error {
 		defer wg.Done()
 		loop.run(ctx)
 	}()
+	if cfg.healthz != "" {
+		wg.Go(func() { serveHealth(ctx, cfg.healthz, health, 10*time.Second) })
+	}
 	defer func() {
 		cancel()
 		wg.Wait()
@@ -136,7 +144,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		if err != nil {
 			return fmt.Errorf("connect to the cluster: %w", err)
 		}
-		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod}
+		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod, NodeGoingAway: health.setEligible}
 		if err := src.Run(ctx, loop.offer); err != nil {
 			return fmt.Errorf("cluster: %w", err)
 		}

@@ -20,6 +20,7 @@ type syncLoop struct {
 	apply    func(state.Snapshot) error
 	retryMin time.Duration
 	resync   time.Duration
+	health   *proxyHealth // told of offers and of syncs that applied them; may be nil
 
 	kick chan struct{}
 
@@ -39,6 +40,9 @@ func (l *syncLoop) offer(s state.Snapshot) {
 	l.latest, l.have = s, true
 	l.version++
 	l.mu.Unlock()
+	if l.health != nil {
+		l.health.queued()
+	}
 	l.poke()
 }
 
@@ -81,9 +85,14 @@ func (l *syncLoop) run(ctx context.Context) {
 		took := time.Since(start)
 		next := l.resync
 		var deferred errDeferred
+		done := err == nil
 		if errors.As(err, &deferred) {
 			// Part of the work waits for a rate limit: come back then.
 			next, err = deferred.after, nil
+		}
+		if done && l.health != nil {
+			_, latest, _ := l.current()
+			l.health.updated(start, latest != version)
 		}
 		if err != nil {
 			backoff = min(max(2*backoff, l.retryMin), l.resync)

@@ -47,6 +47,12 @@ type Cluster struct {
 	// endpoints would reach the node's own daemons. ServiceProxyName also
 	// narrows what the informers list.
 	Options Options
+	// NodeGoingAway, if set, is told whether this node's Node is going
+	// away, and why: it is missing (once the caches have synced), being
+	// deleted, or tainted ToBeDeletedByClusterAutoscaler; "" when it is
+	// not. kube-proxy's /healthz fails meanwhile, so load balancers drain
+	// the node. It is called from the informers' handlers: keep it quick.
+	NodeGoingAway func(why string)
 
 	// built, if set, is told after every snapshot built once the caches
 	// synced whether apply was called; tests wait on it instead of
@@ -146,7 +152,7 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		if err := reportForbidden(nodes, "nodes", "", "Services are served meanwhile, without the Node's labels: topology hints are ignored", &badCredentials); err != nil {
 			return err
 		}
-		nodeReg, err := nodes.AddEventHandler(t.nodeHandler(c.NodeName))
+		nodeReg, err := nodes.AddEventHandler(t.nodeHandler(c.NodeName, c.NodeGoingAway))
 		if err != nil {
 			return fmt.Errorf("cluster: watch Node %s: %w", c.NodeName, err)
 		}
@@ -180,6 +186,9 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	}
 	if nodeStore != nil {
 		if _, found, _ := nodeStore.GetByKey(c.NodeName); !found {
+			if c.NodeGoingAway != nil {
+				c.NodeGoingAway("the API server has no Node named " + c.NodeName)
+			}
 			// Usually a host name that is not the Node's name.
 			klog.ErrorS(nil, "The API server has no Node of this name; if this node's Node is named otherwise, set --hostname-override to that name, or no endpoint counts as local here. Topology hints are ignored until the Node exists", "node", c.NodeName)
 		}

@@ -475,7 +475,8 @@ func checkMarked(t *testing.T, event func(cache.ResourceEventHandler), handler f
 func TestClusterNodeHandler(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{corev1.LabelTopologyZone: "z"}}}
 	tr := newTracker()
-	h := tr.nodeHandler("node-a")
+	var told []string
+	h := tr.nodeHandler("node-a", func(why string) { told = append(told, why) })
 	h.OnAdd(node, false)
 	if _, all := tr.take(); !all || len(tr.poke) != 1 || tr.nodeLabels()[corev1.LabelTopologyZone] != "z" {
 		t.Fatalf("add: all %v, poked %d, labels %v", all, len(tr.poke), tr.nodeLabels())
@@ -487,9 +488,20 @@ func TestClusterNodeHandler(t *testing.T) {
 	if len(tr.poke) != 0 {
 		t.Error("a status update woke the loop")
 	}
+	tainted := node.DeepCopy()
+	tainted.Spec.Taints = []corev1.Taint{{Key: "ToBeDeletedByClusterAutoscaler", Effect: corev1.TaintEffectNoSchedule}}
+	h.OnUpdate(node, tainted)
+	deleting := node.DeepCopy()
+	deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	h.OnUpdate(tainted, deleting)
 	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "node-a", Obj: node})
 	if len(tr.poke) != 1 || tr.nodeLabels() != nil {
 		t.Errorf("tombstone: poked %d, labels %v", len(tr.poke), tr.nodeLabels())
+	}
+	want := []string{"", "", "its Node has the taint ToBeDeletedByClusterAutoscaler: the cluster autoscaler is removing it",
+		"its Node is being deleted", "its Node was deleted"}
+	if !slices.Equal(told, want) {
+		t.Errorf("told %q, want %q", told, want)
 	}
 }
 

@@ -153,10 +153,31 @@ func (t *tracker) sliceHandler() cache.ResourceEventHandler {
 	}
 }
 
+// taintToBeDeleted is the taint the cluster autoscaler puts on a node it
+// is about to remove (not a constant of k8s.io/api).
+const taintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+
+// goingAway says why node is going away, or "".
+func goingAway(node *corev1.Node) string {
+	if node.DeletionTimestamp != nil {
+		return "its Node is being deleted"
+	}
+	for _, t := range node.Spec.Taints {
+		if t.Key == taintToBeDeleted {
+			return "its Node has the taint " + taintToBeDeleted + ": the cluster autoscaler is removing it"
+		}
+	}
+	return ""
+}
+
 // nodeHandler follows the labels of this node's Node; a change rebuilds
 // every Service, since topology hints depend on the zone. A Node that does
-// not exist, or no longer does, has no labels.
-func (t *tracker) nodeHandler(name string) cache.ResourceEventHandler {
+// not exist, or no longer does, has no labels. tell, if not nil, hears
+// whether the Node is going away (see Cluster.NodeGoingAway).
+func (t *tracker) nodeHandler(name string, tell func(why string)) cache.ResourceEventHandler {
+	if tell == nil {
+		tell = func(string) {}
+	}
 	set := func(l map[string]string) {
 		t.mu.Lock()
 		same := maps.Equal(t.labels, l)
@@ -176,16 +197,19 @@ func (t *tracker) nodeHandler(name string) cache.ResourceEventHandler {
 		AddFunc: func(obj any) {
 			if node, ok := mine(obj); ok {
 				set(node.Labels)
+				tell(goingAway(node))
 			}
 		},
 		UpdateFunc: func(_, obj any) {
 			if node, ok := mine(obj); ok {
 				set(node.Labels)
+				tell(goingAway(node))
 			}
 		},
 		DeleteFunc: func(obj any) {
 			if m := metaOf(obj); m == nil || m.GetName() == name {
 				set(nil)
+				tell("its Node was deleted")
 			}
 		},
 	}

@@ -41,6 +41,7 @@ func startOurs(_ context.Context, env Env) (*Instance, error) {
 		"--portal=none",
 		"--bind-address=127.0.0.1",
 		"--nodeport-addresses=127.0.0.1/32",
+		"--healthz-bind-address=", // nginx serves no health endpoint either
 		"-v=0")
 	if err != nil {
 		return nil, err

@@ -1,0 +1,176 @@
+package proxyserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// proxyHealth says whether the proxy keeps up with what its source tells
+// it, by kube-proxy's rule: it is unhealthy while a change has waited
+// longer than timeout to be applied (a sync that keeps failing, or a loop
+// that is stuck). It is healthy before the first change, and whenever
+// nothing waits. It also keeps whether this node may take load-balancer
+// traffic, which only /healthz reports.
+type proxyHealth struct {
+	timeout time.Duration
+	now     func() time.Time
+
+	mu           sync.Mutex // guards the fields below
+	lastUpdated  time.Time  // the last sync that applied everything offered
+	pendingSince time.Time  // when the oldest change not yet applied came; zero if none
+	ineligible   string     // why this node should not take traffic; empty if it may
+}
+
+func newProxyHealth(timeout time.Duration) *proxyHealth {
+	return &proxyHealth{timeout: timeout, now: time.Now}
+}
+
+// queued records that a change arrived.
+func (h *proxyHealth) queued() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.pendingSince.IsZero() {
+		h.pendingSince = h.now()
+	}
+}
+
+// updated records a sync that applied everything offered before started;
+// newer, if true, says another change came while it ran, which then counts
+// as waiting since started.
+func (h *proxyHealth) updated(started time.Time, newer bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lastUpdated = h.now()
+	h.pendingSince = time.Time{}
+	if newer {
+		h.pendingSince = started
+	}
+}
+
+// setEligible records whether this node may take traffic from load
+// balancers (why it may not, or "").
+func (h *proxyHealth) setEligible(why string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if why != h.ineligible {
+		if why != "" {
+			klog.InfoS("This node should take no load-balancer traffic now: /healthz answers 503", "reason", why)
+		} else if h.ineligible != "" {
+			klog.InfoS("This node may take load-balancer traffic again: /healthz answers 200 while the proxy keeps up")
+		}
+	}
+	h.ineligible = why
+}
+
+// healthy reports whether the proxy keeps up.
+func (h *proxyHealth) healthy() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.healthyLocked(h.now())
+}
+
+func (h *proxyHealth) healthyLocked(now time.Time) bool {
+	return h.pendingSince.IsZero() || now.Sub(h.pendingSince) <= h.timeout
+}
+
+// healthReport is the body of /healthz and /livez, in kube-proxy's shape.
+type healthReport struct {
+	// LastUpdated is when the proxy last applied everything it was told;
+	// now while it is healthy, as kube-proxy reports it for old clients.
+	LastUpdated time.Time `json:"lastUpdated"`
+	CurrentTime time.Time `json:"currentTime"`
+	// NodeEligible is false when this node is going away (its Node is
+	// missing, being deleted, or tainted for deletion by the cluster
+	// autoscaler). Only /healthz has it.
+	NodeEligible *bool `json:"nodeEligible,omitempty"`
+	Healthy      bool  `json:"healthy"`
+	// Reason says, when the answer is 503, why.
+	Reason string `json:"reason,omitempty"`
+}
+
+// report is the status of /healthz (withNode) or /livez.
+func (h *proxyHealth) report(withNode bool) (healthReport, int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	r := healthReport{CurrentTime: now, LastUpdated: h.lastUpdated, Healthy: h.healthyLocked(now)}
+	code := http.StatusOK
+	if r.Healthy {
+		r.LastUpdated = now
+	} else {
+		code = http.StatusServiceUnavailable
+		r.Reason = "a change has waited more than " + h.timeout.String() + " to be applied (see the sync errors in the log)"
+	}
+	if withNode {
+		eligible := h.ineligible == ""
+		r.NodeEligible = &eligible
+		if !eligible {
+			code = http.StatusServiceUnavailable
+			if r.Reason == "" {
+				r.Reason = h.ineligible
+			}
+		}
+	}
+	return r, code
+}
+
+// ServeHTTP answers /healthz, which load balancers and node monitors ask
+// (it fails while the node is going away), and /livez, for a liveness
+// probe (it looks at the proxy only).
+func (h *proxyHealth) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	var withNode bool
+	switch req.URL.Path {
+	case "/healthz":
+		withNode = true
+	case "/livez":
+	default:
+		http.NotFound(w, req)
+		return
+	}
+	r, code := h.report(withNode)
+	body, _ := json.Marshal(r)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, _ = w.Write(body)
+}
+
+// serveHealth serves h on addr until ctx is done. A port it cannot take is
+// logged and tried again every retry, so /healthz comes up once the
+// port is free; the proxy serves traffic meanwhile.
+func serveHealth(ctx context.Context, addr string, h http.Handler, retry time.Duration) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
+	said := false
+	for {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			klog.InfoS("Serving /healthz and /livez", "addr", ln.Addr().String())
+			stop := context.AfterFunc(ctx, func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				_ = srv.Shutdown(sctx)
+			})
+			err = srv.Serve(ln)
+			stop()
+			if errors.Is(err, http.ErrServerClosed) {
+				return
+			}
+			klog.ErrorS(err, "The health server stopped; starting it again", "addr", addr)
+		} else if !said {
+			said = true
+			klog.ErrorS(err, "Cannot serve /healthz and /livez (set --healthz-bind-address to a free address, or to empty to turn them off); trying again meanwhile", "addr", addr, "retryEvery", retry)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package proxyserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// fakeNow is a clock the test moves.
+type fakeNow struct{ t time.Time }
+
+func (f *fakeNow) now() time.Time { return f.t }
+
+func TestProxyHealth(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1_700_000_000, 0)}
+	h := newProxyHealth(time.Minute)
+	h.now = clock.now
+	step := func(d time.Duration) { clock.t = clock.t.Add(d) }
+
+	if !h.healthy() {
+		t.Fatal("unhealthy before any change")
+	}
+	h.queued()
+	step(59 * time.Second)
+	if !h.healthy() {
+		t.Fatal("unhealthy while a change has waited less than the timeout")
+	}
+	step(2 * time.Second)
+	if h.healthy() {
+		t.Fatal("healthy while a change has waited more than the timeout")
+	}
+	h.queued() // a newer change does not restart the wait
+	if h.healthy() {
+		t.Fatal("a newer change made it healthy")
+	}
+	started := clock.t
+	step(time.Second)
+	h.updated(started, false)
+	if !h.healthy() {
+		t.Fatal("unhealthy after everything was applied")
+	}
+	// A change that came while a sync ran waits from the sync's start.
+	h.queued()
+	started = clock.t
+	step(30 * time.Second)
+	h.updated(started, true)
+	step(31 * time.Second)
+	if h.healthy() {
+		t.Fatal("healthy though the change that came during the sync waited 61s")
+	}
+}
+
+func TestHealthEndpoints(t *testing.T) {
+	clock := &fakeNow{t: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
+	h := newProxyHealth(time.Minute)
+	h.now = clock.now
+	get := func(path string) (int, healthReport) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		var r healthReport
+		if rec.Code != http.StatusNotFound {
+			if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil {
+				t.Fatalf("%s: %v: %s", path, err, rec.Body)
+			}
+			if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+				t.Errorf("%s: Content-Type %q", path, ct)
+			}
+		}
+		return rec.Code, r
+	}
+	if code, r := get("/healthz"); code != 200 || !r.Healthy || r.NodeEligible == nil || !*r.NodeEligible || !r.LastUpdated.Equal(clock.t) {
+		t.Errorf("/healthz at start: %d %+v", code, r)
+	}
+	if code, r := get("/livez"); code != 200 || r.NodeEligible != nil {
+		t.Errorf("/livez at start: %d %+v (it has no nodeEligible)", code, r)
+	}
+	if code, _ := get("/metrics"); code != http.StatusNotFound {
+		t.Errorf("/metrics: %d, want 404", code)
+	}
+
+	h.setEligible("its Node is being deleted")
+	if code, r := get("/healthz"); code != 503 || *r.NodeEligible || r.Reason != "its Node is being deleted" {
+		t.Errorf("/healthz of a node going away: %d %+v", code, r)
+	}
+	if code, _ := get("/livez"); code != 200 {
+		t.Errorf("/livez of a node going away: %d, want 200 (the proxy itself is fine)", code)
+	}
+	h.setEligible("")
+
+	synced := clock.t
+	h.updated(synced, false)
+	h.queued()
+	clock.t = clock.t.Add(2 * time.Minute)
+	for _, path := range []string{"/healthz", "/livez"} {
+		if code, r := get(path); code != 503 || r.Healthy || !r.LastUpdated.Equal(synced) || r.Reason == "" {
+			t.Errorf("%s with a change waiting 2m: %d %+v", path, code, r)
+		}
+	}
+}
+
+// TestSyncLoopTellsHealth: offers queue, a good sync clears them, a
+// failing one does not, and a sync a rate limit deferred counts as not
+// done yet. Each apply notes whether a change is pending as it starts,
+// which is what the previous one left.
+func TestSyncLoopTellsHealth(t *testing.T) {
+	results := []error{errors.New("listen: address in use"), errDeferred{after: 10 * time.Millisecond}, nil, nil}
+	pendingAtStart := make(chan bool, len(results))
+	var l *syncLoop
+	pending := func() bool {
+		l.health.mu.Lock()
+		defer l.health.mu.Unlock()
+		return !l.health.pendingSince.IsZero()
+	}
+	calls := 0
+	l = newSyncLoop(func(state.Snapshot) error {
+		pendingAtStart <- pending()
+		calls++
+		return results[calls-1]
+	}, 10*time.Millisecond, time.Hour)
+	l.health = newProxyHealth(0) // any wait is too long
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	l.offer(snapOf(1))
+	// after: the offer; the failed sync; the deferred one; the good one.
+	for i, want := range []bool{true, true, true, false} {
+		if i == 3 {
+			l.poke() // the good sync asked for no other
+		}
+		select {
+		case got := <-pendingAtStart:
+			if got != want {
+				t.Fatalf("apply %d began with pending %v, want %v", i+1, got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("apply %d never came", i+1)
+		}
+	}
+}
