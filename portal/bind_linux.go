@@ -62,10 +62,17 @@ func (b *Bind) Interface() string {
 	return b.link.Attrs().Name
 }
 
-// ensureLink finds or creates the interface service addresses go to.
+// ensureLink finds or creates the interface service addresses go to. One
+// deleted since (the dummy interface, or the one --bind-interface names)
+// is looked up, or created, again.
 func (b *Bind) ensureLink() error {
 	if b.link != nil {
-		return nil
+		l, err := b.h.LinkByIndex(b.link.Attrs().Index)
+		if err == nil && l.Attrs().Name == b.link.Attrs().Name {
+			return nil
+		}
+		klog.InfoS("The bind portal's interface is gone; looking for it again", "interface", b.link.Attrs().Name)
+		b.link = nil
 	}
 	name := b.cfg.Interface
 	if name != "" && name != DefaultBindInterface {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -14,9 +15,9 @@ import (
 
 // proxyHealth says whether the proxy keeps up with what its source tells
 // it, by kube-proxy's rule: it is unhealthy while a change has waited
-// longer than timeout to be applied (a sync that keeps failing, or a loop
-// that is stuck). It is healthy before the first change, and whenever
-// nothing waits. It also keeps whether this node may take load-balancer
+// longer than timeout to be applied (its portal cannot be programmed, or
+// the loop is stuck; see syncLoop.run for what counts). It is healthy
+// before the first change, and whenever nothing waits. It also keeps whether this node may take load-balancer
 // traffic, which only /healthz reports.
 type proxyHealth struct {
 	timeout time.Duration
@@ -142,14 +143,19 @@ func (h *proxyHealth) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_, _ = w.Write(body)
 }
 
-// serveHealth serves h on addr until ctx is done. A port it cannot take is
-// logged and tried again every retry, so /healthz comes up once the
-// port is free; the proxy serves traffic meanwhile.
+// serveHealth serves h on addr (ip:port) until ctx is done: 0.0.0.0 is
+// every IPv4 address and [::] every IPv6 one, as kube-proxy reads them. A
+// port it cannot take is logged and tried again every retry, so /healthz
+// comes up once the port is free; the proxy serves traffic meanwhile.
 func serveHealth(ctx context.Context, addr string, h http.Handler, retry time.Duration) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
+	network := "tcp6"
+	if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().Is4() {
+		network = "tcp4"
+	}
 	said := false
 	for {
-		ln, err := net.Listen("tcp", addr)
+		ln, err := net.Listen(network, addr)
 		if err == nil {
 			klog.InfoS("Serving /healthz and /livez", "addr", ln.Addr().String())
 			stop := context.AfterFunc(ctx, func() {

@@ -91,7 +91,7 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	if err := k.pt.Sync(ctx, portals); err != nil {
 		k.synced = false // retry even if nothing changes
 		k.lastTime = now
-		return err
+		return kernelError{err}
 	}
 	if k.ct != nil {
 		k.stale = append(k.stale, conntrack.StaleUDP(k.last, portals)...)
@@ -116,6 +116,13 @@ func (k *kernelSync) clearStale(ctx context.Context) error {
 	k.stale = nil
 	return nil
 }
+
+// kernelError is a failure to program the kernel's redirection: the proxy
+// itself is failing then, not one Service it cannot serve.
+type kernelError struct{ err error }
+
+func (e kernelError) Error() string { return e.err.Error() }
+func (e kernelError) Unwrap() error { return e.err }
 
 // joinErrors combines the errors of one sync; an errDeferred is kept only
 // when nothing failed.

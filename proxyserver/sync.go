@@ -20,7 +20,7 @@ type syncLoop struct {
 	apply    func(state.Snapshot) error
 	retryMin time.Duration
 	resync   time.Duration
-	health   *proxyHealth // told of offers and of syncs that applied them; may be nil
+	health   *proxyHealth // told of offers and of syncs that applied them; may be nil (see run)
 
 	kick chan struct{}
 
@@ -85,7 +85,13 @@ func (l *syncLoop) run(ctx context.Context) {
 		took := time.Since(start)
 		next := l.resync
 		var deferred errDeferred
-		done := err == nil
+		var kernel kernelError
+		// Health counts the change applied unless the proxy's own
+		// machinery failed or waits: a Service that cannot be served (a
+		// node port another program holds) is logged and retried, but a
+		// restart would not help it, and an unhealthy proxy drains every
+		// Service from this node.
+		done := !errors.As(err, &deferred) && !errors.As(err, &kernel)
 		if errors.As(err, &deferred) {
 			// Part of the work waits for a rate limit: come back then.
 			next, err = deferred.after, nil

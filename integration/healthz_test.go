@@ -1,0 +1,66 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBinaryHealthzWhenPortalsFail: when the proxy cannot program its
+// portal (here the bind portal's --bind-interface does not exist yet),
+// /healthz and /livez answer 503 once a change has waited twice
+// --iptables-sync-period, and a health-check node port says
+// serviceProxyHealthy false with a 503, so load balancers go to other
+// nodes; all answer 200 again once the portal can be programmed. Run in a
+// network namespace with the default --healthz-bind-address.
+func TestBinaryHealthzWhenPortalsFail(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t, "node")
+	startBackend(t, ns, "8080=be1")
+	const hc, np = 30100, 30101
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, healthzManifest(hc, np, np+1, 8080))
+	px := startCommand(t, "ip", "netns", "exec", string(ns), proxyBin, "--manifests", file, "--portal=bind",
+		"--bind-interface=kup-late", "--hostname-override=node", "--iptables-sync-period=1s", "-v=2")
+	px.waitLog(0, `"Serving /healthz and /livez" addr="0.0.0.0:10256"`, 1, 20*time.Second)
+	px.waitLog(0, `"Sync failed; will retry.*interface kup-late`, 1, 20*time.Second)
+
+	run := func(url string) (string, string) {
+		out, _ := exec.Command("ip", "netns", "exec", string(ns), requireTool(t, "curl"), "-s", "--max-time", "2", "-w", "\n%{http_code}", url).Output()
+		i := strings.LastIndexByte(string(out), '\n')
+		return string(out[i+1:]), string(out[:max(i, 0)])
+	}
+	healthz, livez := "http://127.0.0.1:10256/healthz", "http://127.0.0.1:10256/livez"
+	hcURL := fmt.Sprintf("http://127.0.0.1:%d/", hc)
+	healthzAnswers(t, run, healthz, "503", `"healthy":false`)
+	healthzAnswers(t, run, livez, "503", `"reason":"a change has waited more than 2s to be applied`)
+	healthzAnswers(t, run, hcURL, "503", `"localEndpoints":1,"serviceProxyHealthy":false`)
+
+	// A veth pair: this kernel has no dummy driver.
+	ns.mustRun(t, "ip", "link", "add", "kup-late", "type", "veth", "peer", "name", "kup-late-peer")
+	ns.mustRun(t, "ip", "link", "set", "kup-late", "up")
+	ns.mustRun(t, "ip", "link", "set", "kup-late-peer", "up")
+	px.waitLog(0, `"Sync recovered"`, 1, 10*time.Second)
+	healthzAnswers(t, run, healthz, "200", `"nodeEligible":true,"healthy":true`)
+	healthzAnswers(t, run, livez, "200", `"healthy":true`)
+	healthzAnswers(t, run, hcURL, "200", `"localEndpoints":1,"serviceProxyHealthy":true`)
+	expectReply(t, ns, "tcp", "198.18.0.30:80", "be1:ping")
+
+	// The interface goes, and the service addresses with it: the portal
+	// fails at each resync until it is back, then puts them back. (No
+	// change waits meanwhile, so the proxy stays healthy, as kube-proxy
+	// does when a resync fails.)
+	from := px.lineCount()
+	ns.mustRun(t, "ip", "link", "del", "kup-late")
+	px.waitLog(from, `"The bind portal's interface is gone; looking for it again" interface="kup-late"`, 1, 10*time.Second)
+	ns.mustRun(t, "ip", "link", "add", "kup-late", "type", "veth", "peer", "name", "kup-late-peer")
+	ns.mustRun(t, "ip", "link", "set", "kup-late", "up")
+	ns.mustRun(t, "ip", "link", "set", "kup-late-peer", "up")
+	px.waitLog(from, `"Sync recovered"`, 1, 10*time.Second)
+	expectReply(t, ns, "tcp", "198.18.0.30:80", "be1:ping")
+}
