@@ -82,9 +82,12 @@ type proxyProc struct {
 func startProxy(t *testing.T, args ...string) *proxyProc {
 	t.Helper()
 	// Proxies of tests running side by side in the host's namespace would
-	// all want /healthz on port 10256: only tests that ask have it.
-	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--healthz-bind-address") }) {
-		args = append(args, "--healthz-bind-address=")
+	// all want /healthz on port 10256 and /metrics on 10249: only tests
+	// that ask have them.
+	for _, flag := range []string{"--healthz-bind-address", "--metrics-bind-address"} {
+		if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, flag) }) {
+			args = append(args, flag+"=")
+		}
 	}
 	return startCommand(t, proxyBin, args...)
 }

@@ -61,7 +61,7 @@ endpoints: [{addresses: ["127.0.0.1"], conditions: {ready: true}}]
 }
 
 func proxyArgs(file string) []string {
-	return []string{"--manifests", file, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32", "--healthz-bind-address="}
+	return []string{"--manifests", file, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32", "--healthz-bind-address=", "--metrics-bind-address="}
 }
 
 // TestManifestEndToEnd runs the real binary on a manifest file and drives it
@@ -441,6 +441,70 @@ func TestBinaryHealthz(t *testing.T) {
 	healthzAnswers(t, run, fmt.Sprintf("http://127.0.0.1:%d/", hc), "200", `"localEndpoints":1,"serviceProxyHealthy":true`)
 	if code, _ := curlCode(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", hz)); code != "404" {
 		t.Errorf("/metrics: %s, want 404", code)
+	}
+}
+
+// TestBinaryMetrics: /metrics on --metrics-bind-address, scraped with
+// curl, has kube-proxy's sync metrics and the data plane's counters, which
+// follow real traffic; /proxyMode and the plain /healthz answer as
+// kube-proxy's metrics server does.
+func TestBinaryMetrics(t *testing.T) {
+	a, ua := httpBackend(t, "a"), udpBackend(t, "ua")
+	np, mp := freePort(t), freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, manifest(np, "None", []int{a}, []int{ua}))
+	px := startProxy(t, append(proxyArgs(file), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))...)
+	px.waitLog(0, `"Serving /metrics" addr="127.0.0.1:`+strconv.Itoa(mp), 1, 20*time.Second)
+	px.waitLog(0, `"Serving".*via="node-port"`, 2, 20*time.Second)
+	for range 5 {
+		if body, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/", np)); err != nil || body != "a" {
+			t.Fatalf("node port: %q, %v", body, err)
+		}
+	}
+	for range 3 {
+		if got, err := ncUDP(t, "127.0.0.1", np, "hi"); err != nil || !strings.HasPrefix(got, "ua") {
+			t.Fatalf("UDP node port: %q, %v", got, err)
+		}
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", mp)
+	metrics, err := curl(t, base+"/metrics")
+	if err != nil {
+		t.Fatalf("/metrics: %v: %s", err, metrics)
+	}
+	values := map[string]float64{}
+	for _, line := range strings.Split(metrics, "\n") {
+		if name, v, ok := strings.Cut(line, " "); ok && !strings.HasPrefix(line, "#") {
+			f, _ := strconv.ParseFloat(v, 64)
+			values[name] = f
+		}
+	}
+	for name, want := range map[string]float64{
+		"kube_userspace_proxy_tcp_connections_accepted_total":               5,
+		"kube_userspace_proxy_udp_sessions_opened_total":                    3,
+		`kube_userspace_proxy_udp_datagrams_total{direction="to_endpoint"}`: 3,
+		`kube_userspace_proxy_udp_datagrams_total{direction="to_client"}`:   3,
+		"kube_userspace_proxy_tcp_no_endpoints_total":                       0,
+	} {
+		if got, ok := values[name]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
+		}
+	}
+	for _, name := range []string{
+		"kubeproxy_sync_proxy_rules_duration_seconds_count",
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+		`kube_userspace_proxy_bytes_total{direction="to_client"}`,
+		"process_open_fds",
+	} {
+		if values[name] <= 0 {
+			t.Errorf("%s = %v, want it above 0", name, values[name])
+		}
+	}
+	if body, err := curl(t, base+"/proxyMode"); err != nil || body != "userspace" {
+		t.Errorf("/proxyMode: %q, %v", body, err)
+	}
+	if body, err := curl(t, base+"/healthz"); err != nil || body != "ok" {
+		t.Errorf("/healthz of the metrics server: %q, %v", body, err)
 	}
 }
 

@@ -73,16 +73,23 @@ type Config struct {
 	// HealthzBindAddress is where /healthz and /livez are served: "ip:port",
 	// or an IP alone for port 10256. Empty turns them off.
 	HealthzBindAddress string
+	// MetricsBindAddress is where /metrics is served: "ip:port", or an IP
+	// alone for port 10249. Empty turns it off.
+	MetricsBindAddress string
 
 	// Parsed by Validate.
 	bindAddr  netip.Addr
 	portRange userspace.PortRange
 	nodePorts []netip.Prefix
 	healthz   string // HealthzBindAddress as host:port, or ""
+	metrics   string // MetricsBindAddress as host:port, or ""
 }
 
-// defaultHealthzPort is kube-proxy's health port.
-const defaultHealthzPort = 10256
+// kube-proxy's health and metrics ports.
+const (
+	defaultHealthzPort = 10256
+	defaultMetricsPort = 10249
+)
 
 // NewConfig returns a Config with the defaults of the flags.
 func NewConfig() *Config {
@@ -100,6 +107,7 @@ func NewConfig() *Config {
 		MinSyncPeriod:       time.Second,
 		SyncPeriod:          30 * time.Second,
 		HealthzBindAddress:  "0.0.0.0:10256",
+		MetricsBindAddress:  "127.0.0.1:10249",
 	}
 }
 
@@ -127,6 +135,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.MinSyncPeriod, "iptables-min-sync-period", c.MinSyncPeriod, "The least time between two syncs of kernel state (e.g. '1s').")
 	fs.DurationVar(&c.SyncPeriod, "iptables-sync-period", c.SyncPeriod, "The longest time between two full resyncs (e.g. '30s'); must be greater than 0.")
 	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port of /healthz and /livez ('[::]:10256' for IPv6; an IP alone means port 10256). They answer 503 once a change has waited more than twice --iptables-sync-period because the portal cannot be programmed; /healthz also while this node's Node is going away. Empty turns them off.")
+	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port of /metrics (Prometheus; kube-proxy's sync metrics and the data plane's counters), '0.0.0.0:10249' for every IPv4 address; an IP alone means port 10249. Empty turns it off.")
 }
 
 // Validate checks every option and parses the ones that need it. The
@@ -196,25 +205,29 @@ func (c *Config) Validate() error {
 	if c.SyncPeriod <= 0 {
 		bad("iptables-sync-period", "must be greater than 0, got %v", c.SyncPeriod)
 	}
-	if c.healthz, err = healthzAddr(c.HealthzBindAddress); err != nil {
+	if c.healthz, err = serverAddr(c.HealthzBindAddress, defaultHealthzPort); err != nil {
 		bad("healthz-bind-address", "%v", err)
+	}
+	if c.metrics, err = serverAddr(c.MetricsBindAddress, defaultMetricsPort); err != nil {
+		bad("metrics-bind-address", "%v", err)
 	}
 	return errors.Join(errs...)
 }
 
-// healthzAddr reads --healthz-bind-address: "ip:port", or an IP alone for
-// kube-proxy's port; empty turns the server off.
-func healthzAddr(s string) (string, error) {
+// serverAddr reads --healthz-bind-address or --metrics-bind-address:
+// "ip:port", or an IP alone for kube-proxy's port; empty turns the server
+// off.
+func serverAddr(s string, port uint16) (string, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return "", nil
 	}
 	if ip, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
-		return netip.AddrPortFrom(ip, defaultHealthzPort).String(), nil
+		return netip.AddrPortFrom(ip, port).String(), nil
 	}
 	ap, err := netip.ParseAddrPort(s)
 	if err != nil {
-		return "", fmt.Errorf("%q is not an IP address with a port, such as 0.0.0.0:%d", s, defaultHealthzPort)
+		return "", fmt.Errorf("%q is not an IP address with a port, such as 0.0.0.0:%d", s, port)
 	}
 	return ap.String(), nil
 }

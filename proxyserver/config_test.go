@@ -31,6 +31,7 @@ func TestValidate(t *testing.T) {
 		{name: "healthz IP alone", args: []string{"--manifests", "x", "--healthz-bind-address=127.0.0.1"}},
 		{name: "healthz no IP", args: []string{"--manifests", "x", "--healthz-bind-address=:10256"}, want: `--healthz-bind-address: ":10256" is not an IP address with a port`},
 		{name: "healthz port", args: []string{"--manifests", "x", "--healthz-bind-address=127.0.0.1:70000"}, want: "--healthz-bind-address"},
+		{name: "metrics", args: []string{"--manifests", "x", "--metrics-bind-address=localhost:10249"}, want: `--metrics-bind-address: "localhost:10249" is not an IP address with a port, such as 0.0.0.0:10249`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -78,6 +79,10 @@ func TestValidateParses(t *testing.T) {
 		if err := c.Validate(); err != nil || c.healthz != want {
 			t.Errorf("--healthz-bind-address=%q: %q, %v; want %q", in, c.healthz, err, want)
 		}
+	}
+	c.MetricsBindAddress = "0.0.0.0"
+	if err := c.Validate(); err != nil || c.metrics != "0.0.0.0:10249" {
+		t.Errorf("--metrics-bind-address=0.0.0.0: %q, %v", c.metrics, err)
 	}
 }
 

@@ -20,8 +20,9 @@ import (
 // before the first change, and whenever nothing waits. It also keeps whether this node may take load-balancer
 // traffic, which only /healthz reports.
 type proxyHealth struct {
-	timeout time.Duration
-	now     func() time.Time
+	timeout  time.Duration
+	now      func() time.Time
+	answered func(withNode bool, code int) // counts answers; may be nil
 
 	mu           sync.Mutex // guards the fields below
 	lastUpdated  time.Time  // the last sync that applied everything offered
@@ -136,6 +137,9 @@ func (h *proxyHealth) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r, code := h.report(withNode)
+	if h.answered != nil {
+		h.answered(withNode, code)
+	}
 	body, _ := json.Marshal(r)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -143,11 +147,17 @@ func (h *proxyHealth) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_, _ = w.Write(body)
 }
 
-// serveHealth serves h on addr (ip:port) until ctx is done: 0.0.0.0 is
-// every IPv4 address and [::] every IPv6 one, as kube-proxy reads them. A
-// port it cannot take is logged and tried again every retry, so /healthz
-// comes up once the port is free; the proxy serves traffic meanwhile.
+// serveHealth serves h on addr until ctx is done (see serveHTTP).
 func serveHealth(ctx context.Context, addr string, h http.Handler, retry time.Duration) {
+	serveHTTP(ctx, "/healthz and /livez", "--healthz-bind-address", addr, h, retry)
+}
+
+// serveHTTP serves h on addr (ip:port) until ctx is done: 0.0.0.0 is
+// every IPv4 address and [::] every IPv6 one, as kube-proxy reads them. A
+// port it cannot take is logged, naming flag, and tried again every retry,
+// so what serves comes up once the port is free; the proxy serves traffic
+// meanwhile.
+func serveHTTP(ctx context.Context, what, flag, addr string, h http.Handler, retry time.Duration) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	network := "tcp6"
 	if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().Is4() {
@@ -157,7 +167,7 @@ func serveHealth(ctx context.Context, addr string, h http.Handler, retry time.Du
 	for {
 		ln, err := net.Listen(network, addr)
 		if err == nil {
-			klog.InfoS("Serving /healthz and /livez", "addr", ln.Addr().String())
+			klog.InfoS("Serving "+what, "addr", ln.Addr().String())
 			stop := context.AfterFunc(ctx, func() {
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				defer cancel()
@@ -168,10 +178,10 @@ func serveHealth(ctx context.Context, addr string, h http.Handler, retry time.Du
 			if errors.Is(err, http.ErrServerClosed) {
 				return
 			}
-			klog.ErrorS(err, "The health server stopped; starting it again", "addr", addr)
+			klog.ErrorS(err, "Stopped serving "+what+"; starting again", "addr", addr)
 		} else if !said {
 			said = true
-			klog.ErrorS(err, "Cannot serve /healthz and /livez (set --healthz-bind-address to a free address, or to empty to turn them off); trying again meanwhile", "addr", addr, "retryEvery", retry)
+			klog.ErrorS(err, "Cannot serve "+what+" (set "+flag+" to a free address, or to empty to turn it off); trying again meanwhile", "addr", addr, "retryEvery", retry)
 		}
 		select {
 		case <-ctx.Done():

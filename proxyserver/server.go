@@ -82,6 +82,8 @@ func Run(ctx context.Context, cfg *Config) error {
 	// kube-proxy's rule: unhealthy once a change waits twice the resync
 	// period.
 	health := newProxyHealth(2 * cfg.SyncPeriod)
+	m := newMetrics(p.Stats())
+	health.answered = m.answered
 	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.HostAddrs, proxyHealthy: health.healthy}
 	defer hc.closeAll()
 	loop := newSyncLoop(func(s state.Snapshot) error {
@@ -99,7 +101,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		errs = append(errs, hc.sync(s))
 		return joinErrors(errs...)
 	}, cfg.MinSyncPeriod, cfg.SyncPeriod)
-	loop.health = health
+	loop.health, loop.metrics = health, m
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -110,6 +112,9 @@ func Run(ctx context.Context, cfg *Config) error {
 	}()
 	if cfg.healthz != "" {
 		wg.Go(func() { serveHealth(ctx, cfg.healthz, health, 10*time.Second) })
+	}
+	if cfg.metrics != "" {
+		wg.Go(func() { serveMetrics(ctx, cfg.metrics, m, 10*time.Second) })
 	}
 	defer func() {
 		cancel()

@@ -21,6 +21,7 @@ type syncLoop struct {
 	retryMin time.Duration
 	resync   time.Duration
 	health   *proxyHealth // told of offers and of syncs that applied them; may be nil (see run)
+	metrics  *metrics     // told the same, and how long each sync took; may be nil
 
 	kick chan struct{}
 
@@ -42,6 +43,9 @@ func (l *syncLoop) offer(s state.Snapshot) {
 	l.mu.Unlock()
 	if l.health != nil {
 		l.health.queued()
+	}
+	if l.metrics != nil {
+		l.metrics.queued()
 	}
 	l.poke()
 }
@@ -99,6 +103,9 @@ func (l *syncLoop) run(ctx context.Context) {
 		if done && l.health != nil {
 			_, latest, _ := l.current()
 			l.health.updated(start, latest != version)
+		}
+		if l.metrics != nil {
+			l.metrics.synced(took, done)
 		}
 		if err != nil {
 			backoff = min(max(2*backoff, l.retryMin), l.resync)

@@ -41,7 +41,8 @@ func startOurs(_ context.Context, env Env) (*Instance, error) {
 		"--portal=none",
 		"--bind-address=127.0.0.1",
 		"--nodeport-addresses=127.0.0.1/32",
-		"--healthz-bind-address=", // nginx serves no health endpoint either
+		"--healthz-bind-address=", // nginx serves no health or metrics endpoint either
+		"--metrics-bind-address=",
 		"-v=0")
 	if err != nil {
 		return nil, err

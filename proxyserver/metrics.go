@@ -1,0 +1,159 @@
+package proxyserver
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
+)
+
+// metrics are what /metrics serves: kube-proxy's core sync metrics, under
+// their names, so its dashboards and alerts apply, and the data plane's
+// counters under kube_userspace_proxy_.
+type metrics struct {
+	reg *prometheus.Registry
+
+	syncDuration  prometheus.Histogram
+	lastSynced    prometheus.Gauge
+	lastQueued    prometheus.Gauge
+	healthzAnswer *prometheus.CounterVec
+	livezAnswer   *prometheus.CounterVec
+}
+
+func newMetrics(stats *userspace.Stats) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "duration_seconds",
+			Help:    "How long a sync took: listeners, portal rules and health-check ports.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
+		lastSynced: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "last_timestamp_seconds",
+			Help: "When the last sync that applied every change offered ended (Unix time).",
+		}),
+		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "last_queued_timestamp_seconds",
+			Help: "When the last change was offered to the sync loop (Unix time); far past last_timestamp_seconds means the proxy is not keeping up.",
+		}),
+		healthzAnswer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "proxy", Name: "healthz_total",
+			Help: "/healthz answers, by HTTP status.",
+		}, []string{"code"}),
+		livezAnswer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "proxy", Name: "livez_total",
+			Help: "/livez answers, by HTTP status.",
+		}, []string{"code"}),
+	}
+	m.reg.MustRegister(m.syncDuration, m.lastSynced, m.lastQueued, m.healthzAnswer, m.livezAnswer,
+		statsCollector{stats},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// synced records a sync that took took, and whether it applied everything.
+func (m *metrics) synced(took time.Duration, applied bool) {
+	m.syncDuration.Observe(took.Seconds())
+	if applied {
+		m.lastSynced.SetToCurrentTime()
+	}
+}
+
+// queued records a change offered to the sync loop.
+func (m *metrics) queued() { m.lastQueued.SetToCurrentTime() }
+
+// answered counts a /healthz (withNode) or /livez answer.
+func (m *metrics) answered(withNode bool, code int) {
+	v := m.livezAnswer
+	if withNode {
+		v = m.healthzAnswer
+	}
+	v.WithLabelValues(http.StatusText(code)).Inc()
+}
+
+// handler serves /metrics, and, as kube-proxy's metrics server does, a
+// plain /healthz and /proxyMode.
+func (m *metrics) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("userspace")) })
+	return mux
+}
+
+// serveMetrics serves m on addr until ctx is done, as serveHealth does.
+func serveMetrics(ctx context.Context, addr string, m *metrics, retry time.Duration) {
+	serveHTTP(ctx, "/metrics", "--metrics-bind-address", addr, m.handler(), retry)
+}
+
+// statsCollector reads the data plane's counters at each scrape.
+type statsCollector struct{ stats *userspace.Stats }
+
+type statDesc struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(s *userspace.StatsSnapshot) float64
+}
+
+func newStat(name, help string, kind prometheus.ValueType, value func(s *userspace.StatsSnapshot) float64, labels ...string) statDesc {
+	var constLabels prometheus.Labels
+	if len(labels) == 2 {
+		constLabels = prometheus.Labels{labels[0]: labels[1]}
+	}
+	return statDesc{prometheus.NewDesc("kube_userspace_proxy_"+name, help, nil, constLabels), kind, value}
+}
+
+func counter(name, help string, value func(s *userspace.StatsSnapshot) uint64, labels ...string) statDesc {
+	return newStat(name, help, prometheus.CounterValue, func(s *userspace.StatsSnapshot) float64 { return float64(value(s)) }, labels...)
+}
+
+func gauge(name, help string, value func(s *userspace.StatsSnapshot) int64) statDesc {
+	return newStat(name, help, prometheus.GaugeValue, func(s *userspace.StatsSnapshot) float64 { return float64(value(s)) })
+}
+
+type snap = userspace.StatsSnapshot
+
+var statDescs = []statDesc{
+	counter("tcp_connections_accepted_total", "TCP client connections accepted.", func(s *snap) uint64 { return s.TCPAccepted }),
+	gauge("tcp_connections_active", "Proxied TCP connections open now.", func(s *snap) int64 { return s.TCPActive }),
+	counter("tcp_no_endpoints_total", "TCP connections reset because the service port had no endpoints.", func(s *snap) uint64 { return s.TCPNoEndpoints }),
+	counter("tcp_dial_failures_total", "Failed dials to TCP endpoints (each attempt).", func(s *snap) uint64 { return s.TCPDialFailures }),
+	counter("tcp_dial_give_ups_total", "TCP connections reset after every dial attempt failed.", func(s *snap) uint64 { return s.TCPDialGiveUps }),
+	counter("tcp_half_close_timeouts_total", "TCP connections ended because a half-closed side stayed silent too long.", func(s *snap) uint64 { return s.HalfCloseTimeouts }),
+	counter("bytes_total", "Bytes proxied over TCP, by direction.", func(s *snap) uint64 { return s.BytesToBackend }, "direction", "to_endpoint"),
+	counter("bytes_total", "Bytes proxied over TCP, by direction.", func(s *snap) uint64 { return s.BytesToClient }, "direction", "to_client"),
+	counter("sctp_associations_accepted_total", "SCTP client associations accepted.", func(s *snap) uint64 { return s.SCTPAccepted }),
+	gauge("sctp_associations_active", "Proxied SCTP association pairs open now.", func(s *snap) int64 { return s.SCTPActive }),
+	counter("sctp_no_endpoints_total", "SCTP associations aborted because the service port had no endpoints.", func(s *snap) uint64 { return s.SCTPNoEndpoints }),
+	counter("sctp_dial_failures_total", "Failed associations to SCTP endpoints (each attempt).", func(s *snap) uint64 { return s.SCTPDialFailures }),
+	counter("sctp_dial_give_ups_total", "SCTP associations aborted after every attempt failed.", func(s *snap) uint64 { return s.SCTPDialGiveUps }),
+	counter("udp_sessions_opened_total", "UDP sessions opened.", func(s *snap) uint64 { return s.UDPSessionsOpened }),
+	gauge("udp_sessions_active", "UDP sessions open now.", func(s *snap) int64 { return s.UDPSessionsActive }),
+	counter("udp_sessions_rejected_total", "UDP datagrams dropped because the service port was at --udp-max-sessions.", func(s *snap) uint64 { return s.UDPSessionsRejected }),
+	counter("udp_no_endpoints_total", "UDP datagrams dropped because the service port had no endpoints.", func(s *snap) uint64 { return s.UDPNoEndpoints }),
+	counter("udp_datagrams_total", "UDP datagrams proxied, by direction.", func(s *snap) uint64 { return s.UDPDatagramsIn }, "direction", "to_endpoint"),
+	counter("udp_datagrams_total", "UDP datagrams proxied, by direction.", func(s *snap) uint64 { return s.UDPDatagramsOut }, "direction", "to_client"),
+	counter("udp_dropped_total", "UDP datagrams dropped on a full socket buffer or a send error.", func(s *snap) uint64 { return s.UDPDropped }),
+	counter("udp_refused_total", "UDP sessions ended because the endpoint refused (ICMP port unreachable).", func(s *snap) uint64 { return s.UDPRefused }),
+	counter("shed_total", "Connections and sessions refused for lack of file descriptors or buffers.", func(s *snap) uint64 { return s.Shed }),
+	counter("accept_errors_total", "Other accept errors.", func(s *snap) uint64 { return s.AcceptErrors }),
+	counter("source_refused_total", "Connections reset and datagrams dropped because their source is outside the Service's loadBalancerSourceRanges (bind portal).", func(s *snap) uint64 { return s.SourceRefused }),
+}
+
+func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range statDescs {
+		ch <- d.desc
+	}
+}
+
+func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats.Snapshot()
+	for _, d := range statDescs {
+		ch <- prometheus.MustNewConstMetric(d.desc, d.kind, d.value(&s))
+	}
+}
