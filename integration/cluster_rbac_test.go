@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -176,4 +178,54 @@ func TestBinaryHealthzFollowsNode(t *testing.T) {
 	}
 	expect(healthz, "503", `"reason":"its Node was deleted"`)
 	expect(livez, "200", `"healthy":true`)
+}
+
+// TestBinaryKubeProxyConfigFile: the binary follows a cluster from a
+// KubeProxyConfiguration file, as a kube-proxy DaemonSet's ConfigMap holds
+// one, with mode: userspace: its clientConnection, hostnameOverride,
+// healthz and metrics addresses, sync periods and portRange apply, and
+// a flag the file stands for is ignored and said to be.
+func TestBinaryKubeProxyConfigFile(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	ns := testNamespace(t, c)
+	node := fmt.Sprintf("kup-config-%d", time.Now().UnixNano())
+	if _, err := c.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	createService(t, c, newService(ns, "web"))
+	putSlice(t, c, newSlice(ns, "web", "web-1", readyEP("198.19.3.1")))
+	hz, mp := freePort(t), freePort(t)
+	base := freePort(t) / 10 * 10
+	file := filepath.Join(t.TempDir(), "kube-proxy.yaml")
+	writeFile(t, file, fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: userspace
+clientConnection:
+  kubeconfig: %s
+hostnameOverride: %s
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:%d
+metricsBindAddress: 127.0.0.1:%d
+nodePortAddresses: [127.0.0.1/32]
+portRange: "%d+9"
+iptables: {syncPeriod: 20s, minSyncPeriod: 500ms}
+clusterCIDR: 10.244.0.0/16
+`, api.Kubeconfig, node, hz, mp, base))
+	px := startProxy(t, "--config", file, "--portal=none", "--kubeconfig=/nonexistent")
+	px.waitLog(0, `"Flags ignored: the --config file sets these instead, as in kube-proxy" flags=\["--kubeconfig",`, 1, 10*time.Second) // the harness adds its own
+	px.waitLog(0, `"Settings of the --config file that a userspace proxy has no use for are ignored" fields=\["clusterCIDR"\]`, 1, 10*time.Second)
+	px.waitLog(0, `"Starting kube-userspace-proxy" node="`+node+`"`, 1, 10*time.Second)
+	px.waitLog(0, `"Serving" service="`+ns+`/web:http/TCP"`, 1, 60*time.Second)
+	m := regexp.MustCompile(`"Serving" service="` + ns + `/web:http/TCP" addr="127.0.0.1:(\d+)"`).FindStringSubmatch(px.log())
+	if pp, _ := strconv.Atoi(m[1]); pp < base || pp > base+9 {
+		t.Errorf("proxy port %d, want one of portRange %d+9", pp, base)
+	}
+	if code, body := curlCode(t, fmt.Sprintf("http://127.0.0.1:%d/healthz", hz)); code != "200" || !strings.Contains(body, `"healthy":true`) {
+		t.Errorf("/healthz on the file's address: %s %s", code, body)
+	}
+	if code, body := curlCode(t, fmt.Sprintf("http://127.0.0.1:%d/proxyMode", mp)); code != "200" || body != "userspace" {
+		t.Errorf("/proxyMode on the file's metrics address: %s %q", code, body)
+	}
 }

@@ -29,6 +29,12 @@ const (
 // Config is every option of the proxy, as flags set it. Validate fills the
 // parsed fields.
 type Config struct {
+	// ConfigFile is a KubeProxyConfiguration file (--config); see
+	// LoadConfigFile.
+	ConfigFile string
+	// LogVerbosity is the file's logging.verbosity, when the command line
+	// gave no -v; nil otherwise. The caller applies it to klog.
+	LogVerbosity *int
 	// Manifests is a file of Service and EndpointSlice manifests to serve.
 	// If empty, the proxy follows a cluster.
 	Manifests string
@@ -114,6 +120,7 @@ func NewConfig() *Config {
 // AddFlags registers the proxy's flags, with kube-proxy's names where
 // kube-proxy has them.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1), such as a kube-proxy DaemonSet's ConfigMap holds, with mode: userspace or no mode. It sets what kube-proxy's flags would (those flags are then ignored), except --hostname-override and -v; this proxy's own flags still apply.")
 	fs.StringVar(&c.Manifests, "manifests", c.Manifests, "Serve the Services and EndpointSlices in this YAML or JSON file (what 'kubectl apply -f' takes) instead of a cluster's. The file is watched: edits apply within a second, and a broken edit is reported while the last good state keeps serving.")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "Path to a kubeconfig file with the cluster and credentials. With --master empty too, the in-cluster configuration is used.")
 	fs.StringVar(&c.Master, "master", c.Master, "The address of the Kubernetes API server (overrides the kubeconfig's).")
@@ -150,7 +157,10 @@ func (c *Config) Validate() error {
 	default:
 		bad("portal", "%q is not a portal mode (want auto, iptables, bind or none)", c.Portal)
 	}
-	if c.Manifests != "" && (c.Kubeconfig != "" || c.Master != "") {
+	switch {
+	case c.Manifests != "" && c.ConfigFile != "" && c.Kubeconfig != "":
+		errs = append(errs, errors.New("--manifests and the --config file's clientConnection.kubeconfig both name a source of services: give one"))
+	case c.Manifests != "" && (c.Kubeconfig != "" || c.Master != ""):
 		errs = append(errs, errors.New("--manifests and --kubeconfig/--master both name a source of services: give one"))
 	}
 	switch c.KubeAPIContentType {

@@ -51,6 +51,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (every option is a flag)\n", fs.Args())
 		os.Exit(2)
 	}
+	if err := cfg.LoadConfigFile(fs); err != nil {
+		fmt.Fprintln(os.Stderr, "kube-userspace-proxy:", err)
+		os.Exit(2)
+	}
+	if cfg.LogVerbosity != nil {
+		_ = klogFlags.Set("v", fmt.Sprint(*cfg.LogVerbosity))
+	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid options:\n%v\n", err)
 		os.Exit(2)

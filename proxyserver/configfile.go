@@ -1,0 +1,177 @@
+package proxyserver
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+	"sigs.k8s.io/yaml"
+)
+
+// ModeUserspace is the KubeProxyConfiguration mode this proxy runs.
+const ModeUserspace = "userspace"
+
+// configFileFlags are the flags a KubeProxyConfiguration file sets instead
+// when --config is given (kube-proxy ignores them then too).
+// --hostname-override is not one: as in kube-proxy, the flag wins.
+var configFileFlags = []string{
+	"kubeconfig", "kube-api-qps", "kube-api-burst", "kube-api-content-type", "config-sync-period",
+	"bind-address", "healthz-bind-address", "metrics-bind-address", "nodeport-addresses",
+	"iptables-sync-period", "iptables-min-sync-period", "proxy-port-range",
+}
+
+// LoadConfigFile reads the KubeProxyConfiguration file of --config, if
+// one is given, into c: what a kube-proxy DaemonSet's ConfigMap holds,
+// with mode userspace (or no mode). fs is the parsed command line: flags
+// the file stands for are ignored, and said to be; --hostname-override
+// and -v given on the command line win over the file, as in kube-proxy.
+// The file's fields that mean nothing to a userspace proxy are ignored,
+// and the ones set are named in the log.
+func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
+	if c.ConfigFile == "" {
+		return nil
+	}
+	data, err := os.ReadFile(c.ConfigFile)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	kp, err := decodeKubeProxyConfig(data)
+	if err != nil {
+		return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
+	}
+	var ignored []string
+	for _, name := range configFileFlags {
+		if f := fs.Lookup(name); f != nil && f.Changed {
+			ignored = append(ignored, "--"+name)
+		}
+	}
+	if len(ignored) > 0 {
+		klog.InfoS("Flags ignored: the --config file sets these instead, as in kube-proxy", "flags", ignored, "config", c.ConfigFile)
+	}
+	if err := c.fromKubeProxyConfig(kp, fs.Changed("hostname-override")); err != nil {
+		return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
+	}
+	if !fs.Changed("v") && kp.Logging.Verbosity != 0 {
+		v := int(kp.Logging.Verbosity)
+		c.LogVerbosity = &v
+	}
+	if names := inapplicable(kp); len(names) > 0 {
+		klog.InfoS("Settings of the --config file that a userspace proxy has no use for are ignored", "fields", names)
+	}
+	return nil
+}
+
+// decodeKubeProxyConfig reads a KubeProxyConfiguration (YAML or JSON) as
+// kube-proxy does: strictly, and if only strictness fails (an unknown or
+// repeated field, perhaps from a newer kube-proxy), leniently with a
+// warning.
+func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfiguration, error) {
+	var kp kubeproxyv1alpha1.KubeProxyConfiguration
+	if strictErr := yaml.UnmarshalStrict(data, &kp); strictErr != nil {
+		kp = kubeproxyv1alpha1.KubeProxyConfiguration{}
+		if err := yaml.Unmarshal(data, &kp); err != nil {
+			return nil, err
+		}
+		klog.InfoS("The --config file has fields this proxy does not know; they are ignored", "err", strictErr.Error())
+	}
+	const apiVersion = "kubeproxy.config.k8s.io/v1alpha1"
+	if kp.APIVersion != apiVersion || kp.Kind != "KubeProxyConfiguration" {
+		return nil, fmt.Errorf("apiVersion %q, kind %q: want apiVersion %s, kind KubeProxyConfiguration", kp.APIVersion, kp.Kind, apiVersion)
+	}
+	return &kp, nil
+}
+
+// fromKubeProxyConfig sets c from kp, with kube-proxy's defaults for what
+// kp leaves out. keepHostname says --hostname-override was given.
+func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguration, keepHostname bool) error {
+	var errs []error
+	switch mode := string(kp.Mode); mode {
+	case "", ModeUserspace:
+	default:
+		errs = append(errs, fmt.Errorf("mode: %q is one of kube-proxy's own modes; this proxy is mode %q (set mode: %s, or leave it out)", mode, ModeUserspace, ModeUserspace))
+	}
+	d := NewConfig()
+	or := func(s, def string) string {
+		if s == "" {
+			return def
+		}
+		return s
+	}
+	orDuration := func(v, def time.Duration) time.Duration {
+		if v == 0 {
+			return def
+		}
+		return v
+	}
+	cc := kp.ClientConnection
+	c.Kubeconfig = cc.Kubeconfig
+	c.KubeAPIContentType = or(cc.ContentType, d.KubeAPIContentType)
+	c.KubeAPIQPS, c.KubeAPIBurst = d.KubeAPIQPS, d.KubeAPIBurst
+	if cc.QPS != 0 {
+		c.KubeAPIQPS = cc.QPS
+	}
+	if cc.Burst != 0 {
+		c.KubeAPIBurst = int(cc.Burst)
+	}
+	if !keepHostname {
+		c.HostnameOverride = kp.HostnameOverride
+	}
+	c.BindAddress = or(kp.BindAddress, d.BindAddress)
+	c.HealthzBindAddress = or(kp.HealthzBindAddress, d.HealthzBindAddress)
+	c.MetricsBindAddress = or(kp.MetricsBindAddress, d.MetricsBindAddress)
+	c.SyncPeriod = orDuration(kp.IPTables.SyncPeriod.Duration, d.SyncPeriod)
+	c.MinSyncPeriod = orDuration(kp.IPTables.MinSyncPeriod.Duration, d.MinSyncPeriod)
+	c.ConfigSyncPeriod = orDuration(kp.ConfigSyncPeriod.Duration, d.ConfigSyncPeriod)
+	c.ProxyPortRange = kp.PortRange
+	c.NodePortAddresses = nil
+	for i, a := range kp.NodePortAddresses {
+		switch a {
+		case "all": // kube-proxy's keyword for every address: ours when empty
+			if len(kp.NodePortAddresses) > 1 {
+				errs = append(errs, fmt.Errorf("nodePortAddresses[%d]: all may not be given with other entries", i))
+			}
+		case "localhost":
+			c.NodePortAddresses = append(c.NodePortAddresses, "127.0.0.0/8", "::1/128")
+		case "primary":
+			errs = append(errs, fmt.Errorf("nodePortAddresses[%d]: primary (the node's primary IPs) is not supported: list their CIDRs", i))
+		default:
+			c.NodePortAddresses = append(c.NodePortAddresses, a)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// inapplicable names the fields of kp that are set but mean nothing to a
+// userspace proxy (masquerading, conntrack tuning, other modes' settings).
+func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
+	var out []string
+	add := func(set bool, name string) {
+		if set {
+			out = append(out, name)
+		}
+	}
+	add(len(kp.FeatureGates) > 0, "featureGates")
+	add(kp.BindAddressHardFail, "bindAddressHardFail")
+	add(kp.EnableProfiling, "enableProfiling")
+	add(kp.ShowHiddenMetricsForVersion != "", "showHiddenMetricsForVersion")
+	add(kp.IPTables.MasqueradeAll, "iptables.masqueradeAll")
+	add(kp.IPTables.MasqueradeBit != nil, "iptables.masqueradeBit")
+	add(kp.IPTables.LocalhostNodePorts != nil, "iptables.localhostNodePorts")
+	add(kp.IPVS.Scheduler != "" || kp.IPVS.SyncPeriod.Duration != 0 || len(kp.IPVS.ExcludeCIDRs) > 0 || kp.IPVS.StrictARP, "ipvs")
+	add(kp.NFTables.SyncPeriod.Duration != 0 || kp.NFTables.MasqueradeAll || kp.NFTables.MasqueradeBit != nil, "nftables")
+	add(kp.DetectLocalMode != "", "detectLocalMode")
+	add(kp.DetectLocal.BridgeInterface != "" || kp.DetectLocal.InterfaceNamePrefix != "", "detectLocal")
+	add(kp.ClusterCIDR != "", "clusterCIDR")
+	add(kp.OOMScoreAdj != nil, "oomScoreAdj")
+	add(kp.Conntrack.MaxPerCore != nil || kp.Conntrack.Min != nil || kp.Conntrack.TCPEstablishedTimeout != nil ||
+		kp.Conntrack.TCPCloseWaitTimeout != nil || kp.Conntrack.TCPBeLiberal || kp.Conntrack.UDPTimeout.Duration != 0 ||
+		kp.Conntrack.UDPStreamTimeout.Duration != 0, "conntrack")
+	add(kp.WindowsRunAsService, "windowsRunAsService")
+	slices.Sort(out)
+	return slices.Compact(out)
+}

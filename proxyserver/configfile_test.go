@@ -1,0 +1,162 @@
+package proxyserver
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+)
+
+// loadConfig parses args, writes file (if not empty) for --config, and
+// loads it.
+func loadConfig(t *testing.T, file string, args ...string) (*Config, error) {
+	t.Helper()
+	c := NewConfig()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	c.AddFlags(fs)
+	fs.Int("v", 0, "klog's, as main adds it")
+	if file != "" {
+		path := filepath.Join(t.TempDir(), "config.yaml")
+		if err := os.WriteFile(path, []byte(file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--config", path)
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return c, c.LoadConfigFile(fs)
+}
+
+// A kube-proxy ConfigMap's file, as kubeadm writes one, set to userspace.
+const kubeadmConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 20
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 7
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 10m0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: node-from-file
+iptables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 2s
+  syncPeriod: 45s
+logging:
+  verbosity: 3
+metricsBindAddress: 0.0.0.0:10249
+mode: userspace
+nodePortAddresses: [localhost, 10.0.0.0/8]
+oomScoreAdj: null
+portRange: 36000-37999
+`
+
+func TestLoadConfigFile(t *testing.T) {
+	c, err := loadConfig(t, kubeadmConfig, "--kubeconfig=/ignored", "--udp-timeout=1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"kubeconfig (the flag is ignored)", c.Kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
+		{"qps", c.KubeAPIQPS, float32(7)},
+		{"burst", c.KubeAPIBurst, 20},
+		{"content type (defaulted)", c.KubeAPIContentType, contentTypeProtobuf},
+		{"hostname", c.HostnameOverride, "node-from-file"},
+		{"config sync period", c.ConfigSyncPeriod, 10 * time.Minute},
+		{"sync period", c.SyncPeriod, 45 * time.Second},
+		{"min sync period", c.MinSyncPeriod, 2 * time.Second},
+		{"healthz (defaulted)", c.healthz, "0.0.0.0:10256"},
+		{"metrics", c.metrics, "0.0.0.0:10249"},
+		{"port range", c.ProxyPortRange, "36000-37999"},
+		{"node ports", strings.Join(c.NodePortAddresses, ","), "127.0.0.0/8,::1/128,10.0.0.0/8"},
+		{"our own flag still applies", c.UDPIdleTimeout, time.Second},
+		{"verbosity", *c.LogVerbosity, 3},
+	}
+	for _, ck := range checks {
+		if ck.got != ck.want {
+			t.Errorf("%s = %v, want %v", ck.name, ck.got, ck.want)
+		}
+	}
+	if got := inapplicable(mustDecode(t, kubeadmConfig)); !slices.Equal(got, []string{"clusterCIDR"}) {
+		t.Errorf("inapplicable = %v, want [clusterCIDR]", got)
+	}
+
+	// --hostname-override and -v on the command line win over the file.
+	c, err = loadConfig(t, kubeadmConfig, "--hostname-override=flag-node", "--v=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HostnameOverride != "flag-node" || c.LogVerbosity != nil {
+		t.Errorf("hostname %q, verbosity %v: want the flags' (flag-node, none from the file)", c.HostnameOverride, c.LogVerbosity)
+	}
+}
+
+func mustDecode(t *testing.T, s string) *kubeproxyv1alpha1.KubeProxyConfiguration {
+	t.Helper()
+	kp, err := decodeKubeProxyConfig([]byte(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kp
+}
+
+func TestLoadConfigFileErrors(t *testing.T) {
+	head := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	tests := []struct {
+		name, file, want string
+	}{
+		{"kube-proxy's mode", head + "mode: iptables\n", `mode: "iptables" is one of kube-proxy's own modes; this proxy is mode "userspace"`},
+		{"wrong kind", "apiVersion: v1\nkind: ConfigMap\n", `apiVersion "v1", kind "ConfigMap": want apiVersion kubeproxy.config.k8s.io/v1alpha1, kind KubeProxyConfiguration`},
+		{"wrong type", head + "iptables: {syncPeriod: [1]}\n", "syncPeriod"},
+		{"primary", head + "nodePortAddresses: [primary]\n", "nodePortAddresses[0]: primary"},
+		{"all and more", head + "nodePortAddresses: [all, 10.0.0.0/8]\n", "nodePortAddresses[0]: all may not be given with other entries"},
+		{"manifests too", head + "clientConnection: {kubeconfig: /k}\n", "--manifests and the --config file's clientConnection.kubeconfig"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{}
+			if tc.name == "manifests too" {
+				args = append(args, "--manifests=x.yaml")
+			}
+			c, err := loadConfig(t, tc.file, args...)
+			if err == nil {
+				err = c.Validate()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one with %q", err, tc.want)
+			}
+		})
+	}
+	// An unknown field, as a newer kube-proxy may write, is ignored.
+	c, err := loadConfig(t, head+"mode: userspace\nsomethingNew: 1\nportRange: \"40000+10\"\n")
+	if err != nil || c.ProxyPortRange != "40000+10" {
+		t.Errorf("unknown field: %v, port range %q", err, c.ProxyPortRange)
+	}
+	if _, err := loadConfig(t, "", "--config=/nonexistent/kube-proxy.yaml"); err == nil || !strings.Contains(err.Error(), "--config: open /nonexistent/kube-proxy.yaml") {
+		t.Errorf("missing file: %v", err)
+	}
+}
