@@ -15,7 +15,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
+
+// createNode creates node in the API server, deleted when the test ends.
+func createNode(t *testing.T, c kubernetes.Interface, node *corev1.Node) {
+	t.Helper()
+	if _, err := c.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
+}
 
 // TestBinaryForbiddenNodeSaysSo: when RBAC lets the proxy read Services
 // and EndpointSlices but not its Node, the proxy says once, plainly, what
@@ -56,10 +66,7 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelTopologyZone: "zone-rbac"}}}
-	if _, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	createNode(t, c, node)
 	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
 		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2")
 	px.waitLog(0, `forbids reading what the proxy needs; Services are served meanwhile, without the Node's labels: topology hints are ignored until RBAC allows it.*resource="nodes"`, 1, 30*time.Second)
@@ -81,7 +88,6 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 func TestBinaryNamesMissingNode(t *testing.T) {
 	api := requireAPIServer(t)
 	c := api.Client
-	ctx := context.Background()
 	const report = "The API server has no Node of this name"
 	base := []string{"--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32"}
 
@@ -92,10 +98,7 @@ func TestBinaryNamesMissingNode(t *testing.T) {
 
 	present := fmt.Sprintf("kup-present-%d", time.Now().UnixNano())
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: present}}
-	if _, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), present, metav1.DeleteOptions{}) })
+	createNode(t, c, node)
 	px2 := startProxy(t, append(base, "--hostname-override="+present)...)
 	px2.waitLog(0, `"Informer caches synced"`, 1, 60*time.Second)
 	// The report would follow the sync line at once, written by the same
@@ -133,10 +136,7 @@ func TestBinaryHealthzFollowsNode(t *testing.T) {
 	c := api.Client
 	ctx := context.Background()
 	name := fmt.Sprintf("kup-healthz-%d", time.Now().UnixNano())
-	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	createNode(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	hz := freePort(t)
 	px := startProxy(t, "--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32",
 		"--hostname-override="+name, fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz))
@@ -190,10 +190,7 @@ func TestBinaryKubeProxyConfigFile(t *testing.T) {
 	c := api.Client
 	ns := testNamespace(t, c)
 	node := fmt.Sprintf("kup-config-%d", time.Now().UnixNano())
-	if _, err := c.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	createNode(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
 	createService(t, c, newService(ns, "web"))
 	putSlice(t, c, newSlice(ns, "web", "web-1", readyEP("198.19.3.1")))
 	hz, mp := freePort(t), freePort(t)

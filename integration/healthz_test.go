@@ -4,9 +4,7 @@ package integration
 
 import (
 	"fmt"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -30,11 +28,7 @@ func TestBinaryHealthzWhenPortalsFail(t *testing.T) {
 	px.waitLog(0, `"Serving /healthz and /livez" addr="0.0.0.0:10256"`, 1, 20*time.Second)
 	px.waitLog(0, `"Sync failed; will retry.*interface kup-late`, 1, 20*time.Second)
 
-	run := func(url string) (string, string) {
-		out, _ := exec.Command("ip", "netns", "exec", string(ns), requireTool(t, "curl"), "-s", "--max-time", "2", "-w", "\n%{http_code}", url).Output()
-		i := strings.LastIndexByte(string(out), '\n')
-		return string(out[i+1:]), string(out[:max(i, 0)])
-	}
+	run := func(url string) (string, string) { return curlCodeIn(t, ns, url) }
 	healthz, livez := "http://127.0.0.1:10256/healthz", "http://127.0.0.1:10256/livez"
 	hcURL := fmt.Sprintf("http://127.0.0.1:%d/", hc)
 	healthzAnswers(t, run, healthz, "503", `"healthy":false`)

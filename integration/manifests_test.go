@@ -328,11 +328,7 @@ endpoints:
 		t.Helper()
 		var code, body string
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			// Standard output is the body, a newline and the status
-			// (000 when nothing answered).
-			out, _ := exec.Command(requireTool(t, "curl"), "-s", "--max-time", "2", "-w", "\n%{http_code}", url).Output()
-			i := strings.LastIndexByte(string(out), '\n')
-			body, code = string(out[:max(i, 0)]), string(out[i+1:])
+			code, body = curlCode(t, url)
 			if code == wantCode && (body == wantBody || wantBody == "*") || time.Now().After(deadline) {
 				break
 			}
@@ -352,7 +348,18 @@ endpoints:
 // when nothing answered) and the body.
 func curlCode(t *testing.T, url string) (code, body string) {
 	t.Helper()
-	out, _ := exec.Command(requireTool(t, "curl"), "-s", "--max-time", "2", "-w", "\n%{http_code}", url).Output()
+	return curlCodeIn(t, "", url)
+}
+
+// curlCodeIn is curlCode run in network namespace ns ("" for this one).
+func curlCodeIn(t *testing.T, ns netns, url string) (code, body string) {
+	t.Helper()
+	args := []string{requireTool(t, "curl"), "-s", "--max-time", "2", "-w", "\n%{http_code}", url}
+	if ns != "" {
+		args = append([]string{"ip", "netns", "exec", string(ns)}, args...)
+	}
+	// Standard output is the body, a newline and the status.
+	out, _ := exec.Command(args[0], args[1:]...).Output()
 	i := strings.LastIndexByte(string(out), '\n')
 	return string(out[i+1:]), string(out[:max(i, 0)])
 }
