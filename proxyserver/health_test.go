@@ -6,10 +6,12 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
 // fakeNow is a clock the test moves.
@@ -147,6 +149,34 @@ func TestSyncLoopTellsHealth(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("apply %d never came", i+1)
+		}
+	}
+}
+
+// TestMetricsCountHealthAnswers: /healthz and /livez answers are counted
+// by status code, as kube-proxy's kubeproxy_proxy_healthz_total counts
+// them, and a sync shows in the sync metrics.
+func TestMetricsCountHealthAnswers(t *testing.T) {
+	var stats userspace.Stats
+	m := newMetrics(&stats)
+	h := newProxyHealth(time.Minute)
+	h.answered = m.answered
+	h.setEligible("its Node was deleted")
+	for _, path := range []string{"/healthz", "/healthz", "/livez"} {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil))
+	}
+	m.synced(3*time.Millisecond, true)
+	stats.TCPAccepted.Add(7)
+	rec := httptest.NewRecorder()
+	m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, want := range []string{
+		`kubeproxy_proxy_healthz_total{code="503"} 2`,
+		`kubeproxy_proxy_livez_total{code="200"} 1`,
+		`kubeproxy_sync_proxy_rules_duration_seconds_count 1`,
+		`kube_userspace_proxy_tcp_connections_accepted_total 7`,
+	} {
+		if !strings.Contains(rec.Body.String(), want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
 		}
 	}
 }

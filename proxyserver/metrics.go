@@ -3,6 +3,7 @@ package proxyserver
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,7 +74,7 @@ func (m *metrics) answered(withNode bool, code int) {
 	if withNode {
 		v = m.healthzAnswer
 	}
-	v.WithLabelValues(http.StatusText(code)).Inc()
+	v.WithLabelValues(strconv.Itoa(code)).Inc()
 }
 
 // handler serves /metrics, and, as kube-proxy's metrics server does, a
@@ -94,29 +95,32 @@ func serveMetrics(ctx context.Context, addr string, m *metrics, retry time.Durat
 // statsCollector reads the data plane's counters at each scrape.
 type statsCollector struct{ stats *userspace.Stats }
 
+type snap = userspace.StatsSnapshot
+
+// statDesc is one series of the data plane's counters.
 type statDesc struct {
 	desc  *prometheus.Desc
 	kind  prometheus.ValueType
-	value func(s *userspace.StatsSnapshot) float64
+	value func(s *snap) float64
 }
 
-func newStat(name, help string, kind prometheus.ValueType, value func(s *userspace.StatsSnapshot) float64, labels ...string) statDesc {
-	var constLabels prometheus.Labels
-	if len(labels) == 2 {
-		constLabels = prometheus.Labels{labels[0]: labels[1]}
+// counter describes kube_userspace_proxy_<name>; label, if given, is a
+// label name and its value ("direction", "to_client"), for series that
+// share a name.
+func counter(name, help string, value func(s *snap) uint64, label ...string) statDesc {
+	var labels prometheus.Labels
+	if len(label) == 2 {
+		labels = prometheus.Labels{label[0]: label[1]}
 	}
-	return statDesc{prometheus.NewDesc("kube_userspace_proxy_"+name, help, nil, constLabels), kind, value}
+	return statDesc{prometheus.NewDesc("kube_userspace_proxy_"+name, help, nil, labels), prometheus.CounterValue,
+		func(s *snap) float64 { return float64(value(s)) }}
 }
 
-func counter(name, help string, value func(s *userspace.StatsSnapshot) uint64, labels ...string) statDesc {
-	return newStat(name, help, prometheus.CounterValue, func(s *userspace.StatsSnapshot) float64 { return float64(value(s)) }, labels...)
+// gauge describes kube_userspace_proxy_<name>.
+func gauge(name, help string, value func(s *snap) int64) statDesc {
+	return statDesc{prometheus.NewDesc("kube_userspace_proxy_"+name, help, nil, nil), prometheus.GaugeValue,
+		func(s *snap) float64 { return float64(value(s)) }}
 }
-
-func gauge(name, help string, value func(s *userspace.StatsSnapshot) int64) statDesc {
-	return newStat(name, help, prometheus.GaugeValue, func(s *userspace.StatsSnapshot) float64 { return float64(value(s)) })
-}
-
-type snap = userspace.StatsSnapshot
 
 var statDescs = []statDesc{
 	counter("tcp_connections_accepted_total", "TCP client connections accepted.", func(s *snap) uint64 { return s.TCPAccepted }),
