@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/spf13/pflag"
@@ -36,6 +37,8 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	}
 	r := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	kinds := map[string]int{}
+	var config string // the ConfigMap's config.conf
+	var command []string
 	for i := 1; ; i++ {
 		doc, err := r.Read()
 		if errors.Is(err, io.EOF) {
@@ -52,6 +55,9 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			t.Fatalf("document %d: %v", i, err)
 		}
 		kinds[gvk.Kind]++
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			config = cm.Data["config.conf"]
+		}
 		if ds, ok := obj.(*appsv1.DaemonSet); ok {
 			c := ds.Spec.Template.Spec.Containers[0]
 			if !ds.Spec.Template.Spec.HostNetwork {
@@ -63,19 +69,29 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			if len(c.Command) == 0 || c.Command[0] != "/kube-userspace-proxy" {
 				t.Fatalf("command %v", c.Command)
 			}
-			// Every flag the DaemonSet passes must exist and validate.
-			cfg := proxyserver.NewConfig()
-			fs := pflag.NewFlagSet("daemonset", pflag.ContinueOnError)
-			cfg.AddFlags(fs)
-			fs.IntP("v", "v", 0, "klog verbosity, registered by main")
-			if err := fs.Parse(c.Command[1:]); err != nil {
-				t.Errorf("DaemonSet flags: %v", err)
-			} else if err := cfg.Validate(); err != nil {
-				t.Errorf("DaemonSet flags do not validate: %v", err)
-			}
+			command = c.Command
 		}
 	}
-	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"} {
+	// Every flag the DaemonSet passes must exist, and with the ConfigMap's
+	// file, validate.
+	file := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(file, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := proxyserver.NewConfig()
+	fs := pflag.NewFlagSet("daemonset", pflag.ContinueOnError)
+	cfg.AddFlags(fs)
+	fs.IntP("v", "v", 0, "klog verbosity, registered by main")
+	if err := fs.Parse(append(command[1:], "--config="+file)); err != nil {
+		t.Errorf("DaemonSet flags: %v", err)
+	} else if err := cfg.LoadConfigFile(fs); err != nil {
+		t.Errorf("the ConfigMap's file: %v", err)
+	} else if err := cfg.Validate(); err != nil {
+		t.Errorf("DaemonSet flags and file do not validate: %v", err)
+	} else if cfg.ProxyPortRange != "36000-37999" {
+		t.Errorf("proxy port range %q, want the file's", cfg.ProxyPortRange)
+	}
+	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"} {
 		if kinds[k] != 1 {
 			t.Errorf("%d %s documents, want 1 (all: %v)", kinds[k], k, kinds)
 		}
