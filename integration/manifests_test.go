@@ -513,6 +513,25 @@ func TestBinaryMetrics(t *testing.T) {
 	if body, err := curl(t, base+"/healthz"); err != nil || body != "ok" {
 		t.Errorf("/healthz of the metrics server: %q, %v", body, err)
 	}
+	// The teaching view: what each service port serves, and where.
+	view, err := curl(t, base+"/debug/services")
+	if err != nil {
+		t.Fatalf("/debug/services: %v: %s", err, view)
+	}
+	for _, want := range []string{
+		"2 service ports, portal none, applied ",
+		"\ne2e/app:http/TCP\n",
+		fmt.Sprintf("  frontends:    198.18.0.20:80, node port %d\n", np),
+		"  affinity:     none: round robin\n",
+		fmt.Sprintf("  endpoints:    127.0.0.1:%d\n", a),
+		fmt.Sprintf("127.0.0.1:%d (node-port)", np),
+		"\ne2e/app:dns/UDP\n",
+		fmt.Sprintf("  endpoints:    127.0.0.1:%d\n", ua),
+	} {
+		if !strings.Contains(view, want) {
+			t.Errorf("/debug/services lacks %q:\n%s", want, view)
+		}
+	}
 }
 
 func TestBadInputFailsClearly(t *testing.T) {

@@ -66,6 +66,12 @@ func TestBinaryLoadBalancerSourceRanges(t *testing.T) {
 
 			expectReply(t, w.outside, "tcp", "198.19.2.1:80", "be1:ping")
 			expectReply(t, w.outside, "udp", "198.19.2.1:53", "be1:ping")
+			// The teaching view (metrics server, default address) says so.
+			if code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services"); code != "200" ||
+				!strings.Contains(view, "  sources:      198.19.2.1 admits only 198.18.11.0/24\n") ||
+				mode == "iptables" && !regexp.MustCompile(`198\.19\.2\.1:80/TCP -> :\d+ from 198\.18\.11\.0/24`).MatchString(view) {
+				t.Errorf("/debug/services: %s\n%s", code, view)
+			}
 			// The node's own traffic leaves from 198.18.11.1, in the range.
 			expectReply(t, w.node, "tcp", "198.19.2.1:80", "be1:ping")
 

@@ -17,7 +17,8 @@ import (
 // their names, so its dashboards and alerts apply, and the data plane's
 // counters under kube_userspace_proxy_.
 type metrics struct {
-	reg *prometheus.Registry
+	reg   *prometheus.Registry
+	debug http.Handler // /debug/services; may be nil
 
 	syncDuration  prometheus.Histogram
 	lastSynced    prometheus.Gauge
@@ -78,9 +79,12 @@ func (m *metrics) answered(withNode bool, code int) {
 }
 
 // handler serves /metrics, and, as kube-proxy's metrics server does, a
-// plain /healthz and /proxyMode.
+// plain /healthz and /proxyMode; and /debug/services.
 func (m *metrics) handler() http.Handler {
 	mux := http.NewServeMux()
+	if m.debug != nil {
+		mux.Handle("/debug/services", m.debug)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("userspace")) })

@@ -84,6 +84,11 @@ func Run(ctx context.Context, cfg *Config) error {
 	health := newProxyHealth(2 * cfg.SyncPeriod)
 	m := newMetrics(p.Stats())
 	health.answered = m.answered
+	dv := &debugView{p: p, mode: mode}
+	if mode == PortalIPTables {
+		dv.portals = func(s state.Snapshot) []portal.Portal { return redirectPortals(s, p) }
+	}
+	m.debug = dv
 	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.HostAddrs, proxyHealthy: health.healthy}
 	defer hc.closeAll()
 	loop := newSyncLoop(func(s state.Snapshot) error {
@@ -93,6 +98,7 @@ func Run(ctx context.Context, cfg *Config) error {
 			errs = append(errs, ks.sync(ctx, portal.FromSnapshot(s, nil, nil)))
 		}
 		errs = append(errs, p.Apply(s))
+		dv.applied(s)
 		if mode == PortalIPTables {
 			// Rules after listeners: they point at the proxy ports.
 			errs = append(errs, ks.sync(ctx, redirectPortals(s, p)))

@@ -1,0 +1,157 @@
+package proxyserver
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
+)
+
+// debugView answers /debug/services: for every service port, what the
+// proxy serves and how traffic reaches it, as plain text for people
+// learning or debugging Service networking. It shows the last snapshot
+// applied, the listeners, and the portals that steer traffic to them.
+type debugView struct {
+	p       *userspace.Proxier
+	portals func(state.Snapshot) []portal.Portal // the portals a snapshot gives; nil when no portal redirects
+	mode    string                               // the portal mode
+
+	last atomic.Pointer[debugSnapshot]
+}
+
+type debugSnapshot struct {
+	snap state.Snapshot
+	at   time.Time
+}
+
+// applied records the snapshot a sync applied.
+func (d *debugView) applied(s state.Snapshot) {
+	d.last.Store(&debugSnapshot{snap: s, at: time.Now()})
+}
+
+func (d *debugView) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	last := d.last.Load()
+	if last == nil {
+		fmt.Fprintln(w, "Nothing applied yet: the source has not synced.")
+		return
+	}
+	d.write(w, last)
+}
+
+func (d *debugView) write(w io.Writer, last *debugSnapshot) {
+	listeners := map[state.ServicePortName][]userspace.Listener{}
+	for _, l := range d.p.Listeners() {
+		listeners[l.Service] = append(listeners[l.Service], l)
+	}
+	portals := map[state.ServicePortName][]portal.Portal{}
+	if d.portals != nil {
+		for _, pt := range d.portals(last.snap) {
+			portals[pt.Service] = append(portals[pt.Service], pt)
+		}
+	}
+	fmt.Fprintf(w, "%d service ports, portal %s, applied %s\n", last.snap.Len(), d.mode, last.at.Format(time.RFC3339))
+	for sp := range last.snap.All {
+		fmt.Fprintf(w, "\n%s\n", sp.Name)
+		line := func(what, format string, args ...any) {
+			fmt.Fprintf(w, "  %-13s %s\n", what+":", fmt.Sprintf(format, args...))
+		}
+		var fronts []string
+		for _, f := range sp.Frontends() {
+			fronts = append(fronts, f.String())
+		}
+		if sp.NodePort != 0 {
+			fronts = append(fronts, fmt.Sprintf("node port %d", sp.NodePort))
+		}
+		line("frontends", "%s", orNone(fronts))
+		if d.mode == PortalNone && len(sp.Frontends()) > 0 {
+			line("note", "portal none captures no frontend address: clients use the proxy port (or the node port)")
+		}
+		if len(sp.LoadBalancerIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0 {
+			for _, ip := range sp.LoadBalancerIPs {
+				if r := sp.SourceRanges(ip, nil); r != nil {
+					line("sources", "%s admits only %s", ip, joinPrefixes(r))
+				}
+			}
+		}
+		if sp.Affinity.Sticky() {
+			line("affinity", "ClientIP, %v", sp.Affinity.TTL())
+		} else {
+			line("affinity", "none: round robin")
+		}
+		policy := func(local bool) string {
+			if local {
+				return "Local"
+			}
+			return "Cluster"
+		}
+		line("policies", "internal %s, external %s", policy(sp.InternalLocal), policy(sp.ExternalLocal))
+		line("endpoints", "%s", endpointList(sp.InternalEndpoints()))
+		if sp.InternalLocal != sp.ExternalLocal {
+			line("external to", "%s", endpointList(sp.ExternalEndpoints()))
+		}
+		var ls []string
+		for _, l := range listeners[sp.Name] {
+			ls = append(ls, fmt.Sprintf("%s (%s)", l.Addr, l.Role))
+		}
+		line("listening", "%s", orNone(ls))
+		if d.portals != nil {
+			var ps []string
+			for _, pt := range portals[sp.Name] {
+				s := pt.String()
+				if pt.SourceRanges != nil {
+					s += " from " + joinPrefixes(pt.SourceRanges)
+				}
+				if pt.Reject {
+					s += ", rejected: no endpoints"
+				}
+				ps = append(ps, s)
+			}
+			line("redirects", "%s", orNone(ps))
+		}
+	}
+}
+
+func endpointList(eps []state.Endpoint) string {
+	if len(eps) == 0 {
+		return "none: new connections are reset, datagrams dropped"
+	}
+	var out []string
+	for _, e := range eps {
+		s := e.Addr.String()
+		var notes []string
+		if e.Local {
+			notes = append(notes, "this node")
+		}
+		if !e.Ready {
+			notes = append(notes, "not ready: serving while terminating")
+		}
+		if len(notes) > 0 {
+			s += " (" + strings.Join(notes, ", ") + ")"
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, ", ")
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return strings.Join(out, ", ")
+}
+
+func orNone(items []string) string {
+	if len(items) == 0 {
+		return "none"
+	}
+	return strings.Join(items, ", ")
+}
