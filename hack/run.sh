@@ -26,6 +26,7 @@ kube-userspace-proxy is serving examples/demo.yaml. In another terminal try:
   curl http://127.0.0.1:30081/          # demo/web-sticky: ClientIP affinity
   echo hi | nc -u -w1 127.0.0.1 30053   # demo/echo: UDP, a new session per client port
   curl http://127.0.0.1:10256/healthz   # the proxy's health, as kube-proxy reports it
+  curl http://127.0.0.1:10249/debug/services   # what each service port serves, and where
 
 Each service is also on its proxy port (the "Serving ... via=proxy-port"
 lines above). Edit examples/demo.yaml and watch it apply (git checkout
