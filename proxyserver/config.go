@@ -67,6 +67,10 @@ type Config struct {
 	NodePortAddresses []string
 	// HostnameOverride names this node; empty means the host name.
 	HostnameOverride string
+	// ClusterCIDR is the pods' CIDRs, comma-separated (one per IP family):
+	// their traffic to a Service with externalTrafficPolicy: Local is not
+	// external. Empty means only this host's traffic is told apart.
+	ClusterCIDR string
 
 	UDPIdleTimeout      time.Duration
 	UDPReplyTimeout     time.Duration
@@ -87,6 +91,7 @@ type Config struct {
 	bindAddr  netip.Addr
 	portRange userspace.PortRange
 	nodePorts []netip.Prefix
+	podCIDRs  []netip.Prefix
 	healthz   string // HealthzBindAddress as host:port, or ""
 	metrics   string // MetricsBindAddress as host:port, or ""
 }
@@ -134,6 +139,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "The IP address proxy ports listen on; 0.0.0.0 or :: listen on every address of each IP family a service uses.")
 	fs.StringVar(&c.ProxyPortRange, "proxy-port-range", c.ProxyPortRange, "Host ports for proxy ports: 'begin-end', 'begin+offset' or a single port. Empty, 0 or 0-0 lets the kernel choose.")
 	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses, "Comma-separated CIDRs of the node addresses that serve NodePorts, e.g. 127.0.0.0/8,10.0.0.0/8. Empty means every address.")
+	fs.StringVar(&c.ClusterCIDR, "cluster-cidr", c.ClusterCIDR, "The pods' CIDRs, comma-separated for dual stack (e.g. 10.244.0.0/16,fd00:10:244::/56): traffic from a pod to a node port, external IP or load-balancer IP of a Service with externalTrafficPolicy: Local goes to all its endpoints, as kube-proxy routes it. Empty: only this host's own traffic is told apart.")
 	fs.StringVar(&c.HostnameOverride, "hostname-override", c.HostnameOverride, "The name of this node, to tell its endpoints from others'. Empty means the host name.")
 	fs.DurationVar(&c.UDPIdleTimeout, "udp-timeout", c.UDPIdleTimeout, "How long an idle UDP session is kept once its endpoint has answered (must be > 0).")
 	fs.DurationVar(&c.UDPReplyTimeout, "udp-reply-timeout", c.UDPReplyTimeout, "How long a UDP session waits for the answer to a client's datagram, when longer than --udp-timeout, so slow replies are not lost.")
@@ -197,6 +203,18 @@ func (c *Config) Validate() error {
 		}
 		c.nodePorts = append(c.nodePorts, pfx.Masked())
 	}
+	c.podCIDRs = nil
+	for _, s := range strings.Split(c.ClusterCIDR, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		pfx, err := netip.ParsePrefix(s)
+		if err != nil {
+			bad("cluster-cidr", "%q is not a CIDR (e.g. 10.244.0.0/16)", s)
+			continue
+		}
+		c.podCIDRs = append(c.podCIDRs, pfx.Masked())
+	}
 	if c.UDPIdleTimeout <= 0 {
 		bad("udp-timeout", "must be greater than 0, got %v", c.UDPIdleTimeout)
 	}
@@ -256,6 +274,7 @@ func (c *Config) proxierConfig(portalMode string) userspace.Config {
 		ServeFrontends:      portalMode == PortalBind,
 		DisableProxyPorts:   portalMode == PortalBind,
 		NodePortAddresses:   c.nodePorts,
+		ClusterCIDRs:        c.podCIDRs,
 		UDPIdleTimeout:      c.UDPIdleTimeout,
 		UDPReplyTimeout:     c.UDPReplyTimeout,
 		UDPMaxSessions:      c.UDPMaxSessions,

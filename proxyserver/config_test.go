@@ -26,6 +26,8 @@ func TestValidate(t *testing.T) {
 		{name: "sync period", args: []string{"--manifests", "x", "--iptables-sync-period", "0s"}, want: "--iptables-sync-period"},
 		{name: "several at once", args: []string{"--bind-address", "nope", "--udp-timeout", "-1s"}, want: "--udp-timeout"},
 		{name: "content type", args: []string{"--kube-api-content-type", "text/plain"}, want: "--kube-api-content-type"},
+		{name: "cluster CIDRs", args: []string{"--manifests", "x", "--cluster-cidr", "10.244.0.0/16, fd00:10:244::/56"}},
+		{name: "cluster CIDR", args: []string{"--manifests", "x", "--cluster-cidr", "10.244.0.0"}, want: `--cluster-cidr: "10.244.0.0" is not a CIDR`},
 		{name: "healthz off", args: []string{"--manifests", "x", "--healthz-bind-address="}},
 		{name: "healthz IPv6", args: []string{"--manifests", "x", "--healthz-bind-address=[::1]:10256"}},
 		{name: "healthz IP alone", args: []string{"--manifests", "x", "--healthz-bind-address=127.0.0.1"}},

@@ -3,8 +3,10 @@ package proxyserver
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -21,7 +23,7 @@ const ModeUserspace = "userspace"
 // --hostname-override is not one: as in kube-proxy, the flag wins.
 var configFileFlags = []string{
 	"kubeconfig", "kube-api-qps", "kube-api-burst", "kube-api-content-type", "config-sync-period",
-	"bind-address", "healthz-bind-address", "metrics-bind-address", "nodeport-addresses",
+	"bind-address", "healthz-bind-address", "metrics-bind-address", "nodeport-addresses", "cluster-cidr",
 	"iptables-sync-period", "iptables-min-sync-period", "proxy-port-range",
 }
 
@@ -128,6 +130,19 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	c.MinSyncPeriod = orDuration(kp.IPTables.MinSyncPeriod.Duration, d.MinSyncPeriod)
 	c.ConfigSyncPeriod = orDuration(kp.ConfigSyncPeriod.Duration, d.ConfigSyncPeriod)
 	c.ProxyPortRange = kp.PortRange
+	c.ClusterCIDR = ""
+	switch kp.DetectLocalMode {
+	case "", "ClusterCIDR":
+		c.ClusterCIDR = kp.ClusterCIDR
+		for _, s := range strings.Split(kp.ClusterCIDR, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				if _, err := netip.ParsePrefix(s); err != nil {
+					errs = append(errs, fmt.Errorf("clusterCIDR: %q is not a CIDR (e.g. 10.244.0.0/16)", s))
+				}
+			}
+		}
+	default: // told apart by node CIDR or interface: not supported; see inapplicable
+	}
 	c.NodePortAddresses = nil
 	for i, a := range kp.NodePortAddresses {
 		switch a {
@@ -164,9 +179,8 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 	add(kp.IPTables.LocalhostNodePorts != nil, "iptables.localhostNodePorts")
 	add(kp.IPVS.Scheduler != "" || kp.IPVS.SyncPeriod.Duration != 0 || len(kp.IPVS.ExcludeCIDRs) > 0 || kp.IPVS.StrictARP, "ipvs")
 	add(kp.NFTables.SyncPeriod.Duration != 0 || kp.NFTables.MasqueradeAll || kp.NFTables.MasqueradeBit != nil, "nftables")
-	add(kp.DetectLocalMode != "", "detectLocalMode")
+	add(kp.DetectLocalMode != "" && kp.DetectLocalMode != "ClusterCIDR", "detectLocalMode (only ClusterCIDR is supported)")
 	add(kp.DetectLocal.BridgeInterface != "" || kp.DetectLocal.InterfaceNamePrefix != "", "detectLocal")
-	add(kp.ClusterCIDR != "", "clusterCIDR")
 	add(kp.OOMScoreAdj != nil, "oomScoreAdj")
 	add(kp.Conntrack.MaxPerCore != nil || kp.Conntrack.Min != nil || kp.Conntrack.TCPEstablishedTimeout != nil ||
 		kp.Conntrack.TCPCloseWaitTimeout != nil || kp.Conntrack.TCPBeLiberal || kp.Conntrack.UDPTimeout.Duration != 0 ||

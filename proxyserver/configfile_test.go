@@ -101,8 +101,14 @@ func TestLoadConfigFile(t *testing.T) {
 			t.Errorf("%s = %v, want %v", ck.name, ck.got, ck.want)
 		}
 	}
-	if got := inapplicable(mustDecode(t, kubeadmConfig)); !slices.Equal(got, []string{"clusterCIDR"}) {
-		t.Errorf("inapplicable = %v, want [clusterCIDR]", got)
+	if c.ClusterCIDR != "10.244.0.0/16" || len(c.podCIDRs) != 1 {
+		t.Errorf("cluster CIDR %q (%v), want the file's", c.ClusterCIDR, c.podCIDRs)
+	}
+	if got := inapplicable(mustDecode(t, kubeadmConfig)); len(got) != 0 {
+		t.Errorf("inapplicable = %v, want none", got)
+	}
+	if got := inapplicable(mustDecode(t, kubeadmConfig+"detectLocalMode: NodeCIDR\nipvs: {strictARP: true}\n")); !slices.Equal(got, []string{"detectLocalMode (only ClusterCIDR is supported)", "ipvs"}) {
+		t.Errorf("inapplicable = %v", got)
 	}
 
 	// --hostname-override and -v on the command line win over the file.
@@ -134,6 +140,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"wrong type", head + "iptables: {syncPeriod: [1]}\n", "syncPeriod"},
 		{"primary", head + "nodePortAddresses: [primary]\n", "nodePortAddresses[0]: primary"},
 		{"all and more", head + "nodePortAddresses: [all, 10.0.0.0/8]\n", "nodePortAddresses[0]: all may not be given with other entries"},
+		{"cluster CIDR", head + "clusterCIDR: 10.244.0.0/16,nope\n", `clusterCIDR: "nope" is not a CIDR`},
 		{"manifests too", head + "clientConnection: {kubeconfig: /k}\n", "--manifests and the --config file's clientConnection.kubeconfig"},
 	}
 	for _, tc := range tests {

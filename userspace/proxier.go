@@ -54,6 +54,13 @@ type Config struct {
 	// ExternalIP and load-balancer IP at the service port, for the bind
 	// portal.
 	ServeFrontends bool
+	// ClusterCIDRs are the pods' addresses (kube-proxy's --cluster-cidr).
+	// A pod's traffic to a node port, external IP or load-balancer IP of
+	// a Service with externalTrafficPolicy: Local goes to all its
+	// endpoints, as this host's own traffic does and as kube-proxy
+	// routes it: the policy is for traffic from outside the cluster. If
+	// empty, only this host's traffic is told apart.
+	ClusterCIDRs []netip.Prefix
 
 	// UDPIdleTimeout ends a UDP session after this long without traffic
 	// once its endpoint has answered. If zero, DefaultUDPIdleTimeout.
@@ -296,6 +303,12 @@ func (p *Proxier) hostAddrList() []netip.Addr {
 		return nil
 	}
 	return slices.Collect(maps.Keys(*set))
+}
+
+// isPod reports whether a is in ClusterCIDRs.
+func (p *Proxier) isPod(a netip.Addr) bool {
+	a = a.Unmap()
+	return slices.ContainsFunc(p.cfg.ClusterCIDRs, func(c netip.Prefix) bool { return c.Contains(a) })
 }
 
 // isHostAddr reports whether a is one of this host's addresses, as

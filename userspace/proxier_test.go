@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -423,6 +424,39 @@ func TestExternalTrafficFromTheHost(t *testing.T) {
 	}
 	if _, err := tcpWhoFromErr(outsider, nodePort); err == nil {
 		t.Fatal("outside node-port traffic with no local endpoint was served")
+	}
+}
+
+// TestExternalTrafficFromPods: with ClusterCIDRs (--cluster-cidr), a
+// pod's traffic to a node port of an externalTrafficPolicy: Local Service
+// goes to all its endpoints, as kube-proxy's "pod traffic for external
+// destinations" rule sends it; traffic from outside the cluster still gets
+// the local endpoints only, and so would the pod's without ClusterCIDRs.
+func TestExternalTrafficFromPods(t *testing.T) {
+	local, remote := startTCPBackend(t, "local"), startTCPBackend(t, "remote")
+	pod := netip.MustParseAddr("127.0.0.3")
+	np := freeTCPPort(t)
+	name := spn("etp", "", state.TCP)
+	nodePort := fmt.Sprintf("127.0.0.1:%d", np)
+	for _, cidrs := range [][]netip.Prefix{nil, {netip.MustParsePrefix("127.0.0.3/32"), netip.MustParsePrefix("fd5e:b1b5:10::/64")}} {
+		p := newTestProxier(t, loopbackNodePorts(Config{ClusterCIDRs: cidrs}))
+		mustApply(t, p, state.ServicePort{Name: name, Port: 80, NodePort: np, ExternalLocal: true,
+			ClusterEndpoints: eps(local.addr(), remote.addr()), LocalEndpoints: eps(local.addr())})
+		seen := map[string]int{}
+		for range 6 {
+			seen[tcpWhoFrom(t, pod, nodePort)]++
+		}
+		want := map[string]int{"local": 6}
+		if cidrs != nil {
+			want = map[string]int{"local": 3, "remote": 3}
+		}
+		if !maps.Equal(seen, want) {
+			t.Errorf("ClusterCIDRs %v: the pod's node-port traffic reached %v, want %v", cidrs, seen, want)
+		}
+		if got := tcpWhoFrom(t, outsider, nodePort); got != "local" {
+			t.Errorf("ClusterCIDRs %v: outside traffic reached %q, want local", cidrs, got)
+		}
+		p.Close()
 	}
 }
 

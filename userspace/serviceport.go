@@ -69,11 +69,11 @@ type servicePort struct {
 	// internal itself unless the traffic policies give the two different
 	// endpoint sets.
 	external atomic.Pointer[balancer]
-	// fromHost balances external traffic that starts on this host, under
-	// externalTrafficPolicy: Local (else it is nil): over the cluster
-	// endpoints, as kube-proxy routes it, so that the policy does not cut
-	// the node off from its own Service. It is internal itself unless
-	// internalTrafficPolicy is Local too.
+	// fromHost balances external traffic that starts on this host or in a
+	// pod (Config.ClusterCIDRs), under externalTrafficPolicy: Local (else
+	// it is nil): over the cluster endpoints, as kube-proxy routes it, so
+	// that the policy does not cut the cluster off from its own Service.
+	// It is internal itself unless internalTrafficPolicy is Local too.
 	fromHost atomic.Pointer[balancer]
 	// udpSessions counts live UDP sessions across the port's sockets.
 	udpSessions atomic.Int64
@@ -338,7 +338,7 @@ func (sp *servicePort) balancer(r socketRole, client netip.Addr) *balancer {
 	if !r.external() {
 		return sp.internal
 	}
-	if fh := sp.fromHost.Load(); fh != nil && sp.p.isHostAddr(client) {
+	if fh := sp.fromHost.Load(); fh != nil && (sp.p.isHostAddr(client) || sp.p.isPod(client)) {
 		return fh
 	}
 	return sp.external.Load()
