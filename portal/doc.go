@@ -23,7 +23,11 @@
 //     data plane answers UDP from the address the client sent to.
 //     ExternalIPs are caught from every source, like ClusterIPs, as
 //     kube-proxy's iptables mode does; the legacy "physdev" exception for
-//     bridged pod traffic to non-local external IPs is not kept.
+//     bridged pod traffic to non-local external IPs is not kept. A
+//     load-balancer IP with SourceRanges is caught only from them, and
+//     filter KUBE-PORTALS-FIREWALL (from INPUT, FORWARD and OUTPUT, for
+//     new connections) drops what other sources send it, as kube-proxy
+//     drops it.
 //   - Bind (netfilter-free): adds service addresses as /32 and /128 to a
 //     dummy interface it owns (or lo), so the data plane listens on
 //     serviceIP:port itself. Off Linux it only checks that the addresses
