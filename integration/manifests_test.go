@@ -527,6 +527,8 @@ func TestBinaryMetrics(t *testing.T) {
 		fmt.Sprintf("127.0.0.1:%d (node-port)", np),
 		"\ne2e/app:dns/UDP\n",
 		fmt.Sprintf("  endpoints:    127.0.0.1:%d\n", ua),
+		"  carried:      5 connections, ",
+		"  carried:      3 UDP sessions, ",
 	} {
 		if !strings.Contains(view, want) {
 			t.Errorf("/debug/services lacks %q:\n%s", want, view)

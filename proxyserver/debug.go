@@ -47,6 +47,7 @@ func (d *debugView) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (d *debugView) write(w io.Writer, last *debugSnapshot) {
+	activity := d.p.Activity()
 	listeners := map[state.ServicePortName][]userspace.Listener{}
 	for _, l := range d.p.Listeners() {
 		listeners[l.Service] = append(listeners[l.Service], l)
@@ -102,6 +103,11 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 			ls = append(ls, fmt.Sprintf("%s (%s)", l.Addr, l.Role))
 		}
 		line("listening", "%s", orNone(ls))
+		if a := activity[sp.Name]; sp.Name.Protocol == state.UDP {
+			line("carried", "%d UDP sessions, %d open", a.UDPSessions, a.OpenUDPSessions)
+		} else {
+			line("carried", "%d connections, %d open", a.Connections, a.OpenConnections)
+		}
 		if d.portals != nil {
 			var ps []string
 			for _, pt := range portals[sp.Name] {

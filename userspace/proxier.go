@@ -395,6 +395,28 @@ type Listener struct {
 	Role string
 }
 
+// Activity is what one service port has carried since it was first served.
+type Activity struct {
+	Connections     uint64 // TCP connections (SCTP associations) proxied to an endpoint
+	OpenConnections int64
+	UDPSessions     uint64 // UDP sessions opened
+	OpenUDPSessions int64
+}
+
+// Activity returns the activity of every service port served.
+func (p *Proxier) Activity() map[state.ServicePortName]Activity {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[state.ServicePortName]Activity, len(p.services))
+	for name, sp := range p.services {
+		out[name] = Activity{
+			Connections: sp.connsProxied.Load(), OpenConnections: sp.connsActive.Load(),
+			UDPSessions: sp.udpOpened.Load(), OpenUDPSessions: sp.udpSessions.Load(),
+		}
+	}
+	return out
+}
+
 // ProxyPort returns the proxy port serving name, or 0 if there is none.
 func (p *Proxier) ProxyPort(name state.ServicePortName) uint16 {
 	p.mu.Lock()

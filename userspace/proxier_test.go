@@ -656,3 +656,38 @@ func TestInternalLocalAloneOpensNoExternalPort(t *testing.T) {
 		t.Fatalf("with a node port: listeners %v, want an external proxy port too", got)
 	}
 }
+
+// TestActivity: each service port counts the connections and UDP
+// sessions it carried, and those open now.
+func TestActivity(t *testing.T) {
+	tb, ub := startTCPBackend(t, "t"), startUDPBackend(t, "u")
+	p := newTestProxier(t, Config{UDPIdleTimeout: time.Minute}) // sessions stay open for the count
+	tn, un := spn("act", "t", state.TCP), spn("act", "u", state.UDP)
+	mustApply(t, p,
+		state.ServicePort{Name: tn, Port: 80, ClusterEndpoints: eps(tb.addr())},
+		state.ServicePort{Name: un, Port: 53, ClusterEndpoints: eps(ub.addr())})
+	for range 3 {
+		tcpWho(t, proxyAddr(t, p, tn))
+	}
+	held, err := net.Dial("tcp", proxyAddr(t, p, tn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	for range 2 {
+		if got, err := udpExchange(t, dialUDP(t, proxyAddr(t, p, un)), []byte("who")); err != nil || string(got) != "u" {
+			t.Fatalf("UDP: %q, %v", got, err)
+		}
+	}
+	settle(t, "activity", func() error {
+		a := p.Activity()
+		want := map[state.ServicePortName]Activity{
+			tn: {Connections: 4, OpenConnections: 1},
+			un: {UDPSessions: 2, OpenUDPSessions: 2},
+		}
+		if !maps.Equal(a, want) {
+			return fmt.Errorf("activity %+v, want %+v", a, want)
+		}
+		return nil
+	})
+}

@@ -115,13 +115,13 @@ func (l *sctpListener) serve(client *sctp.Conn) {
 		client.Abort()
 		return
 	}
-	c := &sctpConn{p: p, client: client, backend: backend}
+	c := &sctpConn{p: p, sp: l.sp, client: client, backend: backend}
 	if !p.assocs.add(p.ctx, c) {
 		client.Abort()
 		backend.Abort()
 		return
 	}
-	p.stats.SCTPActive.Add(1)
+	l.sp.connOpened(&p.stats.SCTPActive)
 	if klog.V(4).Enabled() {
 		klog.InfoS("Proxying association", "service", l.sp.name, "client", client.RemoteAddr(), "endpoint", ep)
 	}
@@ -138,6 +138,7 @@ func (s *Stats) sctpDialCounters() dialCounters {
 // sctpConn is one proxied association pair.
 type sctpConn struct {
 	p       *Proxier
+	sp      *servicePort
 	client  *sctp.Conn
 	backend *sctp.Conn
 	// pending counts the directions still relaying; the last one to end
@@ -161,7 +162,7 @@ func (c *sctpConn) relayToClient() {
 func (c *sctpConn) directionDone() {
 	if c.pending.Add(-1) == 0 {
 		c.p.assocs.remove(c)
-		c.p.stats.SCTPActive.Add(-1)
+		c.sp.connClosed(&c.p.stats.SCTPActive)
 	}
 	c.p.wg.Done()
 }

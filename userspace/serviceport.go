@@ -77,8 +77,13 @@ type servicePort struct {
 	fromHost atomic.Pointer[balancer]
 	// udpSessions counts live UDP sessions across the port's sockets.
 	udpSessions atomic.Int64
-	capLog      logThrottle // datagrams the UDP session cap dropped
-	giveUpLog   logThrottle // connections reset after every dial failed
+	// For Activity: TCP connections (or SCTP associations) proxied so far
+	// and open now, and UDP sessions opened so far.
+	connsProxied atomic.Uint64
+	connsActive  atomic.Int64
+	udpOpened    atomic.Uint64
+	capLog       logThrottle // datagrams the UDP session cap dropped
+	giveUpLog    logThrottle // connections reset after every dial failed
 
 	// sources maps each load-balancer IP whose loadBalancerSourceRanges
 	// keep some sources out to the sources it admits; nil when none does.
@@ -270,6 +275,19 @@ func (sp *servicePort) admits(r socketRole, frontend netip.Addr, client netip.Ad
 		klog.InfoS("Source not in loadBalancerSourceRanges; refused", "service", sp.name, "client", client, "frontend", frontend)
 	}
 	return false
+}
+
+// connOpened and connClosed count a proxied connection or association of
+// the port, and in active, the proxier's count of its protocol.
+func (sp *servicePort) connOpened(active *atomic.Int64) {
+	active.Add(1)
+	sp.connsProxied.Add(1)
+	sp.connsActive.Add(1)
+}
+
+func (sp *servicePort) connClosed(active *atomic.Int64) {
+	active.Add(-1)
+	sp.connsActive.Add(-1)
 }
 
 // sayAgainAfter is how long a service port waits before it says again that

@@ -85,13 +85,13 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 		resetTCP(c)
 		return
 	}
-	t := &tcpConn{p: p, client: c, backend: backend, name: l.sp.name, clientAddr: client, endpoint: ep}
+	t := &tcpConn{p: p, sp: l.sp, client: c, backend: backend, name: l.sp.name, clientAddr: client, endpoint: ep}
 	if !p.conns.add(p.ctx, t) {
 		resetTCP(c)
 		resetTCP(backend)
 		return
 	}
-	p.stats.TCPActive.Add(1)
+	l.sp.connOpened(&p.stats.TCPActive)
 	if klog.V(4).Enabled() {
 		t.since = time.Now()
 		klog.InfoS("Proxying connection", "service", l.sp.name, "client", client, "endpoint", ep)
@@ -117,6 +117,7 @@ func (s *Stats) tcpDialCounters() dialCounters {
 // the legacy proxier drop half-close: kubernetes/kubernetes#18354).
 type tcpConn struct {
 	p       *Proxier
+	sp      *servicePort
 	client  *net.TCPConn
 	backend *net.TCPConn
 	// halfClosed is set once either direction has ended with EOF.
@@ -152,7 +153,7 @@ func (t *tcpConn) directionDone() {
 		t.client.Close()
 		t.backend.Close()
 		t.p.conns.remove(t)
-		t.p.stats.TCPActive.Add(-1)
+		t.sp.connClosed(&t.p.stats.TCPActive)
 		if klog.V(4).Enabled() {
 			var why string
 			w := t.why.Load()

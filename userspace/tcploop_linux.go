@@ -446,11 +446,10 @@ func (c *tcpConn) closeBackend() {
 }
 
 func (c *tcpConn) connected() {
-	p := c.l.sp.p
 	c.dialing = false
 	c.lp.unschedule(&c.timer)
 	c.active = true
-	p.stats.TCPActive.Add(1)
+	c.l.sp.connOpened(&c.l.sp.p.stats.TCPActive)
 	if klog.V(4).Enabled() {
 		c.since = time.Now()
 		klog.InfoS("Proxying connection", "service", c.l.sp.name, "client", c.client, "endpoint", c.endpoint)
@@ -688,7 +687,7 @@ func (c *tcpConn) release(reset bool) {
 	}
 	if c.active {
 		c.active = false
-		c.l.sp.p.stats.TCPActive.Add(-1)
+		c.l.sp.connClosed(&c.l.sp.p.stats.TCPActive)
 		if klog.V(4).Enabled() {
 			logConnEnded(c.l.sp.name, c.client, c.endpoint, c.moved, c.since, reset, c.why)
 		}

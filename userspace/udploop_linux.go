@@ -255,6 +255,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	l.sessions[client] = s
 	l.lp.schedule(&s.timer, s.expiry())
 	p.stats.UDPSessionsOpened.Add(1)
+	l.sp.udpOpened.Add(1)
 	p.stats.UDPSessionsActive.Add(1)
 	if klog.V(4).Enabled() {
 		klog.InfoS("New UDP session", "service", l.sp.name, "client", client, "endpoint", ep)
