@@ -206,18 +206,19 @@ bindAddress: 127.0.0.1
 healthzBindAddress: 127.0.0.1:%d
 metricsBindAddress: 127.0.0.1:%d
 nodePortAddresses: [127.0.0.1/32]
-portRange: "%d+9"
+portRange: "%d+99"
 iptables: {syncPeriod: 20s, minSyncPeriod: 500ms}
 clusterCIDR: 10.244.0.0/16
+ipvs: {strictARP: true}
 `, api.Kubeconfig, node, hz, mp, base))
 	px := startProxy(t, "--config", file, "--portal=none", "--kubeconfig=/nonexistent")
 	px.waitLog(0, `"Flags ignored: the --config file sets these instead, as in kube-proxy" flags=\["--kubeconfig",`, 1, 10*time.Second) // the harness adds its own
-	px.waitLog(0, `"Settings of the --config file that a userspace proxy has no use for are ignored" fields=\["clusterCIDR"\]`, 1, 10*time.Second)
+	px.waitLog(0, `"Settings of the --config file that a userspace proxy has no use for are ignored" fields=\["ipvs"\]`, 1, 10*time.Second)
 	px.waitLog(0, `"Starting kube-userspace-proxy" node="`+node+`"`, 1, 10*time.Second)
 	px.waitLog(0, `"Serving" service="`+ns+`/web:http/TCP"`, 1, 60*time.Second)
 	m := regexp.MustCompile(`"Serving" service="` + ns + `/web:http/TCP" addr="127.0.0.1:(\d+)"`).FindStringSubmatch(px.log())
-	if pp, _ := strconv.Atoi(m[1]); pp < base || pp > base+9 {
-		t.Errorf("proxy port %d, want one of portRange %d+9", pp, base)
+	if pp, _ := strconv.Atoi(m[1]); pp < base || pp > base+99 {
+		t.Errorf("proxy port %d, want one of portRange %d+99", pp, base)
 	}
 	if code, body := curlCode(t, fmt.Sprintf("http://127.0.0.1:%d/healthz", hz)); code != "200" || !strings.Contains(body, `"healthy":true`) {
 		t.Errorf("/healthz on the file's address: %s %s", code, body)
