@@ -92,6 +92,7 @@ type Config struct {
 	portRange userspace.PortRange
 	nodePorts []netip.Prefix
 	podCIDRs  []netip.Prefix
+	fromFile  map[string]bool // flags whose value the --config file set
 	healthz   string // HealthzBindAddress as host:port, or ""
 	metrics   string // MetricsBindAddress as host:port, or ""
 }
@@ -156,7 +157,11 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(flag, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
+		where := "--" + flag
+		if field := configFileFields[flag]; c.fromFile[flag] && field != "" {
+			where = "--config " + c.ConfigFile + ": " + field // the file set it
+		}
+		errs = append(errs, fmt.Errorf("%s: %s", where, fmt.Sprintf(format, args...)))
 	}
 	switch c.Portal {
 	case PortalAuto, PortalIPTables, PortalBind, PortalNone:
@@ -238,6 +243,9 @@ func (c *Config) Validate() error {
 	}
 	if c.metrics, err = serverAddr(c.MetricsBindAddress, defaultMetricsPort); err != nil {
 		bad("metrics-bind-address", "%v", err)
+	}
+	if c.healthz != "" && c.healthz == c.metrics {
+		bad("metrics-bind-address", "%s is the health address too: give each server its own", c.metrics)
 	}
 	return errors.Join(errs...)
 }

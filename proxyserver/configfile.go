@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -18,13 +19,25 @@ import (
 // ModeUserspace is the KubeProxyConfiguration mode this proxy runs.
 const ModeUserspace = "userspace"
 
-// configFileFlags are the flags a KubeProxyConfiguration file sets instead
-// when --config is given (kube-proxy ignores them then too).
-// --hostname-override is not one: as in kube-proxy, the flag wins.
-var configFileFlags = []string{
-	"kubeconfig", "kube-api-qps", "kube-api-burst", "kube-api-content-type", "config-sync-period",
-	"bind-address", "healthz-bind-address", "metrics-bind-address", "nodeport-addresses", "cluster-cidr",
-	"iptables-sync-period", "iptables-min-sync-period", "proxy-port-range",
+// configFileFields maps the flags a KubeProxyConfiguration file sets
+// instead when --config is given (kube-proxy ignores them then too) to the
+// file's fields, for messages. --hostname-override is not one: as in
+// kube-proxy, the flag wins.
+var configFileFields = map[string]string{
+	"kubeconfig":               "clientConnection.kubeconfig",
+	"kube-api-qps":             "clientConnection.qps",
+	"kube-api-burst":           "clientConnection.burst",
+	"kube-api-content-type":    "clientConnection.contentType",
+	"config-sync-period":       "configSyncPeriod",
+	"bind-address":             "bindAddress",
+	"healthz-bind-address":     "healthzBindAddress",
+	"metrics-bind-address":     "metricsBindAddress",
+	"nodeport-addresses":       "nodePortAddresses",
+	"cluster-cidr":             "clusterCIDR",
+	"iptables-sync-period":     "iptables.syncPeriod",
+	"iptables-min-sync-period": "iptables.minSyncPeriod",
+	"proxy-port-range":         "portRange",
+	"udp-timeout":              "udpIdleTimeout",
 }
 
 // LoadConfigFile reads the KubeProxyConfiguration file of --config, if
@@ -42,21 +55,31 @@ func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
-	kp, err := decodeKubeProxyConfig(data)
+	kp, udpIdle, err := decodeKubeProxyConfig(data)
 	if err != nil {
 		return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
 	}
+	c.fromFile = make(map[string]bool)
 	var ignored []string
-	for _, name := range configFileFlags {
+	for name := range configFileFields {
+		if name == "udp-timeout" { // this proxy's own flag: it wins
+			continue
+		}
+		c.fromFile[name] = true
 		if f := fs.Lookup(name); f != nil && f.Changed {
 			ignored = append(ignored, "--"+name)
 		}
 	}
+	slices.Sort(ignored)
 	if len(ignored) > 0 {
 		klog.InfoS("Flags ignored: the --config file sets these instead, as in kube-proxy", "flags", ignored, "config", c.ConfigFile)
 	}
 	if err := c.fromKubeProxyConfig(kp, fs.Changed("hostname-override")); err != nil {
 		return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
+	}
+	if udpIdle != 0 && !fs.Changed("udp-timeout") {
+		c.UDPIdleTimeout = udpIdle
+		c.fromFile["udp-timeout"] = true
 	}
 	if !fs.Changed("v") && kp.Logging.Verbosity != 0 {
 		v := int(kp.Logging.Verbosity)
@@ -71,21 +94,39 @@ func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 // decodeKubeProxyConfig reads a KubeProxyConfiguration (YAML or JSON) as
 // kube-proxy does: strictly, and if only strictness fails (an unknown or
 // repeated field, perhaps from a newer kube-proxy), leniently with a
-// warning.
-func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfiguration, error) {
+// warning. It also returns the legacy userspace mode's udpIdleTimeout,
+// which the type no longer has (0 if absent).
+func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfiguration, time.Duration, error) {
+	var fields map[string]any
+	if err := yaml.Unmarshal(data, &fields); err != nil {
+		return nil, 0, err
+	}
+	var udpIdle time.Duration
+	if v, ok := fields["udpIdleTimeout"]; ok {
+		s, _ := v.(string)
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return nil, 0, fmt.Errorf("udpIdleTimeout: %v is not a positive duration such as 250ms", v)
+		}
+		udpIdle = d
+		delete(fields, "udpIdleTimeout")
+		if data, err = yaml.Marshal(fields); err != nil {
+			return nil, 0, err
+		}
+	}
 	var kp kubeproxyv1alpha1.KubeProxyConfiguration
 	if strictErr := yaml.UnmarshalStrict(data, &kp); strictErr != nil {
 		kp = kubeproxyv1alpha1.KubeProxyConfiguration{}
 		if err := yaml.Unmarshal(data, &kp); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		klog.InfoS("The --config file has fields this proxy does not know; they are ignored", "err", strictErr.Error())
+		klog.InfoS("The --config file has a field this proxy does not know, maybe more; they are ignored", "first", strictErr.Error())
 	}
 	const apiVersion = "kubeproxy.config.k8s.io/v1alpha1"
 	if kp.APIVersion != apiVersion || kp.Kind != "KubeProxyConfiguration" {
-		return nil, fmt.Errorf("apiVersion %q, kind %q: want apiVersion %s, kind KubeProxyConfiguration", kp.APIVersion, kp.Kind, apiVersion)
+		return nil, 0, fmt.Errorf("apiVersion %q, kind %q: want apiVersion %s, kind KubeProxyConfiguration", kp.APIVersion, kp.Kind, apiVersion)
 	}
-	return &kp, nil
+	return &kp, udpIdle, nil
 }
 
 // fromKubeProxyConfig sets c from kp, with kube-proxy's defaults for what
@@ -94,8 +135,10 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	var errs []error
 	switch mode := string(kp.Mode); mode {
 	case "", ModeUserspace:
-	default:
+	case "iptables", "ipvs", "nftables", "kernelspace":
 		errs = append(errs, fmt.Errorf("mode: %q is one of kube-proxy's own modes; this proxy is mode %q (set mode: %s, or leave it out)", mode, ModeUserspace, ModeUserspace))
+	default:
+		errs = append(errs, fmt.Errorf("mode: %q is not a mode; this proxy is mode %q (set mode: %s, or leave it out)", mode, ModeUserspace, ModeUserspace))
 	}
 	d := NewConfig()
 	or := func(s, def string) string {
@@ -147,9 +190,6 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	for i, a := range kp.NodePortAddresses {
 		switch a {
 		case "all": // kube-proxy's keyword for every address: ours when empty
-			if len(kp.NodePortAddresses) > 1 {
-				errs = append(errs, fmt.Errorf("nodePortAddresses[%d]: all may not be given with other entries", i))
-			}
 		case "localhost":
 			c.NodePortAddresses = append(c.NodePortAddresses, "127.0.0.0/8", "::1/128")
 		case "primary":
@@ -157,6 +197,9 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 		default:
 			c.NodePortAddresses = append(c.NodePortAddresses, a)
 		}
+	}
+	if slices.Contains(kp.NodePortAddresses, "all") {
+		c.NodePortAddresses = nil // every address, whatever else is listed
 	}
 	return errors.Join(errs...)
 }
@@ -177,8 +220,11 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 	add(kp.IPTables.MasqueradeAll, "iptables.masqueradeAll")
 	add(kp.IPTables.MasqueradeBit != nil, "iptables.masqueradeBit")
 	add(kp.IPTables.LocalhostNodePorts != nil, "iptables.localhostNodePorts")
-	add(kp.IPVS.Scheduler != "" || kp.IPVS.SyncPeriod.Duration != 0 || len(kp.IPVS.ExcludeCIDRs) > 0 || kp.IPVS.StrictARP, "ipvs")
-	add(kp.NFTables.SyncPeriod.Duration != 0 || kp.NFTables.MasqueradeAll || kp.NFTables.MasqueradeBit != nil, "nftables")
+	add(!reflect.ValueOf(kp.IPVS).IsZero(), "ipvs")
+	add(!reflect.ValueOf(kp.NFTables).IsZero(), "nftables")
+	add(!reflect.ValueOf(kp.Winkernel).IsZero(), "winkernel")
+	add(kp.Logging.Format != "" && kp.Logging.Format != "text", "logging.format (logs are text)")
+	add(kp.Logging.FlushFrequency.Duration.Duration != 0 || kp.Logging.FlushFrequency.SerializeAsString, "logging.flushFrequency")
 	add(kp.DetectLocalMode != "" && kp.DetectLocalMode != "ClusterCIDR", "detectLocalMode (only ClusterCIDR is supported)")
 	add(kp.DetectLocal.BridgeInterface != "" || kp.DetectLocal.InterfaceNamePrefix != "", "detectLocal")
 	add(kp.OOMScoreAdj != nil, "oomScoreAdj")

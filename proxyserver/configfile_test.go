@@ -123,7 +123,7 @@ func TestLoadConfigFile(t *testing.T) {
 
 func mustDecode(t *testing.T, s string) *kubeproxyv1alpha1.KubeProxyConfiguration {
 	t.Helper()
-	kp, err := decodeKubeProxyConfig([]byte(s))
+	kp, _, err := decodeKubeProxyConfig([]byte(s))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,11 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"wrong kind", "apiVersion: v1\nkind: ConfigMap\n", `apiVersion "v1", kind "ConfigMap": want apiVersion kubeproxy.config.k8s.io/v1alpha1, kind KubeProxyConfiguration`},
 		{"wrong type", head + "iptables: {syncPeriod: [1]}\n", "syncPeriod"},
 		{"primary", head + "nodePortAddresses: [primary]\n", "nodePortAddresses[0]: primary"},
-		{"all and more", head + "nodePortAddresses: [all, 10.0.0.0/8]\n", "nodePortAddresses[0]: all may not be given with other entries"},
+		{"not a mode", head + "mode: Userspace\n", `mode: "Userspace" is not a mode`},
+		{"bad field named", head + "portRange: 40010-40000\nnodePortAddresses: [10.0.0.0/33]\n", ": portRange: "},
+		{"bad CIDR named", head + "nodePortAddresses: [10.0.0.0/33]\n", `: nodePortAddresses: "10.0.0.0/33" is not a CIDR`},
+		{"legacy UDP timeout", head + "udpIdleTimeout: -1s\n", "udpIdleTimeout: -1s is not a positive duration"},
+		{"one address for both servers", head + "healthzBindAddress: 127.0.0.1:10300\nmetricsBindAddress: 127.0.0.1:10300\n", "127.0.0.1:10300 is the health address too"},
 		{"cluster CIDR", head + "clusterCIDR: 10.244.0.0/16,nope\n", `clusterCIDR: "nope" is not a CIDR`},
 		{"manifests too", head + "clientConnection: {kubeconfig: /k}\n", "--manifests and the --config file's clientConnection.kubeconfig"},
 	}
@@ -158,8 +162,23 @@ func TestLoadConfigFileErrors(t *testing.T) {
 			}
 		})
 	}
+	// all, with other entries or not, is every address.
+	c, err := loadConfig(t, head+"nodePortAddresses: [all, 10.0.0.0/8]\n")
+	if err != nil || c.NodePortAddresses != nil {
+		t.Errorf("nodePortAddresses [all, ...]: %v, %v", err, c.NodePortAddresses)
+	}
+	// The legacy userspace mode's udpIdleTimeout sets --udp-timeout,
+	// unless the flag is given.
+	c, err = loadConfig(t, head+"udpIdleTimeout: 10s\n")
+	if err != nil || c.UDPIdleTimeout != 10*time.Second {
+		t.Errorf("udpIdleTimeout: %v, %v", err, c.UDPIdleTimeout)
+	}
+	c, err = loadConfig(t, head+"udpIdleTimeout: 10s\n", "--udp-timeout=3s")
+	if err != nil || c.UDPIdleTimeout != 3*time.Second {
+		t.Errorf("udpIdleTimeout with --udp-timeout: %v, %v", err, c.UDPIdleTimeout)
+	}
 	// An unknown field, as a newer kube-proxy may write, is ignored.
-	c, err := loadConfig(t, head+"mode: userspace\nsomethingNew: 1\nportRange: \"40000+10\"\n")
+	c, err = loadConfig(t, head+"mode: userspace\nsomethingNew: 1\nportRange: \"40000+10\"\n")
 	if err != nil || c.ProxyPortRange != "40000+10" {
 		t.Errorf("unknown field: %v, port range %q", err, c.ProxyPortRange)
 	}
