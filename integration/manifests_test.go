@@ -423,7 +423,7 @@ func healthzAnswers(t *testing.T, run func(url string) (code, body string), url,
 // the proxy itself fail.)
 func TestBinaryHealthz(t *testing.T) {
 	a := httpBackend(t, "a")
-	np, busy, hc, hz := freePort(t), freePort(t), freePort(t), freePort(t)
+	np, busy, hc, hz, mp := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
 	holder, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", busy))
 	if err != nil {
 		t.Fatal(err)
@@ -432,7 +432,7 @@ func TestBinaryHealthz(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "services.yaml")
 	writeFile(t, file, healthzManifest(hc, np, busy, a))
 	px := startProxy(t, append(proxyArgs(file), "--hostname-override=node", "--iptables-sync-period=1s", "-v=2",
-		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz))...)
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))...)
 	px.waitLog(0, `"Serving /healthz and /livez" addr="127.0.0.1:`+strconv.Itoa(hz), 1, 20*time.Second)
 	px.waitLog(0, `"Sync failed; will retry`, 1, 20*time.Second)
 	run := func(url string) (string, string) { return curlCode(t, url) }
@@ -447,7 +447,14 @@ func TestBinaryHealthz(t *testing.T) {
 	}
 	healthzAnswers(t, run, fmt.Sprintf("http://127.0.0.1:%d/", hc), "200", `"localEndpoints":1,"serviceProxyHealthy":true`)
 	if code, _ := curlCode(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", hz)); code != "404" {
-		t.Errorf("/metrics: %s, want 404", code)
+		t.Errorf("/metrics on the health server: %s, want 404", code)
+	}
+	// The debug view says what fails, and shows the health-check port.
+	view, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/debug/services", mp))
+	if err != nil || !strings.Contains(view, fmt.Sprintf("The last sync failed, and is retried: userspace: service e2e/other:http/TCP: listen on 127.0.0.1:%d (node-port)", busy)) ||
+		!strings.Contains(view, fmt.Sprintf("  health check: node port %d\n", hc)) ||
+		!strings.Contains(view, "  node & pods:  external traffic from this node or from pods") {
+		t.Errorf("/debug/services: %v\n%s", err, view)
 	}
 }
 

@@ -3,8 +3,10 @@
 package integration
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // lo addresses in 198.18.0.0/15 or fd5e:b1b5::/32 on the node.
@@ -95,4 +97,53 @@ func TestPortalBindLeavesForeignAddresses(t *testing.T) {
 	if got != "198.18.0.200/32 fd5e:b1b5::200/128" {
 		t.Errorf("lo service-range addresses after cleanup = %q, want only the foreign ones", got)
 	}
+}
+
+// TestBinarySwitchingPortals: a proxy restarted with another portal
+// removes what the previous one left, as --cleanup would, and serves: the
+// iptables rules would REDIRECT every Service to proxy ports nobody serves
+// any more, and the bind portal's addresses would make load-balancer IPs
+// the node's own.
+func TestBinarySwitchingPortals(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	stop := func(px *proxyProc) {
+		t.Helper()
+		if _, ok := px.terminate(10 * time.Second); !ok {
+			t.Fatal("the proxy did not stop on SIGTERM")
+		}
+	}
+
+	px := startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+	stop(px)
+	if len(ourRules(t, w.node, "nft")) == 0 {
+		t.Fatal("the iptables portal left no rules to remove: the test proves nothing")
+	}
+
+	px = startNodeProxy(t, w, file, "--portal=bind")
+	px.waitLog(0, `"Removing the iptables portal's rules a previous run left`, 1, 30*time.Second)
+	px.waitLog(0, `"Serving".*198.18.0.53:53`, 1, 30*time.Second)
+	if left := ourRules(t, w.node, "nft"); len(left) > 0 {
+		t.Errorf("iptables rules left under the bind portal: %v", left)
+	}
+	if out := w.node.mustRun(t, "iptables-nft-save", "-t", "filter"); strings.Contains(out, "KUBE-PORTALS-FIREWALL") {
+		t.Errorf("the firewall chain is left under the bind portal:\n%s", out)
+	}
+	checkServed(t, w, false)
+	dev := bindDevice(t, w.node)
+	if len(serviceAddrsOn(t, w.node, dev)) == 0 {
+		t.Fatal("the bind portal added no addresses: the test proves nothing")
+	}
+	stop(px)
+
+	px = startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	if left := serviceAddrsOn(t, w.node, dev); len(left) > 0 {
+		t.Errorf("service addresses left on %s under the iptables portal: %v", dev, left)
+	}
+	checkServed(t, w, true)
 }

@@ -68,7 +68,8 @@ func TestBinaryLoadBalancerSourceRanges(t *testing.T) {
 			expectReply(t, w.outside, "udp", "198.19.2.1:53", "be1:ping")
 			// The teaching view (metrics server, default address) says so.
 			if code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services"); code != "200" ||
-				!strings.Contains(view, "  sources:      198.19.2.1 admits only 198.18.11.0/24\n") ||
+				// the node's 198.18.11.1 is in the range: the VIP is admitted as a source too
+				!strings.Contains(view, "  sources:      198.19.2.1 admits only 198.18.11.0/24, 198.19.2.1/32\n") ||
 				mode == "iptables" && !regexp.MustCompile(`198\.19\.2\.1:80/TCP -> :\d+ from 198\.18\.11\.0/24`).MatchString(view) {
 				t.Errorf("/debug/services: %s\n%s", code, view)
 			}

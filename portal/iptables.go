@@ -17,4 +17,7 @@ type IPTablesConfig struct {
 	// LockWaitSeconds is how long to wait for the xtables lock. If zero,
 	// 5.
 	LockWaitSeconds int
+	// ForCleanup says the portal is made only to remove what an earlier
+	// run left, so NewIPTables does not announce it as the portal in use.
+	ForCleanup bool
 }

@@ -113,6 +113,9 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 		return nil, fmt.Errorf("portal: iptables: %w", err)
 	}
 	p.cfg.Families = families
+	if cfg.ForCleanup {
+		return p, nil
+	}
 	klog.InfoS("Using iptables portal", "backend", backend, "reason", reason, "families", families)
 	if len(p.leftover) > 0 {
 		klog.InfoS("Found portal chains in the other iptables backend; --cleanup removes them", "command", p.leftover[0].bin)

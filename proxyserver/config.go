@@ -93,8 +93,8 @@ type Config struct {
 	nodePorts []netip.Prefix
 	podCIDRs  []netip.Prefix
 	fromFile  map[string]bool // flags whose value the --config file set
-	healthz   string // HealthzBindAddress as host:port, or ""
-	metrics   string // MetricsBindAddress as host:port, or ""
+	healthz   string          // HealthzBindAddress as host:port, or ""
+	metrics   string          // MetricsBindAddress as host:port, or ""
 }
 
 // kube-proxy's health and metrics ports.

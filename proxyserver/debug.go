@@ -29,11 +29,12 @@ type debugView struct {
 type debugSnapshot struct {
 	snap state.Snapshot
 	at   time.Time
+	err  error // what the sync reported
 }
 
-// applied records the snapshot a sync applied.
-func (d *debugView) applied(s state.Snapshot) {
-	d.last.Store(&debugSnapshot{snap: s, at: time.Now()})
+// applied records the snapshot a sync applied, and its errors.
+func (d *debugView) applied(s state.Snapshot, err error) {
+	d.last.Store(&debugSnapshot{snap: s, at: time.Now(), err: err})
 }
 
 func (d *debugView) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
@@ -59,6 +60,16 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		}
 	}
 	fmt.Fprintf(w, "%d service ports, portal %s, applied %s\n", last.snap.Len(), d.mode, last.at.Format(time.RFC3339))
+	if last.err != nil {
+		fmt.Fprintf(w, "The last sync failed, and is retried: %v\n", last.err)
+	}
+	var hostAddrs []netip.Addr // for the sources a load-balancer IP admits
+	for sp := range last.snap.All {
+		if len(sp.LoadBalancerSourceRanges) > 0 {
+			hostAddrs, _ = userspace.HostAddrs()
+			break
+		}
+	}
 	for sp := range last.snap.All {
 		fmt.Fprintf(w, "\n%s\n", sp.Name)
 		line := func(what, format string, args ...any) {
@@ -77,7 +88,7 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		}
 		if len(sp.LoadBalancerIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0 {
 			for _, ip := range sp.LoadBalancerIPs {
-				if r := sp.SourceRanges(ip, nil); r != nil {
+				if r := sp.SourceRanges(ip, hostAddrs); r != nil {
 					line("sources", "%s admits only %s", ip, joinPrefixes(r))
 				}
 			}
@@ -97,6 +108,12 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		line("endpoints", "%s", endpointList(sp.InternalEndpoints()))
 		if sp.InternalLocal != sp.ExternalLocal {
 			line("external to", "%s", endpointList(sp.ExternalEndpoints()))
+		}
+		if sp.ExternalLocal {
+			line("node & pods", "external traffic from this node or from pods (--cluster-cidr) goes to every endpoint: %s", endpointList(sp.ClusterEndpoints))
+		}
+		if sp.HealthCheckNodePort != 0 {
+			line("health check", "node port %d", sp.HealthCheckNodePort)
 		}
 		var ls []string
 		for _, l := range listeners[sp.Name] {

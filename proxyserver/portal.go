@@ -55,6 +55,41 @@ func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, e
 	return portal.Noop{}, PortalNone, nil
 }
 
+// removeOtherPortal removes what a previous run with another portal left,
+// as --cleanup would: iptables rules would REDIRECT service traffic to
+// proxy ports nobody serves now, and the bind portal's service addresses
+// would make load-balancer IPs this host's own. Only the iptables and bind
+// portals can, holding CAP_NET_ADMIN; with none, nothing is touched.
+func removeOtherPortal(ctx context.Context, mode string, cfg *Config) {
+	switch mode {
+	case PortalBind:
+		ipt, err := portal.NewIPTables(ctx, portal.IPTablesConfig{ForCleanup: true})
+		if err != nil {
+			return // no iptables here: nothing can be left
+		}
+		if left, _ := ipt.Existing(ctx); len(left) == 0 {
+			// Filter chains alone would still drop load-balancer traffic.
+			if err := ipt.Cleanup(ctx); err != nil {
+				klog.ErrorS(err, "Could not remove the iptables portal's filter chains a previous run may have left")
+			}
+			return
+		}
+		klog.InfoS("Removing the iptables portal's rules a previous run left: they would redirect service traffic to ports nobody serves now")
+		if err := ipt.Cleanup(ctx); err != nil {
+			klog.ErrorS(err, "Could not remove every iptables rule a previous run left; --cleanup removes them")
+		}
+	case PortalIPTables:
+		b, err := portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface})
+		if err != nil {
+			return
+		}
+		defer b.Close()
+		if err := b.Cleanup(ctx); err != nil {
+			klog.ErrorS(err, "Could not remove the service addresses the bind portal of a previous run may have left; --cleanup removes them")
+		}
+	}
+}
+
 // errDeferred asks the sync loop to call again after a while, without
 // treating it as a failure.
 type errDeferred struct{ after time.Duration }

@@ -43,6 +43,7 @@ func Run(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
+	removeOtherPortal(ctx, mode, cfg)
 	nodePortAddrs := "all"
 	if len(cfg.nodePorts) > 0 {
 		nodePortAddrs = fmt.Sprint(cfg.nodePorts)
@@ -98,13 +99,18 @@ func Run(ctx context.Context, cfg *Config) error {
 			errs = append(errs, ks.sync(ctx, portal.FromSnapshot(s, nil, nil)))
 		}
 		errs = append(errs, p.Apply(s))
-		dv.applied(s)
 		if mode == PortalIPTables {
 			// Rules after listeners: they point at the proxy ports.
 			errs = append(errs, ks.sync(ctx, redirectPortals(s, p)))
 		}
 		rep.report(p.Listeners())
 		errs = append(errs, hc.sync(s))
+		err := joinErrors(errs...)
+		var deferred errDeferred
+		if errors.As(err, &deferred) {
+			err = nil
+		}
+		dv.applied(s, err)
 		return joinErrors(errs...)
 	}, cfg.MinSyncPeriod, cfg.SyncPeriod)
 	loop.health, loop.metrics = health, m
