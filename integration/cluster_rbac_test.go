@@ -212,7 +212,7 @@ clusterCIDR: 10.244.0.0/16
 ipvs: {strictARP: true}
 `, api.Kubeconfig, node, hz, mp, base))
 	px := startProxy(t, "--config", file, "--portal=none", "--kubeconfig=/nonexistent")
-	px.waitLog(0, `"Flags ignored: the --config file sets these instead, as in kube-proxy" flags=\["--kubeconfig",`, 1, 10*time.Second) // the harness adds its own
+	px.waitLog(0, `"Flags ignored: the --config file sets these instead, as in kube-proxy" flags=\[[^]]*"--kubeconfig"`, 1, 10*time.Second) // the harness adds its own
 	px.waitLog(0, `"Settings of the --config file that a userspace proxy has no use for are ignored" fields=\["ipvs"\]`, 1, 10*time.Second)
 	px.waitLog(0, `"Starting kube-userspace-proxy" node="`+node+`"`, 1, 10*time.Second)
 	px.waitLog(0, `"Serving" service="`+ns+`/web:http/TCP"`, 1, 60*time.Second)
