@@ -79,6 +79,9 @@ func TestBinaryLoadBalancerSourceRanges(t *testing.T) {
 			dropsBefore := firewallDrops(t, w, mode)
 			expectNoReply(t, w.pod, "tcp", "198.19.2.1:80")
 			expectNoReply(t, w.pod, "udp", "198.19.2.1:53")
+			// Nor at the node port on the load-balancer IP (the bind portal
+			// makes it a local address; node ports are not served there).
+			expectNoReply(t, w.pod, "tcp", "198.19.2.1:30090")
 			if mode == "iptables" {
 				if got := firewallDrops(t, w, mode); got <= dropsBefore {
 					t.Errorf("the firewall chain dropped %d packets, then %d: the pod's traffic did not meet it", dropsBefore, got)

@@ -152,6 +152,11 @@ type Proxier struct {
 	// hostAddrs are this host's addresses, read on Apply while a service
 	// port has a Local external traffic policy (see servicePort.balancer).
 	hostAddrs atomic.Pointer[map[netip.Addr]bool]
+	// frontendAddrs, with ServeFrontends, are the service addresses the
+	// portal put on this host: node ports are not served on them (as
+	// kube-proxy's IPVS mode leaves its dummy interface's addresses out),
+	// or LB-IP:nodePort would get round loadBalancerSourceRanges.
+	frontendAddrs atomic.Pointer[map[netip.Addr]bool]
 
 	conns  connTracker // live TCP connections, where goroutines serve them
 	assocs sctpTracker // live SCTP associations
@@ -231,6 +236,15 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		}
 	}
 	p.readHostAddrs(externalLocal || sourceRanges, localAddrs)
+	if p.cfg.ServeFrontends {
+		fronts := make(map[netip.Addr]bool)
+		for spec := range snap.All {
+			for _, ap := range spec.Frontends() {
+				fronts[ap.Addr().Unmap()] = true
+			}
+		}
+		p.frontendAddrs.Store(&fronts)
+	}
 	hostAddrs := p.hostAddrList()
 	p.ports.reserve(hostPorts)
 	type work struct {
@@ -303,6 +317,26 @@ func (p *Proxier) hostAddrList() []netip.Addr {
 		return nil
 	}
 	return slices.Collect(maps.Keys(*set))
+}
+
+// isFrontendAddr reports whether a is a service address the portal put on
+// this host (see frontendAddrs).
+func (p *Proxier) isFrontendAddr(a netip.Addr) bool {
+	set := p.frontendAddrs.Load()
+	return set != nil && (*set)[a.Unmap()]
+}
+
+// nodePortRefuses reports whether a connection or datagram that reached a
+// node-port socket of role r at local address dst must be refused: dst is
+// a service address (see frontendAddrs). It logs the refusal at -v=4.
+func (sp *servicePort) nodePortRefuses(r socketRole, dst netip.Addr, client netip.AddrPort) bool {
+	if r != roleNodePort || !sp.p.isFrontendAddr(dst) {
+		return false
+	}
+	if klog.V(4).Enabled() {
+		klog.InfoS("Node port reached on a service address; refused", "service", sp.name, "client", client, "addr", dst)
+	}
+	return true
 }
 
 // isPod reports whether a is in ClusterCIDRs.
@@ -480,7 +514,7 @@ func (p *Proxier) desiredSockets(sp *servicePort, spec *state.ServicePort, local
 			// of that family does: an IPv4 Service has no node port on the
 			// host's IPv6 addresses.
 			for _, a := range localAddrs {
-				if slices.Contains(fams, familyOf(a)) && InNodePortAddresses(p.cfg.NodePortAddresses, a) {
+				if slices.Contains(fams, familyOf(a)) && InNodePortAddresses(p.cfg.NodePortAddresses, a) && !p.isFrontendAddr(a) {
 					want = append(want, sockKey{netip.AddrPortFrom(a, spec.NodePort), roleNodePort})
 				}
 			}

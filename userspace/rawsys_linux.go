@@ -155,6 +155,17 @@ func rawAccept4(fd int, flags int) (int, netip.AddrPort, error) {
 	return int(nfd), parseSockaddr(&sa), nil
 }
 
+// rawGetsockname returns the local address of socket fd.
+func rawGetsockname(fd int) (netip.AddrPort, error) {
+	var sa unix.RawSockaddrInet6 // large enough for either family
+	l := uint32(unsafe.Sizeof(sa))
+	_, _, e := unix.RawSyscall(unix.SYS_GETSOCKNAME, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&l)))
+	if e != 0 {
+		return netip.AddrPort{}, e
+	}
+	return parseSockaddr(&sa), nil
+}
+
 // putPort stores a sockaddr's port, which is in network byte order
 // whatever the machine's (parseSockaddr reads it back).
 func putPort(field *uint16, port uint16) {

@@ -141,3 +141,39 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 		t.Errorf("listeners went from %d to %d when only the ranges changed", listeners, got)
 	}
 }
+
+// TestNodePortsNotOnServiceAddresses: with the frontends bound (the bind
+// portal), a node port served on every address is not served on the
+// service addresses the portal put on the host, as kube-proxy's IPVS mode
+// leaves its dummy interface's addresses out: LB-IP:nodePort would get
+// round loadBalancerSourceRanges.
+func TestNodePortsNotOnServiceAddresses(t *testing.T) {
+	const lbIP = "127.0.0.4"
+	tb := startTCPBackend(t, "be-tcp")
+	ub := startUDPBackend(t, "be-udp")
+	port, np := freePort(t, lbIP), freePort(t, "127.0.0.1", lbIP)
+	p := newTestProxier(t, Config{ServeFrontends: true, DisableProxyPorts: true, ServeNodePorts: true})
+	common := state.ServicePort{Port: port, NodePort: np, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(lbIP)},
+		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("127.0.0.10/32")}}
+	tcp, udp := common, common
+	tcp.Name, tcp.ClusterEndpoints = spn("lb", "tcp", state.TCP), eps(tb.addr())
+	udp.Name, udp.ClusterEndpoints = spn("lb", "udp", state.UDP), eps(ub.addr())
+	mustApply(t, p, tcp, udp)
+	at := func(ip string) string { return net.JoinHostPort(ip, strconv.Itoa(int(np))) }
+
+	if name, err := tcpWhoErr(at("127.0.0.1")); err != nil || name != "be-tcp" {
+		t.Fatalf("TCP node port on the host's address: %q, %v", name, err)
+	}
+	if got, err := udpExchange(t, dialUDP(t, at("127.0.0.1")), []byte("who")); err != nil || string(got) != "be-udp" {
+		t.Fatalf("UDP node port on the host's address: %q, %v", got, err)
+	}
+	if name, err := tcpWhoErr(at(lbIP)); err == nil {
+		t.Errorf("TCP node port on the load-balancer IP reached %q; want it refused", name)
+	}
+	c := dialUDP(t, at(lbIP))
+	c.Write([]byte("who"))
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := c.Read(make([]byte, 100)); err == nil {
+		t.Errorf("UDP node port on the load-balancer IP answered (%d bytes); want nothing", n)
+	}
+}

@@ -67,7 +67,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	p := l.sp.p
 	defer p.wg.Done()
 	client := addrPortOf(c.RemoteAddr())
-	if !l.sp.admits(l.role, l.addr, client) {
+	if !l.sp.admits(l.role, l.addr, client) || l.sp.nodePortRefuses(l.role, addrPortOf(c.LocalAddr()).Addr(), client) {
 		resetTCP(c)
 		return
 	}

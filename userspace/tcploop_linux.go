@@ -202,13 +202,25 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			return
 		}
 		p.stats.TCPAccepted.Add(1)
-		if !l.sp.admits(l.role, l.addr, client) {
+		if !l.sp.admits(l.role, l.addr, client) || l.role == roleNodePort && l.servesServiceAddrs(nfd, client) {
 			resetFD(nfd)
 			continue
 		}
 		startConn(lp, l, nfd, client)
 		return
 	}
+}
+
+// servesServiceAddrs reports whether connection cfd, accepted on a node
+// port listening on every address, reached it at a service address the
+// portal put on this host, where node ports are not served (see
+// Proxier.frontendAddrs). It costs a getsockname only with such addresses.
+func (l *tcpListener) servesServiceAddrs(cfd int, client netip.AddrPort) bool {
+	if !l.addr.IsUnspecified() || l.sp.p.frontendAddrs.Load() == nil {
+		return false
+	}
+	local, err := rawGetsockname(cfd)
+	return err == nil && l.sp.nodePortRefuses(l.role, local.Addr(), client)
 }
 
 // resetFD closes fd with SO_LINGER 0, so the peer gets a RST and nothing

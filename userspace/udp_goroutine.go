@@ -163,6 +163,9 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	if s != nil {
 		return s
 	}
+	if l.sp.nodePortRefuses(l.role, dst, client) {
+		return nil
+	}
 	b, ep, ok := l.sp.admitUDP(l.role, l.addr, client)
 	if !ok {
 		return nil
