@@ -195,31 +195,24 @@ func (c *Config) Validate() error {
 	if c.portRange, err = userspace.ParsePortRange(c.ProxyPortRange); err != nil {
 		bad("proxy-port-range", "%v", err)
 	}
-	c.nodePorts = nil
-	for _, s := range c.NodePortAddresses {
-		s = strings.TrimSpace(s)
-		if s == "" {
-			continue
+	// cidrs parses a list of CIDRs (blank entries skipped), masked.
+	cidrs := func(flag, example string, list []string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range list {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			pfx, err := netip.ParsePrefix(s)
+			if err != nil {
+				bad(flag, "%q is not a CIDR (e.g. %s)", s, example)
+				continue
+			}
+			out = append(out, pfx.Masked())
 		}
-		pfx, err := netip.ParsePrefix(s)
-		if err != nil {
-			bad("nodeport-addresses", "%q is not a CIDR (e.g. 127.0.0.1/32)", s)
-			continue
-		}
-		c.nodePorts = append(c.nodePorts, pfx.Masked())
+		return out
 	}
-	c.podCIDRs = nil
-	for _, s := range strings.Split(c.ClusterCIDR, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		pfx, err := netip.ParsePrefix(s)
-		if err != nil {
-			bad("cluster-cidr", "%q is not a CIDR (e.g. 10.244.0.0/16)", s)
-			continue
-		}
-		c.podCIDRs = append(c.podCIDRs, pfx.Masked())
-	}
+	c.nodePorts = cidrs("nodeport-addresses", "127.0.0.1/32", c.NodePortAddresses)
+	c.podCIDRs = cidrs("cluster-cidr", "10.244.0.0/16", strings.Split(c.ClusterCIDR, ","))
 	if c.UDPIdleTimeout <= 0 {
 		bad("udp-timeout", "must be greater than 0, got %v", c.UDPIdleTimeout)
 	}

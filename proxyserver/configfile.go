@@ -3,11 +3,9 @@ package proxyserver
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"reflect"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -175,15 +173,8 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	c.ProxyPortRange = kp.PortRange
 	c.ClusterCIDR = ""
 	switch kp.DetectLocalMode {
-	case "", "ClusterCIDR":
+	case "", "ClusterCIDR": // checked by Validate, which names the field
 		c.ClusterCIDR = kp.ClusterCIDR
-		for _, s := range strings.Split(kp.ClusterCIDR, ",") {
-			if s = strings.TrimSpace(s); s != "" {
-				if _, err := netip.ParsePrefix(s); err != nil {
-					errs = append(errs, fmt.Errorf("clusterCIDR: %q is not a CIDR (e.g. 10.244.0.0/16)", s))
-				}
-			}
-		}
 	default: // told apart by node CIDR or interface: not supported; see inapplicable
 	}
 	c.NodePortAddresses = nil

@@ -67,14 +67,10 @@ func removeOtherPortal(ctx context.Context, mode string, cfg *Config) {
 		if err != nil {
 			return // no iptables here: nothing can be left
 		}
-		if left, _ := ipt.Existing(ctx); len(left) == 0 {
-			// Filter chains alone would still drop load-balancer traffic.
-			if err := ipt.Cleanup(ctx); err != nil {
-				klog.ErrorS(err, "Could not remove the iptables portal's filter chains a previous run may have left")
-			}
-			return
+		if left, _ := ipt.Existing(ctx); len(left) > 0 {
+			klog.InfoS("Removing the iptables portal's rules a previous run left: they would redirect service traffic to ports nobody serves now")
 		}
-		klog.InfoS("Removing the iptables portal's rules a previous run left: they would redirect service traffic to ports nobody serves now")
+		// Always: filter chains alone would still drop load-balancer traffic.
 		if err := ipt.Cleanup(ctx); err != nil {
 			klog.ErrorS(err, "Could not remove every iptables rule a previous run left; --cleanup removes them")
 		}

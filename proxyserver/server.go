@@ -106,12 +106,12 @@ func Run(ctx context.Context, cfg *Config) error {
 		rep.report(p.Listeners())
 		errs = append(errs, hc.sync(s))
 		err := joinErrors(errs...)
-		var deferred errDeferred
-		if errors.As(err, &deferred) {
-			err = nil
+		shown := err
+		if errors.As(err, new(errDeferred)) {
+			shown = nil // a rate limit is no failure
 		}
-		dv.applied(s, err)
-		return joinErrors(errs...)
+		dv.applied(s, shown)
+		return err
 	}, cfg.MinSyncPeriod, cfg.SyncPeriod)
 	loop.health, loop.metrics = health, m
 

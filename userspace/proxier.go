@@ -236,6 +236,10 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		}
 	}
 	p.readHostAddrs(externalLocal || sourceRanges, localAddrs)
+	var hostAddrs []netip.Addr // only source ranges read them here
+	if sourceRanges {
+		hostAddrs = p.hostAddrList()
+	}
 	if p.cfg.ServeFrontends {
 		fronts := make(map[netip.Addr]bool)
 		for spec := range snap.All {
@@ -245,7 +249,6 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		}
 		p.frontendAddrs.Store(&fronts)
 	}
-	hostAddrs := p.hostAddrList()
 	p.ports.reserve(hostPorts)
 	type work struct {
 		sp    *servicePort
