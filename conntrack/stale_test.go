@@ -30,10 +30,13 @@ func portals(ports []state.ServicePort, proxy map[state.ServicePortName]uint16) 
 func TestStaleUDP(t *testing.T) {
 	dnsPort := state.ServicePort{Name: dns, Port: 53, ClusterIPs: ips("198.18.0.53", "fd5e:b1b5::53"), ExternalIPs: ips("198.19.0.53"),
 		LoadBalancerIPs: ips("198.19.1.53"), NodePort: 30053,
-		ClusterEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.2.1:53")}, {Addr: netip.MustParseAddrPort("198.18.2.2:53")}}}
+		ClusterEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.2.1:53")}, {Addr: netip.MustParseAddrPort("[fd5e:b1b5:2::1]:53")},
+			{Addr: netip.MustParseAddrPort("198.18.2.2:53")}}}
 	webPort := state.ServicePort{Name: web, Port: 80, ClusterIPs: ips("198.18.0.10"), NodePort: 30080}
 	fewerEndpoints := dnsPort
-	fewerEndpoints.ClusterEndpoints = dnsPort.ClusterEndpoints[:1]
+	fewerEndpoints.ClusterEndpoints = dnsPort.ClusterEndpoints[:2]
+	noIPv6Endpoints := dnsPort
+	noIPv6Endpoints.ClusterEndpoints = slices.Delete(slices.Clone(dnsPort.ClusterEndpoints), 1, 2)
 	noExternal := dnsPort
 	noExternal.ExternalIPs = nil
 	noEndpoints := dnsPort
@@ -63,6 +66,8 @@ func TestStaleUDP(t *testing.T) {
 			want: []Filter{{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.19.0.53"), OrigDstPort: 53}}},
 		{name: "endpoint removed: nothing (see StaleUDP)", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{fewerEndpoints}, pp)},
 		{name: "last endpoint removed (the portal now rejects): every frontend", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{noEndpoints}, pp), want: all()},
+		{name: "last IPv6 endpoint removed: the IPv6 frontends", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{noIPv6Endpoints}, pp),
+			want: all()[4:]},
 		{name: "first endpoint added: nothing", old: portals([]state.ServicePort{noEndpoints}, pp), new: portals([]state.ServicePort{dnsPort}, pp)},
 		{name: "bind portal, last endpoint removed: nothing", old: portals([]state.ServicePort{dnsPort}, nil), new: portals([]state.ServicePort{noEndpoints}, nil)},
 		{name: "TCP changes: nothing", old: portals([]state.ServicePort{webPort}, pp), new: nil},

@@ -19,15 +19,16 @@ func TestConntrackClearUDP(t *testing.T) {
 		name   string
 		client func(*world) netns
 		addr   string // where the client sends
+		host   string // the backend's address in the service's family
 		svc    func(name state.ServicePortName, endpoint string) state.ServicePort
 	}{
-		{"ClusterIP", func(w *world) netns { return w.pod }, "198.18.0.53:53", func(n state.ServicePortName, ep string) state.ServicePort {
+		{"ClusterIP", func(w *world) netns { return w.pod }, "198.18.0.53:53", backendAddr, func(n state.ServicePortName, ep string) state.ServicePort {
 			return state.ServicePort{Name: n, Port: 53, ClusterIPs: addrList("198.18.0.53"), ClusterEndpoints: endpoints(ep)}
 		}},
-		{"NodePort", func(w *world) netns { return w.outside }, nodeOutSide + ":30053", func(n state.ServicePortName, ep string) state.ServicePort {
+		{"NodePort", func(w *world) netns { return w.outside }, nodeOutSide + ":30053", backendAddr, func(n state.ServicePortName, ep string) state.ServicePort {
 			return state.ServicePort{Name: n, Port: 53, ClusterIPs: addrList("198.18.0.53"), NodePort: 30053, ClusterEndpoints: endpoints(ep)}
 		}},
-		{"IPv6 ClusterIP", func(w *world) netns { return w.pod }, "[fd5e:b1b5::53]:53", func(n state.ServicePortName, ep string) state.ServicePort {
+		{"IPv6 ClusterIP", func(w *world) netns { return w.pod }, "[fd5e:b1b5::53]:53", "[" + backendAddr6 + "]", func(n state.ServicePortName, ep string) state.ServicePort {
 			return state.ServicePort{Name: n, Port: 53, ClusterIPs: addrList("fd5e:b1b5::53"), ClusterEndpoints: endpoints(ep)}
 		}},
 	}
@@ -37,7 +38,7 @@ func TestConntrackClearUDP(t *testing.T) {
 			startBackend(t, w.backend, "8080=old", "8081=new")
 			px := startProxyHelper(t, w, "iptables", true)
 			newName := state.ServicePortName{Namespace: "kube-system", Name: "dns2", Port: "dns", Protocol: state.UDP}
-			oldSvc, newSvc := tc.svc(dnsName, backendAddr+":8080"), tc.svc(newName, backendAddr+":8081")
+			oldSvc, newSvc := tc.svc(dnsName, tc.host+":8080"), tc.svc(newName, tc.host+":8081")
 
 			const clientPort = 45353 // the same 5-tuple every time
 			client := tc.client(w)
@@ -68,7 +69,7 @@ func TestConntrackClearUDP(t *testing.T) {
 			// Endpoint-only changes need no cleanup: the client's entry ends
 			// at the proxy port, which does not move.
 			moved := newSvc
-			moved.ClusterEndpoints = endpoints(backendAddr + ":8080")
+			moved.ClusterEndpoints = endpoints(tc.host + ":8080")
 			if r := px.do(proxyReq{Op: "apply", Ports: []state.ServicePort{moved}}); r.Stale != 0 {
 				t.Errorf("endpoint change gave %d stale filters, want 0", r.Stale)
 			}

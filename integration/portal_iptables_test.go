@@ -36,12 +36,13 @@ func endpoints(s ...string) []state.Endpoint {
 }
 
 // servicePorts is the snapshot of the traffic tests: a TCP service with
-// every kind of frontend in both families, a UDP one with a node port, and
-// an IPv6-only one with an IPv6 endpoint.
+// every kind of frontend in both families and the backend's port 8080 in
+// each (a client goes to an endpoint of its own family), a UDP one with a
+// node port, and an IPv6-only one with an IPv6 endpoint.
 func servicePorts() []state.ServicePort {
 	return []state.ServicePort{
 		{Name: webName, Port: 80, ClusterIPs: addrList("198.18.0.10", "fd5e:b1b5::10"), ExternalIPs: addrList("198.19.0.5"),
-			LoadBalancerIPs: addrList("198.19.1.1"), NodePort: 30080, ClusterEndpoints: endpoints(backendAddr + ":8080")},
+			LoadBalancerIPs: addrList("198.19.1.1"), NodePort: 30080, ClusterEndpoints: endpoints(backendAddr+":8080", "["+backendAddr6+"]:8080")},
 		{Name: dnsName, Port: 53, ClusterIPs: addrList("198.18.0.53"), NodePort: 30053, ClusterEndpoints: endpoints(backendAddr + ":8080")},
 		{Name: sixName, Port: 8080, ClusterIPs: addrList("fd5e:b1b5::80"), ClusterEndpoints: endpoints("[" + backendAddr6 + "]:8081")},
 	}

@@ -84,7 +84,8 @@ type Portal struct {
 	// state.ServicePort.SourceRanges); the iptables portal drops traffic
 	// to the address from any other source. Nil redirects every source.
 	SourceRanges []netip.Prefix
-	// Reject says the service port has no endpoints at all: the iptables
+	// Reject says the service port has no endpoints of Family (the data
+	// plane sends a connection only to endpoints of its family): the iptables
 	// portal refuses new connections redirected to ProxyPort, as
 	// kube-proxy rejects them (TCP clients get "connection refused" at
 	// connect, UDP clients an ICMP port unreachable), instead of letting
@@ -172,11 +173,11 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 		if proxyPort != nil {
 			pp = proxyPort(sp.Name)
 		}
-		reject := len(sp.ClusterEndpoints) == 0 && len(sp.LocalEndpoints) == 0
 		add := func(kind Kind, ips []netip.Addr) {
 			for _, ip := range ips {
 				ip = ip.Unmap()
-				p := Portal{Service: sp.Name, Kind: kind, Family: FamilyOf(ip), IP: ip, Port: sp.Port, ProxyPort: pp, Reject: reject}
+				f := FamilyOf(ip)
+				p := Portal{Service: sp.Name, Kind: kind, Family: f, IP: ip, Port: sp.Port, ProxyPort: pp, Reject: !hasEndpoints(sp, f)}
 				if kind == LoadBalancerIP {
 					p.SourceRanges = sp.SourceRanges(ip, hostAddrs)
 				}
@@ -188,12 +189,25 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 		add(LoadBalancerIP, sp.LoadBalancerIPs)
 		if sp.NodePort != 0 {
 			for _, f := range families(sp) {
-				out = append(out, Portal{Service: sp.Name, Kind: NodePort, Family: f, Port: sp.NodePort, ProxyPort: pp, Reject: reject})
+				out = append(out, Portal{Service: sp.Name, Kind: NodePort, Family: f, Port: sp.NodePort, ProxyPort: pp, Reject: !hasEndpoints(sp, f)})
 			}
 		}
 	}
 	slices.SortFunc(out, Portal.Compare)
 	return slices.CompactFunc(out, Portal.Equal)
+}
+
+// hasEndpoints reports whether sp has a cluster or local endpoint of
+// family f.
+func hasEndpoints(sp *state.ServicePort, f Family) bool {
+	for _, eps := range [][]state.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
+		for _, ep := range eps {
+			if FamilyOf(ep.Addr.Addr()) == f {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func families(sp *state.ServicePort) []Family {

@@ -28,13 +28,14 @@ func addrs(s ...string) []netip.Addr {
 // has no endpoints; the load-balancer IP has source ranges.
 func fixedSnapshot() state.Snapshot {
 	ep := []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:8080"), Ready: true, Serving: true}}
+	ep6 := []state.Endpoint{{Addr: netip.MustParseAddrPort("[fd5e:b1b5:12::2]:8080"), Ready: true, Serving: true}}
 	return state.NewSnapshot([]state.ServicePort{
 		{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10", "fd5e:b1b5::10"), NodePort: 30080,
-			ExternalIPs: addrs("198.19.0.5"), LoadBalancerIPs: addrs("198.19.1.1"), ClusterEndpoints: ep,
+			ExternalIPs: addrs("198.19.0.5"), LoadBalancerIPs: addrs("198.19.1.1"), ClusterEndpoints: slices.Concat(ep, ep6),
 			LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.11.0/24"), netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("fd5e:b1b5:11::/64")}},
 		{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), NodePort: 30053, ClusterEndpoints: ep},
 		{Name: sigSCTP, Port: 3868, ClusterIPs: addrs("198.18.0.99")},
-		{Name: v6Only, Port: 8080, ClusterIPs: addrs("fd5e:b1b5::80"), NodePort: 30081, LocalEndpoints: ep},
+		{Name: v6Only, Port: 8080, ClusterIPs: addrs("fd5e:b1b5::80"), NodePort: 30081, LocalEndpoints: ep6},
 	})
 }
 
@@ -96,6 +97,18 @@ func TestFromSnapshot(t *testing.T) {
 				"ClusterIP 198.18.0.10:80/TCP -> :41234 reject",
 				"NodePort NodePort(IPv4) 30080/TCP -> :41234 reject",
 				"ClusterIP 198.18.0.53:53/UDP -> :41235",
+			},
+		},
+		{
+			name: "a family without endpoints rejects, the other does not",
+			ports: []state.ServicePort{{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10", "fd5e:b1b5::10"), NodePort: 30080,
+				ClusterEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:8080")}}}},
+			proxy: map[state.ServicePortName]uint16{webHTTP: 41234},
+			want: []string{
+				"ClusterIP 198.18.0.10:80/TCP -> :41234",
+				"ClusterIP [fd5e:b1b5::10]:80/TCP -> :41234 reject",
+				"NodePort NodePort(IPv4) 30080/TCP -> :41234",
+				"NodePort NodePort(IPv6) 30080/TCP -> :41234 reject",
 			},
 		},
 		{

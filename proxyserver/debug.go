@@ -106,6 +106,11 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		}
 		line("policies", "internal %s, external %s", policy(sp.InternalLocal), policy(sp.ExternalLocal))
 		line("endpoints", "%s", endpointList(sp.InternalEndpoints()))
+		if has4, has6 := sp.Families(); has4 && has6 {
+			if f := familyWithout(sp.InternalEndpoints()); f != "" {
+				line("note", "no %s endpoint: %s clients are refused (a client goes only to endpoints of its own IP family)", f, f)
+			}
+		}
 		if sp.InternalLocal != sp.ExternalLocal {
 			line("external to", "%s", endpointList(sp.ExternalEndpoints()))
 		}
@@ -133,13 +138,33 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 					s += " from " + joinPrefixes(pt.SourceRanges)
 				}
 				if pt.Reject {
-					s += ", rejected: no endpoints"
+					s += ", rejected: no " + pt.Family.String() + " endpoints"
 				}
 				ps = append(ps, s)
 			}
 			line("redirects", "%s", orNone(ps))
 		}
 	}
+}
+
+// familyWithout names the IP family eps has none of, when it has some of
+// the other; else "".
+func familyWithout(eps []state.Endpoint) string {
+	var has4, has6 bool
+	for _, e := range eps {
+		if e.Addr.Addr().Unmap().Is4() {
+			has4 = true
+		} else {
+			has6 = true
+		}
+	}
+	switch {
+	case has4 && !has6:
+		return "IPv6"
+	case has6 && !has4:
+		return "IPv4"
+	}
+	return ""
 }
 
 func endpointList(eps []state.Endpoint) string {

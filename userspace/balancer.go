@@ -74,14 +74,20 @@ type affinityEntry struct {
 }
 
 // balancer picks endpoints for one service port: round robin over the
-// current endpoint set, with optional ClientIP affinity. Endpoint and
-// affinity updates take effect for the next pick; picks never block on
-// updates.
+// current endpoints of the client's IP family, with optional ClientIP
+// affinity. Endpoint and affinity updates take effect for the next pick;
+// picks never block on updates.
+//
+// A dual-stack Service's IPv4 clients go to its IPv4 endpoints and IPv6
+// clients to its IPv6 ones, as kube-proxy's proxier of each family sends
+// them: a pod sees its clients in the family they used, and a family with
+// no endpoints refuses, however many the other has.
 type balancer struct {
 	clock Clock
-	set   atomic.Pointer[endpointSet]
-	aff   atomic.Pointer[state.Affinity]
-	next  atomic.Uint64
+	// sets and next are indexed by familyIndex.
+	sets [2]atomic.Pointer[endpointSet]
+	next [2]atomic.Uint64
+	aff  atomic.Pointer[state.Affinity]
 
 	mu      sync.Mutex // guards the fields below
 	clients map[netip.Addr]affinityEntry
@@ -92,19 +98,54 @@ func newBalancer(clock Clock, eps []state.Endpoint, aff state.Affinity) *balance
 	// Start each balancer at a random position so that proxies on many
 	// nodes, which all see the same sorted endpoint list, do not all send
 	// their first connection to the same endpoint.
-	b.next.Store(rand.Uint64())
-	b.set.Store(newEndpointSet(eps))
+	for i, fam := range splitFamilies(eps) {
+		b.next[i].Store(rand.Uint64())
+		b.sets[i].Store(newEndpointSet(fam))
+	}
 	b.aff.Store(&aff)
 	return b
+}
+
+// familyIndex is the index of a's IP family in balancer.sets: 0 for IPv4,
+// 1 for IPv6.
+func familyIndex(a netip.Addr) int {
+	if a.Unmap().Is4() {
+		return 0
+	}
+	return 1
+}
+
+// splitFamilies splits eps by IP family, keeping their order.
+func splitFamilies(eps []state.Endpoint) [2][]state.Endpoint {
+	var out [2][]state.Endpoint
+	for _, ep := range eps {
+		i := familyIndex(ep.Addr.Addr())
+		out[i] = append(out[i], ep)
+	}
+	return out
+}
+
+// setOf returns the endpoint set a connection from client picks from, and
+// its index: client's family, or for a client of unknown address the
+// first family with endpoints.
+func (b *balancer) setOf(client netip.Addr) (*endpointSet, int) {
+	i := 0
+	if client.IsValid() {
+		i = familyIndex(client)
+	} else if len(b.sets[0].Load().addrs) == 0 {
+		i = 1
+	}
+	return b.sets[i].Load(), i
 }
 
 // update installs a new endpoint set and affinity. Round robin continues
 // from where it was; affinity entries that point at removed endpoints are
 // dropped, and a change of affinity type forgets every client.
 func (b *balancer) update(eps []state.Endpoint, aff state.Affinity) {
-	old := b.set.Load()
-	if !sameAddrs(old, eps) {
-		b.set.Store(newEndpointSet(eps))
+	for i, fam := range splitFamilies(eps) {
+		if !sameAddrs(b.sets[i].Load(), fam) {
+			b.sets[i].Store(newEndpointSet(fam))
+		}
 	}
 	prev := b.aff.Swap(&aff)
 	if prev.Type != aff.Type || !aff.Sticky() {
@@ -128,14 +169,16 @@ func sameAddrs(s *endpointSet, eps []state.Endpoint) bool {
 }
 
 // has reports whether ep is one of the current endpoints.
-func (b *balancer) has(ep netip.AddrPort) bool { return b.set.Load().has(ep) }
+func (b *balancer) has(ep netip.AddrPort) bool {
+	return b.sets[familyIndex(ep.Addr())].Load().has(ep)
+}
 
 // pick returns the endpoint for a new connection or session from client.
 // Endpoints in avoid (already tried and failed for this connection) are
 // skipped while others remain; a non-empty avoid also replaces the client's
 // affinity with the new choice, so a sticky client leaves a dead endpoint.
 func (b *balancer) pick(client netip.Addr, avoid []netip.AddrPort) (netip.AddrPort, error) {
-	set := b.set.Load()
+	set, fam := b.setOf(client)
 	n := len(set.addrs)
 	if n == 0 {
 		return netip.AddrPort{}, ErrNoEndpoints
@@ -157,7 +200,7 @@ func (b *balancer) pick(client netip.Addr, avoid []netip.AddrPort) (netip.AddrPo
 			b.mu.Unlock()
 		}
 	}
-	start := int((b.next.Add(1) - 1) % uint64(n))
+	start := int((b.next[fam].Add(1) - 1) % uint64(n))
 	ep := set.addrs[start]
 	if n > 1 && (len(avoid) > 0 || set.penalized.Load() > 0) {
 		// Pass over endpoints that just failed, in round-robin order; if
@@ -180,7 +223,7 @@ func (b *balancer) pick(client netip.Addr, avoid []netip.AddrPort) (netip.AddrPo
 
 // penalize makes picks pass over ep for d, while other endpoints remain.
 func (b *balancer) penalize(ep netip.AddrPort, d time.Duration) {
-	set := b.set.Load()
+	set := b.sets[familyIndex(ep.Addr())].Load()
 	if i, ok := set.index[ep]; ok {
 		set.until[i].Store(b.clock.Now().Add(d).UnixNano())
 		set.penalized.Add(1)
@@ -206,10 +249,9 @@ func (b *balancer) sweep() {
 		return
 	}
 	aff := b.aff.Load()
-	set := b.set.Load()
 	now := b.clock.Now()
 	for c, e := range b.clients {
-		if now.Sub(e.lastUsed) >= aff.TTL() || !set.has(e.endpoint) {
+		if now.Sub(e.lastUsed) >= aff.TTL() || !b.has(e.endpoint) {
 			delete(b.clients, c)
 		}
 	}

@@ -60,6 +60,60 @@ func TestBalancerRoundRobin(t *testing.T) {
 	}
 }
 
+// TestBalancerKeepsFamilies: clients of each family take turns over that
+// family's endpoints only, each family in even rounds however the
+// clients interleave; a failed endpoint is passed over within its family,
+// and sticky clients keep to their family.
+func TestBalancerKeepsFamilies(t *testing.T) {
+	ep6a := netip.MustParseAddrPort("[fd5e:b1b5:1::1]:80")
+	ep6b := netip.MustParseAddrPort("[fd5e:b1b5:1::2]:80")
+	c6 := netip.MustParseAddr("fd5e:b1b5:2::1")
+	mapped := netip.MustParseAddr("::ffff:198.19.0.9")
+	b := newBalancer(newFakeClock(), eps(ep6a, ep1, ep6b, ep2), state.Affinity{})
+	got := map[netip.AddrPort]int{}
+	for range 4 {
+		for _, c := range []netip.Addr{c1, c6, mapped} {
+			ep, err := b.pick(c, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ep.Addr().Is4() != c.Unmap().Is4() {
+				t.Fatalf("client %s sent to %s, of the other family", c, ep)
+			}
+			got[ep]++
+		}
+	}
+	if got[ep1] != 4 || got[ep2] != 4 || got[ep6a] != 2 || got[ep6b] != 2 {
+		t.Fatalf("picks %v, want 4 per IPv4 endpoint and 2 per IPv6 one", got)
+	}
+
+	b.penalize(ep6a, time.Minute)
+	for range 3 {
+		if ep, _ := b.pick(c6, nil); ep != ep6b {
+			t.Fatalf("picked %s during %s's penalty, want %s", ep, ep6a, ep6b)
+		}
+	}
+
+	b.update(eps(ep1), sticky)
+	if _, err := b.pick(c6, nil); !errors.Is(err, ErrNoEndpoints) {
+		t.Fatalf("IPv6 client with only IPv4 endpoints: %v, want ErrNoEndpoints", err)
+	}
+	b.update(eps(ep1, ep6a), sticky)
+	if ep, _ := b.pick(c6, nil); ep != ep6a {
+		t.Fatalf("IPv6 client sent to %s", ep)
+	}
+	if ep, _ := b.pick(c1, nil); ep != ep1 {
+		t.Fatalf("IPv4 client sent to %s", ep)
+	}
+	if n := b.affinityClients(); n != 2 {
+		t.Fatalf("%d clients remembered, want 2", n)
+	}
+	b.update(eps(ep1), sticky)
+	if n := b.affinityClients(); n != 1 {
+		t.Fatalf("%d clients remembered after the IPv6 endpoint left, want 1", n)
+	}
+}
+
 func TestBalancerNoEndpoints(t *testing.T) {
 	b := newBalancer(newFakeClock(), nil, sticky)
 	if _, err := b.pick(c1, nil); !errors.Is(err, ErrNoEndpoints) {

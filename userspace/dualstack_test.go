@@ -13,39 +13,87 @@ import (
 )
 
 // TestDualStackProxyPort: a service with IPv4 and IPv6 ClusterIPs gets one
-// proxy port, open on both families, when the bind address is unspecified.
+// proxy port, open on both families, when the bind address is unspecified,
+// and each family's clients go to that family's endpoints, as kube-proxy's
+// proxier of each family sends them.
 func TestDualStackProxyPort(t *testing.T) {
 	needIPv6Loopback(t)
-	tb := startTCPBackend(t, "t")
-	ub := startUDPBackend(t, "u")
+	t4, t6 := startTCPBackend(t, "t4"), startTCPBackendOn(t, "t6", "[::1]:0")
+	u4, u6 := startUDPBackend(t, "u4"), startUDPBackendOn(t, "u6", "[::1]:0")
 	p := newTestProxier(t, Config{BindAddress: netip.IPv6Unspecified()})
 	cips := []netip.Addr{netip.MustParseAddr("198.18.0.30"), netip.MustParseAddr("fd5e:b1b5::30")}
 	tn, un := spn("ds", "t", state.TCP), spn("ds", "u", state.UDP)
 	mustApply(t, p,
-		state.ServicePort{Name: tn, Port: 80, ClusterIPs: cips, ClusterEndpoints: eps(tb.addr())},
-		state.ServicePort{Name: un, Port: 53, ClusterIPs: cips, ClusterEndpoints: eps(ub.addr())})
-	for _, host := range []string{"127.0.0.1", "[::1]"} {
-		if got := tcpWho(t, fmt.Sprintf("%s:%d", host, p.ProxyPort(tn))); got != "t" {
-			t.Fatalf("TCP via %s reached %q", host, got)
-		}
-		addr := fmt.Sprintf("%s:%d", host, p.ProxyPort(un))
-		ua, err := net.ResolveUDPAddr("udp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := net.DialUDP("udp", nil, ua)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := udpExchange(t, c, []byte("who"))
-		c.Close()
-		if err != nil || string(got) != "u" {
-			t.Fatalf("UDP via %s: %q, %v", addr, got, err)
+		state.ServicePort{Name: tn, Port: 80, ClusterIPs: cips, ClusterEndpoints: eps(t4.addr(), t6.addr())},
+		state.ServicePort{Name: un, Port: 53, ClusterIPs: cips, ClusterEndpoints: eps(u6.addr(), u4.addr())})
+	for _, c := range []struct{ host, tcp, udp string }{{"127.0.0.1", "t4", "u4"}, {"[::1]", "t6", "u6"}} {
+		// Round robin over both families would alternate.
+		for range 3 {
+			if got := tcpWho(t, fmt.Sprintf("%s:%d", c.host, p.ProxyPort(tn))); got != c.tcp {
+				t.Fatalf("TCP via %s reached %q, want %q", c.host, got, c.tcp)
+			}
+			conn := dialUDP(t, fmt.Sprintf("%s:%d", c.host, p.ProxyPort(un)))
+			got, err := udpExchange(t, conn, []byte("who"))
+			conn.Close()
+			if err != nil || string(got) != c.udp {
+				t.Fatalf("UDP via %s: %q, %v; want %q", c.host, got, err, c.udp)
+			}
 		}
 	}
 	fams := listenIPs(p, tn)
 	if !fams["0.0.0.0"] || !fams["::"] || len(fams) != 2 {
 		t.Fatalf("TCP listeners on %v, want 0.0.0.0 and ::", fams)
+	}
+}
+
+// TestDualStackFamilyWithoutEndpoints: a dual-stack service whose
+// endpoints are all IPv4 refuses IPv6 clients (a reset, no UDP reply), as
+// kube-proxy's IPv6 proxier does, rather than carry them to IPv4 pods;
+// once an IPv6 endpoint comes, IPv6 clients reach it.
+func TestDualStackFamilyWithoutEndpoints(t *testing.T) {
+	needIPv6Loopback(t)
+	t4, t6 := startTCPBackend(t, "t4"), startTCPBackendOn(t, "t6", "[::1]:0")
+	u4, u6 := startUDPBackend(t, "u4"), startUDPBackendOn(t, "u6", "[::1]:0")
+	p := newTestProxier(t, Config{BindAddress: netip.IPv6Unspecified()})
+	cips := []netip.Addr{netip.MustParseAddr("198.18.0.31"), netip.MustParseAddr("fd5e:b1b5::31")}
+	tn, un := spn("ds", "t", state.TCP), spn("ds", "u", state.UDP)
+	tsp := state.ServicePort{Name: tn, Port: 80, ClusterIPs: cips, ClusterEndpoints: eps(t4.addr())}
+	usp := state.ServicePort{Name: un, Port: 53, ClusterIPs: cips, ClusterEndpoints: eps(u4.addr())}
+	mustApply(t, p, tsp, usp)
+	v4t, v6t := fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(tn)), fmt.Sprintf("[::1]:%d", p.ProxyPort(tn))
+	v4u, v6u := fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(un)), fmt.Sprintf("[::1]:%d", p.ProxyPort(un))
+
+	if got := tcpWho(t, v4t); got != "t4" {
+		t.Fatalf("TCP via IPv4 reached %q", got)
+	}
+	if err := connectAndRead(v6t); !isReset(err) {
+		t.Fatalf("TCP via IPv6 without IPv6 endpoints: %v, want a reset", err)
+	}
+	// A reply on loopback takes well under a millisecond; wait 1 s for one
+	// that must not come.
+	conn := dialUDP(t, v6u)
+	conn.SetDeadline(time.Now().Add(time.Second))
+	if _, err := conn.Write([]byte("who")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := conn.Read(make([]byte, 16)); err == nil {
+		t.Fatalf("UDP via IPv6 without IPv6 endpoints got %d bytes back", n)
+	}
+	conn.Close()
+
+	tsp.ClusterEndpoints = eps(t4.addr(), t6.addr())
+	usp.ClusterEndpoints = eps(u4.addr(), u6.addr())
+	mustApply(t, p, tsp, usp)
+	for _, c := range []struct{ tcp, udp, want string }{{v4t, v4u, "4"}, {v6t, v6u, "6"}} {
+		if got := tcpWho(t, c.tcp); got != "t"+c.want {
+			t.Fatalf("TCP via %s reached %q", c.tcp, got)
+		}
+		conn := dialUDP(t, c.udp)
+		got, err := udpExchange(t, conn, []byte("who"))
+		conn.Close()
+		if err != nil || string(got) != "u"+c.want {
+			t.Fatalf("UDP via %s: %q, %v", c.udp, got, err)
+		}
 	}
 }
 
@@ -102,12 +150,14 @@ func TestIPFamiliesWithoutFrontends(t *testing.T) {
 		t.Fatalf("reached %q", got)
 	}
 
+	b4 := startTCPBackend(t, "b4")
 	sp.IPFamilies = []state.IPFamily{state.IPv6, state.IPv4}
+	sp.ClusterEndpoints = eps(b.addr(), b4.addr())
 	mustApply(t, p, sp)
 	if on := listenIPs(p, name); !on["::"] || !on["0.0.0.0"] || len(on) != 2 {
 		t.Fatalf("dual stack: listening on %v, want :: and 0.0.0.0", on)
 	}
-	if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(name))); got != "b6" {
+	if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(name))); got != "b4" {
 		t.Fatalf("via IPv4 reached %q", got)
 	}
 }
@@ -186,15 +236,17 @@ func TestProxyPortMovesWhenTakenInANewFamily(t *testing.T) {
 	}
 	defer held.Close()
 
+	b4 := startTCPBackend(t, "b4")
 	sp.IPFamilies = []state.IPFamily{state.IPv6, state.IPv4}
+	sp.ClusterEndpoints = eps(b.addr(), b4.addr())
 	mustApply(t, p, sp)
 	moved := p.ProxyPort(name)
 	if moved == old || moved == 0 {
 		t.Fatalf("proxy port %d after the move, want another than %d", moved, old)
 	}
-	for _, addr := range []string{fmt.Sprintf("127.0.0.1:%d", moved), fmt.Sprintf("[::1]:%d", moved)} {
-		if got := tcpWho(t, addr); got != "b6" {
-			t.Fatalf("via %s reached %q", addr, got)
+	for addr, want := range map[string]string{fmt.Sprintf("127.0.0.1:%d", moved): "b4", fmt.Sprintf("[::1]:%d", moved): "b6"} {
+		if got := tcpWho(t, addr); got != want {
+			t.Fatalf("via %s reached %q, want %q", addr, got, want)
 		}
 	}
 	if on := listenIPs(p, name); len(on) != 2 {

@@ -99,7 +99,12 @@ type udpBackend struct {
 
 func startUDPBackend(t testing.TB, name string) *udpBackend {
 	t.Helper()
-	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	return startUDPBackendOn(t, name, "127.0.0.1:0")
+}
+
+func startUDPBackendOn(t testing.TB, name, addr string) *udpBackend {
+	t.Helper()
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,11 +224,11 @@ func udpExchange(t testing.TB, conn *net.UDPConn, payload []byte) ([]byte, error
 
 func dialUDP(t testing.TB, addr string) *net.UDPConn {
 	t.Helper()
-	ua, err := net.ResolveUDPAddr("udp4", addr)
+	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := net.DialUDP("udp4", nil, ua)
+	c, err := net.DialUDP("udp", nil, ua)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,116 @@
+//go:build integration
+
+package integration
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// dualStackManifest is a dual-stack NodePort Service with an IPv4 and an
+// IPv6 EndpointSlice whose endpoints answer with different names (be1 and
+// be6), so a reply tells which family's endpoint a client reached.
+const dualStackManifest = `apiVersion: v1
+kind: Service
+metadata: {name: ds, namespace: e2e}
+spec:
+  type: NodePort
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 198.18.0.40
+  clusterIPs: [198.18.0.40, "fd5e:b1b5::40"]
+  ports:
+  - {name: http, protocol: TCP, port: 80, nodePort: 30095}
+  - {name: dns, protocol: UDP, port: 53, nodePort: 30096}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ds-4, namespace: e2e, labels: {kubernetes.io/service-name: ds}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}, {name: dns, protocol: UDP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"]}]
+`
+
+const dualStackIPv6Slice = `---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ds-6, namespace: e2e, labels: {kubernetes.io/service-name: ds}}
+addressType: IPv6
+ports: [{name: http, protocol: TCP, port: 8081}, {name: dns, protocol: UDP, port: 8081}]
+endpoints: [{addresses: ["fd5e:b1b5:12::2"]}]
+`
+
+// TestBinaryDualStackKeepsFamilies: the real binary, with the iptables and
+// the bind portal, sends a dual-stack Service's IPv4 clients to its IPv4
+// endpoints and its IPv6 clients to its IPv6 ones, at the cluster IPs and
+// the node ports, over TCP and UDP, as kube-proxy's proxier of each family
+// does; with no IPv6 endpoint left, IPv6 clients are refused (with
+// iptables, by an ip6tables REJECT: "connection refused" at once) while
+// IPv4 clients go on.
+func TestBinaryDualStackKeepsFamilies(t *testing.T) {
+	for _, mode := range []string{"iptables", "bind"} {
+		t.Run(mode, func(t *testing.T) {
+			w := newWorld(t)
+			startBackend(t, w.backend, "8080=be1", "8081=be6")
+			file := filepath.Join(t.TempDir(), "services.yaml")
+			writeFile(t, file, dualStackManifest+dualStackIPv6Slice)
+			px := startNodeProxy(t, w, file, "--portal="+mode)
+			if mode == "iptables" {
+				px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+			} else {
+				px.waitLog(0, `"Serving".*fd5e:b1b5::40\]:53`, 1, 30*time.Second)
+			}
+
+			// Round robin over both families would send some of
+			// these to the other family's endpoint.
+			for range 3 {
+				expectReply(t, w.pod, "tcp", "198.18.0.40:80", "be1:ping")
+				expectReply(t, w.pod, "tcp", "[fd5e:b1b5::40]:80", "be6:ping")
+				expectReply(t, w.pod, "udp", "198.18.0.40:53", "be1:ping")
+				expectReply(t, w.pod, "udp", "[fd5e:b1b5::40]:53", "be6:ping")
+				expectReply(t, w.outside, "tcp", nodeOutSide+":30095", "be1:ping")
+				expectReply(t, w.outside, "tcp", "[fd5e:b1b5:11::1]:30095", "be6:ping")
+				expectReply(t, w.outside, "udp", nodeOutSide+":30096", "be1:ping")
+				expectReply(t, w.outside, "udp", "[fd5e:b1b5:11::1]:30096", "be6:ping")
+			}
+
+			writeFile(t, file, dualStackManifest)
+			eventuallyNot(t, w.pod, "tcp", "[fd5e:b1b5::40]:80")
+			expectNoReply(t, w.pod, "udp", "[fd5e:b1b5::40]:53")
+			expectNoReply(t, w.outside, "tcp", "[fd5e:b1b5:11::1]:30095")
+			expectReply(t, w.pod, "tcp", "198.18.0.40:80", "be1:ping")
+			expectReply(t, w.pod, "udp", "198.18.0.40:53", "be1:ping")
+			expectReply(t, w.outside, "tcp", nodeOutSide+":30095", "be1:ping")
+			// The teaching view (metrics server, default address) says why.
+			code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services")
+			if code != "200" || !strings.Contains(view, "  note:         no IPv6 endpoint: IPv6 clients are refused") ||
+				mode == "iptables" && !strings.Contains(view, "[fd5e:b1b5::40]:80/TCP -> ") ||
+				mode == "iptables" && !strings.Contains(view, ", rejected: no IPv6 endpoints") {
+				t.Errorf("/debug/services: %s\n%s", code, view)
+			}
+			if mode == "iptables" {
+				// The refusal of the first SYN is not taken in IPv6 (the
+				// ICMPv6 error reaches the pod, whose socket ignores it),
+				// that of its retransmission a second later is: allow for
+				// it, and tell a refusal from a timeout or a reset.
+				start := time.Now()
+				out, err := w.pod.run("nc", "-z", "-v", "-w2", "fd5e:b1b5::40", "80")
+				if err == nil || !strings.Contains(out, "refused") || time.Since(start) > 1500*time.Millisecond {
+					t.Errorf("nc -z to the IPv6 cluster IP without IPv6 endpoints: %v after %v: %q; want a quick refusal",
+						err, time.Since(start).Round(time.Millisecond), out)
+				}
+				for _, r := range ourRules(t, w.node, "nft") {
+					if strings.Contains(r, "e2e/ds:http has no endpoints") && !strings.HasPrefix(r, "ip6") {
+						t.Errorf("IPv4 rejects though it has an endpoint: %s", r)
+					}
+				}
+			}
+
+			writeFile(t, file, dualStackManifest+dualStackIPv6Slice)
+			eventually(t, w.pod, "tcp", "[fd5e:b1b5::40]:80", "be6:ping")
+			expectReply(t, w.pod, "udp", "[fd5e:b1b5::40]:53", "be6:ping")
+		})
+	}
+}
