@@ -5,6 +5,8 @@ package integration
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 )
@@ -34,6 +36,12 @@ func TestBinaryHealthzWhenPortalsFail(t *testing.T) {
 	healthzAnswers(t, run, healthz, "503", `"healthy":false`)
 	healthzAnswers(t, run, livez, "503", `"reason":"a change has waited more than 2s to be applied`)
 	healthzAnswers(t, run, hcURL, "503", `"localEndpoints":1,"serviceProxyHealthy":false`)
+	// The metrics server (default address) counts the failures, by cause.
+	if code, body := curlCodeIn(t, ns, "http://127.0.0.1:10249/metrics"); code != "200" ||
+		!regexp.MustCompile(`\nkube_userspace_proxy_sync_failures_total\{cause="portal"\} [1-9]`).MatchString(body) ||
+		!strings.Contains(body, "\n"+`kube_userspace_proxy_sync_failures_total{cause="services"} 0`+"\n") {
+		t.Errorf("/metrics: %s, sync failures: %q", code, regexp.MustCompile(`(?m)^kube_userspace_proxy_sync_failures.*$`).FindAllString(body, -1))
+	}
 
 	// A veth pair: this kernel has no dummy driver.
 	ns.mustRun(t, "ip", "link", "add", "kup-late", "type", "veth", "peer", "name", "kup-late-peer")

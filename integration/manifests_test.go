@@ -449,6 +449,12 @@ func TestBinaryHealthz(t *testing.T) {
 	if code, _ := curlCode(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", hz)); code != "404" {
 		t.Errorf("/metrics on the health server: %s, want 404", code)
 	}
+	// The metrics server counts the failed syncs, not as the portal's.
+	if code, body := curlCode(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)); code != "200" ||
+		!regexp.MustCompile(`\nkube_userspace_proxy_sync_failures_total\{cause="services"\} [1-9]`).MatchString(body) ||
+		!strings.Contains(body, "\n"+`kube_userspace_proxy_sync_failures_total{cause="portal"} 0`+"\n") {
+		t.Errorf("/metrics: %s, sync failures: %q", code, regexp.MustCompile(`(?m)^kube_userspace_proxy_sync_failures.*$`).FindAllString(body, -1))
+	}
 	// The debug view says what fails, and shows the health-check port.
 	view, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/debug/services", mp))
 	if err != nil || !strings.Contains(view, fmt.Sprintf("The last sync failed, and is retried: userspace: service e2e/other:http/TCP: listen on 127.0.0.1:%d (node-port)", busy)) ||

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -155,7 +156,8 @@ func TestSyncLoopTellsHealth(t *testing.T) {
 
 // TestMetricsCountHealthAnswers: /healthz and /livez answers are counted
 // by status code, as kube-proxy's kubeproxy_proxy_healthz_total counts
-// them, and a sync shows in the sync metrics.
+// them, and a sync shows in the sync metrics: its duration, its failure,
+// and the service ports with a Local policy and no local endpoint.
 func TestMetricsCountHealthAnswers(t *testing.T) {
 	var stats userspace.Stats
 	m := newMetrics(&stats)
@@ -165,7 +167,13 @@ func TestMetricsCountHealthAnswers(t *testing.T) {
 	for _, path := range []string{"/healthz", "/healthz", "/livez"} {
 		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil))
 	}
-	m.synced(3*time.Millisecond, true)
+	local := []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.2.1:80"), Local: true}}
+	m.synced(state.NewSnapshot([]state.ServicePort{
+		{Name: state.ServicePortName{Namespace: "ns", Name: "a", Protocol: state.TCP}, InternalLocal: true, ExternalLocal: true},
+		{Name: state.ServicePortName{Namespace: "ns", Name: "b", Protocol: state.TCP}, ExternalLocal: true},
+		{Name: state.ServicePortName{Namespace: "ns", Name: "c", Protocol: state.TCP}, ExternalLocal: true, LocalEndpoints: local},
+		{Name: state.ServicePortName{Namespace: "ns", Name: "d", Protocol: state.TCP}},
+	}), 3*time.Millisecond, false, failedPortal)
 	stats.TCPAccepted.Add(7)
 	rec := httptest.NewRecorder()
 	m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
@@ -173,6 +181,10 @@ func TestMetricsCountHealthAnswers(t *testing.T) {
 		`kubeproxy_proxy_healthz_total{code="503"} 2`,
 		`kubeproxy_proxy_livez_total{code="200"} 1`,
 		`kubeproxy_sync_proxy_rules_duration_seconds_count 1`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 1`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 2`,
+		`kube_userspace_proxy_sync_failures_total{cause="portal"} 1`,
+		`kube_userspace_proxy_sync_failures_total{cause="services"} 0`,
 		`kube_userspace_proxy_tcp_connections_accepted_total 7`,
 	} {
 		if !strings.Contains(rec.Body.String(), want+"\n") {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
@@ -25,7 +26,19 @@ type metrics struct {
 	lastQueued    prometheus.Gauge
 	healthzAnswer *prometheus.CounterVec
 	livezAnswer   *prometheus.CounterVec
+	noLocal       *prometheus.GaugeVec
+	syncFailures  *prometheus.CounterVec
 }
+
+// The causes of kube_userspace_proxy_sync_failures_total.
+const (
+	// failedPortal: the portal could not be written (iptables-restore,
+	// the bind portal's addresses); the proxy is unhealthy while it lasts.
+	failedPortal = "portal"
+	// failedServices: some Service could not be served (a node port
+	// another program holds, no free proxy port); the others are.
+	failedServices = "services"
+)
 
 func newMetrics(stats *userspace.Stats) *metrics {
 	m := &metrics{
@@ -51,19 +64,53 @@ func newMetrics(stats *userspace.Stats) *metrics {
 			Namespace: "kubeproxy", Subsystem: "proxy", Name: "livez_total",
 			Help: "/livez answers, by HTTP status.",
 		}, []string{"code"}),
+		noLocal: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "no_local_endpoints_total",
+			Help: "Service ports whose traffic policy (internal or external) is Local and that have no endpoint on this node, at the last sync.",
+		}, []string{"traffic_policy"}),
+		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kube_userspace_proxy", Name: "sync_failures_total",
+			Help: "Syncs that failed and are retried, by cause: portal (the kernel's rules or addresses; the proxy turns unhealthy) or services (some Service could not be served).",
+		}, []string{"cause"}),
 	}
-	m.reg.MustRegister(m.syncDuration, m.lastSynced, m.lastQueued, m.healthzAnswer, m.livezAnswer,
+	for _, c := range []string{failedPortal, failedServices} {
+		m.syncFailures.WithLabelValues(c)
+	}
+	for _, p := range []string{"internal", "external"} {
+		m.noLocal.WithLabelValues(p)
+	}
+	m.reg.MustRegister(m.syncDuration, m.lastSynced, m.lastQueued, m.healthzAnswer, m.livezAnswer, m.noLocal, m.syncFailures,
 		statsCollector{stats},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
-// synced records a sync that took took, and whether it applied everything.
-func (m *metrics) synced(took time.Duration, applied bool) {
+// synced records a sync of snap that took took; failed is the cause of
+// its failure, or "" when it succeeded; applied says whether it applied
+// everything health counts (see syncLoop.run).
+func (m *metrics) synced(snap state.Snapshot, took time.Duration, applied bool, failed string) {
 	m.syncDuration.Observe(took.Seconds())
 	if applied {
 		m.lastSynced.SetToCurrentTime()
 	}
+	if failed != "" {
+		m.syncFailures.WithLabelValues(failed).Inc()
+	}
+	// As kube-proxy counts them: a Local policy without a local endpoint,
+	// whether or not other nodes have endpoints.
+	var internal, external int
+	for sp := range snap.All {
+		if len(sp.LocalEndpoints) == 0 {
+			if sp.InternalLocal {
+				internal++
+			}
+			if sp.ExternalLocal {
+				external++
+			}
+		}
+	}
+	m.noLocal.WithLabelValues("internal").Set(float64(internal))
+	m.noLocal.WithLabelValues("external").Set(float64(external))
 }
 
 // queued records a change offered to the sync loop.

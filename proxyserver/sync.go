@@ -105,7 +105,14 @@ func (l *syncLoop) run(ctx context.Context) {
 			l.health.updated(start, latest != version)
 		}
 		if l.metrics != nil {
-			l.metrics.synced(took, done)
+			failed := ""
+			switch {
+			case errors.As(err, &kernel):
+				failed = failedPortal
+			case err != nil:
+				failed = failedServices
+			}
+			l.metrics.synced(snap, took, done, failed)
 		}
 		if err != nil {
 			backoff = min(max(2*backoff, l.retryMin), l.resync)
