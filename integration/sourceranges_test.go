@@ -87,6 +87,19 @@ func TestBinaryLoadBalancerSourceRanges(t *testing.T) {
 					t.Errorf("the firewall chain dropped %d packets, then %d: the pod's traffic did not meet it", dropsBefore, got)
 				}
 			}
+			if mode == "iptables" {
+				// Nor straight at the proxy ports the portals redirect
+				// to, from the pod or the node itself.
+				for _, svc := range []string{"http/TCP", "dns/UDP"} {
+					m := regexp.MustCompile(`"Serving" service="e2e/lb:` + svc + `" addr="0\.0\.0\.0:(\d+)" via="proxy-port"`).FindStringSubmatch(px.log())
+					if m == nil {
+						t.Fatalf("no proxy port for e2e/lb:%s in the log", svc)
+					}
+					proto := strings.ToLower(svc[len(svc)-3:])
+					expectNoReply(t, w.pod, proto, nodePodSide+":"+m[1])
+					expectNoReply(t, w.node, proto, "127.0.0.1:"+m[1])
+				}
+			}
 			// Only the load-balancer IP is restricted.
 			expectReply(t, w.pod, "tcp", "198.18.0.20:80", "be1:ping")
 			expectReply(t, w.pod, "udp", "198.18.0.20:53", "be1:ping")

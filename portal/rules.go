@@ -183,21 +183,28 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 				r.count++
 			}
 		}
-		// INPUT sees the packet after REDIRECT, so the filter rule matches
-		// the proxy port: one per service port and protocol. A service
-		// port without endpoints has its new connections refused there,
-		// as kube-proxy's REJECT rules refuse them.
+		// INPUT sees the packet after REDIRECT, so the filter rules match
+		// the proxy port. The first rule accepts what a portal redirected
+		// (conntrack's DNAT state), for hosts whose INPUT policy drops;
+		// the second drops new connections straight to the proxy port,
+		// which would get round loadBalancerSourceRanges and Local
+		// traffic policies. A service port without endpoints has all its
+		// new connections refused instead, as kube-proxy's REJECT rules
+		// refuse them.
 		key := proto + "/" + strconv.Itoa(int(p.ProxyPort)) + "/" + comment
 		if !accepted[key] {
 			accepted[key] = true
 			if p.Reject {
 				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j REJECT\n",
 					ChainNodePortNonLocal, proto, strings.TrimSuffix(comment, `"`)+` has no endpoints"`, proto, p.ProxyPort)
+				r.count++
 			} else {
-				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j ACCEPT\n",
+				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate DNAT -m %s --dport %d -j ACCEPT\n",
 					ChainNodePortNonLocal, proto, comment, proto, p.ProxyPort)
+				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j DROP\n",
+					ChainNodePortNonLocal, proto, strings.TrimSuffix(comment, `"`)+` proxy port: only through its portals"`, proto, p.ProxyPort)
+				r.count += 2
 			}
-			r.count++
 		}
 	}
 	// Locally generated traffic takes the same REDIRECTs (in OUTPUT they
