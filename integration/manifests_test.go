@@ -74,9 +74,20 @@ func TestManifestEndToEnd(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "services.yaml")
 	writeFile(t, file, manifest(np, "None", []int{a, b}, []int{ua, ub}))
 
-	p := startProxy(t, proxyArgs(file)...)
+	mp := freePort(t)
+	p := startProxy(t, append(proxyArgs(file), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))...)
 	p.waitLog(0, `"Serving".*via="node-port"`, 2, 20*time.Second)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", np)
+	// debugView returns /debug/services, which says what came of the last
+	// read of the manifest file.
+	debugView := func(t *testing.T) string {
+		t.Helper()
+		view, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/debug/services", mp))
+		if err != nil {
+			t.Fatalf("/debug/services: %v: %s", err, view)
+		}
+		return view
+	}
 
 	t.Run("round robin with curl", func(t *testing.T) {
 		seen := map[string]int{}
@@ -135,12 +146,29 @@ func TestManifestEndToEnd(t *testing.T) {
 		if body, err := curl(t, url); err != nil || body != "c" {
 			t.Fatalf("after a broken edit curl got %q, %v; want the last good state (c)", body, err)
 		}
+		if view := debugView(t); !strings.Contains(view, "The manifest file's last edit was rejected (") ||
+			!strings.Contains(view, "spec.ports[0].nodePort") || !strings.Contains(view, fmt.Sprintf("  endpoints:    127.0.0.1:%d\n", c)) {
+			t.Errorf("/debug/services after a broken edit:\n%s", view)
+		}
 	})
 
 	t.Run("ClientIP affinity after a fix", func(t *testing.T) {
 		from := p.lineCount()
-		writeFile(t, file, manifest(np, "ClientIP", []int{a, b, c}, []int{ua}))
+		// With a slice of a family the Service does not have: taken, and
+		// that slice ignored.
+		writeFile(t, file, manifest(np, "ClientIP", []int{a, b, c}, []int{ua})+`---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: app-six, namespace: e2e, labels: {kubernetes.io/service-name: app}}
+addressType: IPv6
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["::1"]}]
+`)
 		p.waitLog(from, `"Manifest file is valid again"|"Applying edited manifests"`, 1, 5*time.Second)
+		if view := debugView(t); strings.Contains(view, "rejected") || !strings.Contains(view, "Parts of the manifest file are ignored:\n") ||
+			!strings.Contains(view, "IPv6 is not an IP family of Service e2e/app") {
+			t.Errorf("/debug/services after the fix:\n%s", view)
+		}
 		first, err := curl(t, url)
 		if err != nil {
 			t.Fatal(err)

@@ -23,7 +23,22 @@ type debugView struct {
 	portals func(state.Snapshot) []portal.Portal // the portals a snapshot gives; nil when no portal redirects
 	mode    string                               // the portal mode
 
-	last atomic.Pointer[debugSnapshot]
+	last   atomic.Pointer[debugSnapshot]
+	source atomic.Pointer[sourceStatus]
+}
+
+// sourceStatus is what came of the last read of the manifest file.
+type sourceStatus struct {
+	at       time.Time
+	rejected error   // why the file was refused; nil when it was taken
+	ignored  []error // what of the taken file is left unused
+}
+
+// manifestRead records what came of a read of the manifest file (see
+// source.Manifests.Status). A refusal stays shown until the file is taken
+// again.
+func (d *debugView) manifestRead(rejected error, ignored []error) {
+	d.source.Store(&sourceStatus{at: time.Now(), rejected: rejected, ignored: ignored})
 }
 
 type debugSnapshot struct {
@@ -62,6 +77,26 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 	fmt.Fprintf(w, "%d service ports, portal %s, applied %s\n", last.snap.Len(), d.mode, last.at.Format(time.RFC3339))
 	if last.err != nil {
 		fmt.Fprintf(w, "The last sync failed, and is retried: %v\n", last.err)
+	}
+	if st := d.source.Load(); st != nil {
+		problems := func(errs ...error) {
+			for i, e := range errs {
+				if i == 20 {
+					fmt.Fprintf(w, "  ... and %d more (see the log)\n", len(errs)-i)
+					break
+				}
+				for line := range strings.SplitSeq(e.Error(), "\n") {
+					fmt.Fprintf(w, "  %s\n", line)
+				}
+			}
+		}
+		if st.rejected != nil {
+			fmt.Fprintf(w, "The manifest file's last edit was rejected (%s); the last good state below still serves:\n", st.at.Format(time.RFC3339))
+			problems(st.rejected)
+		} else if len(st.ignored) > 0 {
+			fmt.Fprintln(w, "Parts of the manifest file are ignored:")
+			problems(st.ignored...)
+		}
 	}
 	var hostAddrs []netip.Addr // for the sources a load-balancer IP admits
 	for sp := range last.snap.All {

@@ -45,6 +45,13 @@ type Manifests struct {
 	// If zero, 1 minute. Negative disables it.
 	Resync time.Duration
 
+	// Status, if set, is told what came of every read of changed content,
+	// the first included: rejected is why the file was refused (the last
+	// good state keeps serving), nil when it was taken; ignored are the
+	// problems that left objects of a taken file partly unused. It is
+	// called from Run's goroutine.
+	Status func(rejected error, ignored []error)
+
 	// reloaded, if set, is told what came of every read after the first;
 	// tests wait on it instead of sleeping.
 	reloaded func(reloadOutcome, error)
@@ -92,7 +99,7 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		return fmt.Errorf("manifests: watch %s: %w", path, err)
 	}
 	defer w.Close() // waits for the watcher's goroutine
-	l := &loader{name: m.Path, path: path, dir: filepath.Dir(path), opts: m.Options, watcher: w, reloaded: m.reloaded}
+	l := &loader{name: m.Path, path: path, dir: filepath.Dir(path), opts: m.Options, watcher: w, reloaded: m.reloaded, status: m.Status}
 	// Watch before the first read, so no edit falls between the two.
 	if err := w.Add(l.dir); err != nil {
 		return fmt.Errorf("manifests: watch %s: %w", l.dir, err)
@@ -173,6 +180,7 @@ type loader struct {
 	watcher *fsnotify.Watcher
 	// reloaded is Manifests.reloaded, or nil.
 	reloaded func(reloadOutcome, error)
+	status   func(rejected error, ignored []error)
 
 	target    string      // path with symbolic links resolved, or ""
 	targetDir string      // extra directory watched for target, or ""
@@ -201,10 +209,12 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 	}
 	l.seen = seen
 	if err != nil {
+		l.tell(err, nil)
 		return state.Snapshot{}, true, err
 	}
 	m, err := parseManifests(l.name, data)
 	if err != nil {
+		l.tell(err, nil)
 		return state.Snapshot{}, true, err
 	}
 	for i, w := range m.warnings {
@@ -215,11 +225,20 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 		klog.InfoS("Manifest warning", append(logValues(w), "reason", reason(w))...)
 	}
 	snap, problems := BuildSnapshot(m.services, m.slices, l.opts)
-	for _, p := range problems {
+	for i, p := range problems {
 		p = m.locate(p)
+		problems[i] = p
 		klog.ErrorS(p, "Manifest object partly ignored", logValues(p)...)
 	}
+	l.tell(nil, problems)
 	return snap, true, nil
+}
+
+// tell passes what came of a read to Manifests.Status.
+func (l *loader) tell(rejected error, ignored []error) {
+	if l.status != nil {
+		l.status(rejected, ignored)
+	}
 }
 
 // reload reads the file again after a change and applies it if it is good
