@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -380,6 +381,12 @@ func TestBinaryClusterSemantics(t *testing.T) {
 		}
 		px.waitLog(0, `169\.254\.169\.254`, 1, 20*time.Second)
 		eventuallyNot(t, w.pod, "tcp", "198.18.0.65:80") // no endpoints: reset, not the metadata address
+		// The teaching view (metrics server, default address) says why.
+		if code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services"); code != "200" ||
+			!strings.Contains(view, "Parts of objects from the API server are ignored:\n") ||
+			!regexp.MustCompile(`(?m)^  .*meta-1.*169\.254\.169\.254`).MatchString(view) {
+			t.Errorf("/debug/services: %s\n%s", code, view)
+		}
 	})
 }
 

@@ -22,16 +22,17 @@ type debugView struct {
 	p       *userspace.Proxier
 	portals func(state.Snapshot) []portal.Portal // the portals a snapshot gives; nil when no portal redirects
 	mode    string                               // the portal mode
+	cluster bool                                 // the source is an API server, not a manifest file
 
 	last   atomic.Pointer[debugSnapshot]
 	source atomic.Pointer[sourceStatus]
 }
 
-// sourceStatus is what came of the last read of the manifest file.
+// sourceStatus is what came of the source's last read.
 type sourceStatus struct {
 	at       time.Time
-	rejected error   // why the file was refused; nil when it was taken
-	ignored  []error // what of the taken file is left unused
+	rejected error   // why the manifest file was refused; nil when it was taken
+	ignored  []error // what of the objects read is left unused
 }
 
 // manifestRead records what came of a read of the manifest file (see
@@ -40,6 +41,10 @@ type sourceStatus struct {
 func (d *debugView) manifestRead(rejected error, ignored []error) {
 	d.source.Store(&sourceStatus{at: time.Now(), rejected: rejected, ignored: ignored})
 }
+
+// clusterRead records what of the API server's objects is left unused
+// (see source.Cluster.Ignored).
+func (d *debugView) clusterRead(ignored []error) { d.manifestRead(nil, ignored) }
 
 type debugSnapshot struct {
 	snap state.Snapshot
@@ -94,7 +99,11 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 			fmt.Fprintf(w, "The manifest file's last edit was rejected (%s); the last good state below still serves:\n", st.at.Format(time.RFC3339))
 			problems(st.rejected)
 		} else if len(st.ignored) > 0 {
-			fmt.Fprintln(w, "Parts of the manifest file are ignored:")
+			if d.cluster {
+				fmt.Fprintln(w, "Parts of objects from the API server are ignored:")
+			} else {
+				fmt.Fprintln(w, "Parts of the manifest file are ignored:")
+			}
 			problems(st.ignored...)
 		}
 	}

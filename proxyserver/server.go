@@ -162,7 +162,8 @@ func Run(ctx context.Context, cfg *Config) error {
 		if err != nil {
 			return fmt.Errorf("connect to the cluster: %w", err)
 		}
-		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod, NodeGoingAway: health.setEligible}
+		dv.cluster = true
+		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod, NodeGoingAway: health.setEligible, Ignored: dv.clusterRead}
 		if err := src.Run(ctx, loop.offer); err != nil {
 			return fmt.Errorf("cluster: %w", err)
 		}

@@ -53,6 +53,10 @@ type Cluster struct {
 	// not. kube-proxy's /healthz fails meanwhile, so load balancers drain
 	// the node. It is called from the informers' handlers: keep it quick.
 	NodeGoingAway func(why string)
+	// Ignored, if set, is told after every build what of the objects is
+	// left unused, and why (each problem is logged when it first shows);
+	// empty when nothing is. It is called from Run's goroutine.
+	Ignored func(problems []error)
 
 	// built, if set, is told after every snapshot built once the caches
 	// synced whether apply was called; tests wait on it instead of
@@ -218,8 +222,12 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 			klog.ErrorS(err, "Reading the informer caches")
 			t.markAll()
 		}
-		for _, e := range problems.fresh(cur.problemList()) {
+		ignored := cur.problemList()
+		for _, e := range problems.fresh(ignored) {
 			klog.ErrorS(e, "Ignoring part of an object from the API server", logValues(e)...)
+		}
+		if c.Ignored != nil {
+			c.Ignored(ignored)
 		}
 		applied := first || changed
 		if applied {
