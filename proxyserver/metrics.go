@@ -197,7 +197,7 @@ var statDescs = []statDesc{
 	counter("udp_refused_total", "UDP sessions ended because the endpoint refused (ICMP port unreachable).", func(s *snap) uint64 { return s.UDPRefused }),
 	counter("shed_total", "Connections and sessions refused for lack of file descriptors or buffers.", func(s *snap) uint64 { return s.Shed }),
 	counter("accept_errors_total", "Other accept errors.", func(s *snap) uint64 { return s.AcceptErrors }),
-	counter("source_refused_total", "Connections reset and datagrams dropped because their source is outside the Service's loadBalancerSourceRanges (bind portal).", func(s *snap) uint64 { return s.SourceRefused }),
+	counter("source_refused_total", "Connections reset and datagrams dropped by the proxy because their source is outside the Service's loadBalancerSourceRanges (bind portal, where no socket filter has the kernel drop them).", func(s *snap) uint64 { return s.SourceRefused }),
 }
 
 func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {

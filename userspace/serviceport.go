@@ -57,6 +57,14 @@ type socket interface {
 	close()
 }
 
+// sourceFilterer is a socket the kernel can keep from sources that admits
+// would refuse (a socket filter, in the event-loop build on Linux).
+type sourceFilterer interface {
+	// filterSources has the kernel drop packets from sources outside
+	// ranges; nil admits every source.
+	filterSources(ranges []netip.Prefix) error
+}
+
 // servicePort is the live state of one service port: its balancers and the
 // sockets that feed them. Its fields are guarded by the Proxier's mu.
 type servicePort struct {
@@ -455,7 +463,29 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 		klog.V(2).InfoS("Listening", "service", sp.name, "addr", k.addr, "role", k.role)
 		sp.sockets[k] = s
 	}
+	sp.filterSockets()
 	return errs.ErrorOrNil()
+}
+
+// filterSockets gives each socket bound to a load-balancer IP the kernel
+// filter of its source ranges, where the build has one. Without one, or if
+// it cannot be set, admits refuses those sources instead.
+func (sp *servicePort) filterSockets() {
+	m := sp.sources.Load()
+	for k, s := range sp.sockets {
+		f, ok := s.(sourceFilterer)
+		if !ok || k.role != roleExternalFrontend {
+			continue
+		}
+		var ranges []netip.Prefix
+		if m != nil {
+			ranges = (*m)[k.addr.Addr().Unmap()]
+		}
+		if err := f.filterSources(ranges); err != nil {
+			klog.ErrorS(err, "Cannot have the kernel drop the traffic of sources outside loadBalancerSourceRanges; the proxy refuses it itself (TCP clients are reset)",
+				"service", sp.name, "addr", k.addr)
+		}
+	}
 }
 
 // ensureProxyPort opens the proxy-port sockets of a role, one per IP

@@ -31,7 +31,7 @@ type Stats struct {
 	UDPDropped          atomic.Uint64 // datagrams dropped on a full socket buffer or send error
 	UDPRefused          atomic.Uint64 // sessions ended because the endpoint refused (ICMP port unreachable)
 
-	SourceRefused atomic.Uint64 // connections reset and datagrams dropped: their source is outside loadBalancerSourceRanges
+	SourceRefused atomic.Uint64 // connections reset and datagrams dropped: their source is outside loadBalancerSourceRanges (the kernel's drops by a socket filter are not seen)
 }
 
 // StatsSnapshot is a copy of Stats at one moment.

@@ -25,6 +25,7 @@ type tcpListener struct {
 	addr      netip.Addr // the address listened on
 	fd        int
 	port_     uint16
+	sources   []netip.Prefix // the sources its socket filter admits; nil: no filter (see filterSources)
 }
 
 func listenTCP(sp *servicePort, k sockKey) (socket, error) {

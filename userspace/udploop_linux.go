@@ -38,6 +38,7 @@ type udpListener struct {
 type udpGroup struct {
 	members []*udpListener
 	port_   uint16
+	sources []netip.Prefix // the sources its sockets' filter admits; nil: no filter (see filterSources)
 }
 
 func listenUDP(sp *servicePort, k sockKey) (socket, error) {
