@@ -162,7 +162,9 @@ func TestClusterWaitsForBothCaches(t *testing.T) {
 					return true, nil, apierrors.NewServiceUnavailable("not yet")
 				})
 				r := runCluster(t, client)
-				time.Sleep(10 * time.Second)
+				// Short of nodeSyncWait, after which the Node is no
+				// longer waited for: at it, which comes first is chance.
+				time.Sleep(nodeSyncWait - time.Second)
 				synctest.Wait()
 				if n, _, _ := r.counts(); n != 0 {
 					t.Fatalf("applied %d snapshots before %s synced", n, kind)
