@@ -105,6 +105,27 @@ func startNodeProxy(t *testing.T, w *world, file string, args ...string) *proxyP
 	return startCommand(t, "ip", full...)
 }
 
+// serveManifest starts a test world whose backend serves backends
+// ("port=name"), and the real binary in its node namespace on manifest
+// with --portal=mode; it waits until the proxy serves: with iptables until
+// its portals are synced, with bind until it logs serving at bindReady (a
+// pattern of a frontend's address and port). It returns the world, the
+// proxy and the manifest file, for edits.
+func serveManifest(t *testing.T, mode, manifest, bindReady string, backends ...string) (*world, *proxyProc, string) {
+	t.Helper()
+	w := newWorld(t)
+	startBackend(t, w.backend, backends...)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, manifest)
+	px := startNodeProxy(t, w, file, "--portal="+mode)
+	if mode == "iptables" {
+		px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	} else {
+		px.waitLog(0, `"Serving".*`+bindReady, 1, 30*time.Second)
+	}
+	return w, px, file
+}
+
 func TestBinaryIPTablesPortal(t *testing.T) {
 	top := t // the restarted proxy lives as long as the test, not a subtest
 	w := newWorld(t)

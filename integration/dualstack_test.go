@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -52,16 +51,7 @@ endpoints: [{addresses: ["fd5e:b1b5:12::2"]}]
 func TestBinaryDualStackKeepsFamilies(t *testing.T) {
 	for _, mode := range []string{"iptables", "bind"} {
 		t.Run(mode, func(t *testing.T) {
-			w := newWorld(t)
-			startBackend(t, w.backend, "8080=be1", "8081=be6")
-			file := filepath.Join(t.TempDir(), "services.yaml")
-			writeFile(t, file, dualStackManifest+dualStackIPv6Slice)
-			px := startNodeProxy(t, w, file, "--portal="+mode)
-			if mode == "iptables" {
-				px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
-			} else {
-				px.waitLog(0, `"Serving".*fd5e:b1b5::40\]:53`, 1, 30*time.Second)
-			}
+			w, _, file := serveManifest(t, mode, dualStackManifest+dualStackIPv6Slice, `fd5e:b1b5::40\]:53`, "8080=be1", "8081=be6")
 
 			// Round robin over both families would send some of
 			// these to the other family's endpoint.

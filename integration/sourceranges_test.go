@@ -3,12 +3,10 @@
 package integration
 
 import (
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // sourceRangesManifest is a LoadBalancer Service whose
@@ -50,20 +48,11 @@ func sourceRanges(ranges string) string {
 func TestBinaryLoadBalancerSourceRanges(t *testing.T) {
 	for _, mode := range []string{"iptables", "bind"} {
 		t.Run(mode, func(t *testing.T) {
-			w := newWorld(t)
+			w, px, file := serveManifest(t, mode, sourceRanges("198.18.11.0/24"), `198\.19\.2\.1:53`, "8080=be1")
 			// A node routes (its pods' traffic): a packet to the
 			// load-balancer IP that is not redirected is forwarded, and
 			// meets the firewall chain there.
 			w.node.mustRun(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-			startBackend(t, w.backend, "8080=be1")
-			file := filepath.Join(t.TempDir(), "services.yaml")
-			writeFile(t, file, sourceRanges("198.18.11.0/24"))
-			px := startNodeProxy(t, w, file, "--portal="+mode)
-			if mode == "iptables" {
-				px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
-			} else {
-				px.waitLog(0, `"Serving".*198.19.2.1:53`, 1, 30*time.Second)
-			}
 
 			expectReply(t, w.outside, "tcp", "198.19.2.1:80", "be1:ping")
 			expectReply(t, w.outside, "udp", "198.19.2.1:53", "be1:ping")

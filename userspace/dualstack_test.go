@@ -12,20 +12,39 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
+// dualStack is a proxier whose proxy ports listen in both families, a TCP
+// and a UDP backend in each family (answering t4, t6, u4 and u6), and a
+// dual-stack TCP and UDP service port, without endpoints.
+type dualStack struct {
+	p        *Proxier
+	t4, t6   *tcpBackend
+	u4, u6   *udpBackend
+	tcp, udp state.ServicePort
+}
+
+func newDualStack(t *testing.T) *dualStack {
+	needIPv6Loopback(t)
+	d := &dualStack{
+		p:  newTestProxier(t, Config{BindAddress: netip.IPv6Unspecified()}),
+		t4: startTCPBackend(t, "t4"), t6: startTCPBackendOn(t, "t6", "[::1]:0"),
+		u4: startUDPBackend(t, "u4"), u6: startUDPBackendOn(t, "u6", "[::1]:0"),
+	}
+	cips := []netip.Addr{netip.MustParseAddr("198.18.0.30"), netip.MustParseAddr("fd5e:b1b5::30")}
+	d.tcp = state.ServicePort{Name: spn("ds", "t", state.TCP), Port: 80, ClusterIPs: cips}
+	d.udp = state.ServicePort{Name: spn("ds", "u", state.UDP), Port: 53, ClusterIPs: cips}
+	return d
+}
+
 // TestDualStackProxyPort: a service with IPv4 and IPv6 ClusterIPs gets one
 // proxy port, open on both families, when the bind address is unspecified,
 // and each family's clients go to that family's endpoints, as kube-proxy's
 // proxier of each family sends them.
 func TestDualStackProxyPort(t *testing.T) {
-	needIPv6Loopback(t)
-	t4, t6 := startTCPBackend(t, "t4"), startTCPBackendOn(t, "t6", "[::1]:0")
-	u4, u6 := startUDPBackend(t, "u4"), startUDPBackendOn(t, "u6", "[::1]:0")
-	p := newTestProxier(t, Config{BindAddress: netip.IPv6Unspecified()})
-	cips := []netip.Addr{netip.MustParseAddr("198.18.0.30"), netip.MustParseAddr("fd5e:b1b5::30")}
-	tn, un := spn("ds", "t", state.TCP), spn("ds", "u", state.UDP)
-	mustApply(t, p,
-		state.ServicePort{Name: tn, Port: 80, ClusterIPs: cips, ClusterEndpoints: eps(t4.addr(), t6.addr())},
-		state.ServicePort{Name: un, Port: 53, ClusterIPs: cips, ClusterEndpoints: eps(u6.addr(), u4.addr())})
+	d := newDualStack(t)
+	p, tn, un := d.p, d.tcp.Name, d.udp.Name
+	d.tcp.ClusterEndpoints = eps(d.t4.addr(), d.t6.addr())
+	d.udp.ClusterEndpoints = eps(d.u6.addr(), d.u4.addr())
+	mustApply(t, p, d.tcp, d.udp)
 	for _, c := range []struct{ host, tcp, udp string }{{"127.0.0.1", "t4", "u4"}, {"[::1]", "t6", "u6"}} {
 		// Round robin over both families would alternate.
 		for range 3 {
@@ -51,14 +70,10 @@ func TestDualStackProxyPort(t *testing.T) {
 // kube-proxy's IPv6 proxier does, rather than carry them to IPv4 pods;
 // once an IPv6 endpoint comes, IPv6 clients reach it.
 func TestDualStackFamilyWithoutEndpoints(t *testing.T) {
-	needIPv6Loopback(t)
-	t4, t6 := startTCPBackend(t, "t4"), startTCPBackendOn(t, "t6", "[::1]:0")
-	u4, u6 := startUDPBackend(t, "u4"), startUDPBackendOn(t, "u6", "[::1]:0")
-	p := newTestProxier(t, Config{BindAddress: netip.IPv6Unspecified()})
-	cips := []netip.Addr{netip.MustParseAddr("198.18.0.31"), netip.MustParseAddr("fd5e:b1b5::31")}
-	tn, un := spn("ds", "t", state.TCP), spn("ds", "u", state.UDP)
-	tsp := state.ServicePort{Name: tn, Port: 80, ClusterIPs: cips, ClusterEndpoints: eps(t4.addr())}
-	usp := state.ServicePort{Name: un, Port: 53, ClusterIPs: cips, ClusterEndpoints: eps(u4.addr())}
+	d := newDualStack(t)
+	p, tn, un := d.p, d.tcp.Name, d.udp.Name
+	tsp, usp := d.tcp, d.udp
+	tsp.ClusterEndpoints, usp.ClusterEndpoints = eps(d.t4.addr()), eps(d.u4.addr())
 	mustApply(t, p, tsp, usp)
 	v4t, v6t := fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(tn)), fmt.Sprintf("[::1]:%d", p.ProxyPort(tn))
 	v4u, v6u := fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(un)), fmt.Sprintf("[::1]:%d", p.ProxyPort(un))
@@ -81,8 +96,8 @@ func TestDualStackFamilyWithoutEndpoints(t *testing.T) {
 	}
 	conn.Close()
 
-	tsp.ClusterEndpoints = eps(t4.addr(), t6.addr())
-	usp.ClusterEndpoints = eps(u4.addr(), u6.addr())
+	tsp.ClusterEndpoints = eps(d.t4.addr(), d.t6.addr())
+	usp.ClusterEndpoints = eps(d.u4.addr(), d.u6.addr())
 	mustApply(t, p, tsp, usp)
 	for _, c := range []struct{ tcp, udp, want string }{{v4t, v4u, "4"}, {v6t, v6u, "6"}} {
 		if got := tcpWho(t, c.tcp); got != "t"+c.want {
