@@ -201,7 +201,7 @@ func TestNodePortsKeepToTheirFamilies(t *testing.T) {
 	}
 	var ports []state.ServicePort
 	for svc, tc := range tests {
-		ports = append(ports, state.ServicePort{Name: spn(svc, "", state.TCP), Port: 80, NodePort: freeTCPPort(t), ClusterIPs: tc.ips})
+		ports = append(ports, state.ServicePort{Name: spn(svc, "", state.TCP), Port: 80, NodePort: freePort(t), ClusterIPs: tc.ips})
 	}
 	mustApply(t, p, ports...)
 	for svc, tc := range tests {

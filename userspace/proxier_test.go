@@ -137,7 +137,7 @@ func TestPortChangeReplacesOnlyThatListener(t *testing.T) {
 	a := startTCPBackend(t, "a")
 	p := newTestProxier(t, loopbackNodePorts(Config{}))
 	one, two := spn("one", "", state.TCP), spn("two", "", state.TCP)
-	np1, np2 := freeTCPPort(t), freeTCPPort(t)
+	np1, np2 := freePort(t), freePort(t)
 	svcOne := state.ServicePort{Name: one, Port: 80, NodePort: np1, ClusterEndpoints: eps(a.addr())}
 	svcTwo := state.ServicePort{Name: two, Port: 80, ClusterEndpoints: eps(a.addr())}
 	mustApply(t, p, svcOne, svcTwo)
@@ -165,30 +165,8 @@ func TestPortChangeReplacesOnlyThatListener(t *testing.T) {
 	}
 }
 
-func freeTCPPort(t *testing.T) uint16 {
-	t.Helper()
-	// Below the kernel's ephemeral range (32768 and up), so a port the
-	// proxy or a client binds to 0 can never take it in the meantime: the
-	// range node ports come from in a cluster, too.
-	for range 200 {
-		port := 20000 + rand.IntN(12000)
-		ln, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		ln.Close()
-		// The same port must be free for UDP too.
-		if u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err == nil {
-			u.Close()
-			return uint16(port)
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
-
 // freePortRun returns the first of n consecutive ports that are free for
-// TCP and UDP, below the kernel's ephemeral range (see freeTCPPort).
+// TCP and UDP, below the kernel's ephemeral range (see freePort).
 func freePortRun(t *testing.T, n int) uint16 {
 	t.Helper()
 	free := func(port int) bool {
@@ -284,7 +262,7 @@ func TestNodePortSwap(t *testing.T) {
 	a, b := startTCPBackend(t, "a"), startTCPBackend(t, "b")
 	p := newTestProxier(t, loopbackNodePorts(Config{}))
 	sa, sb := spn("a", "", state.TCP), spn("b", "", state.TCP)
-	x, y := freeTCPPort(t), freeTCPPort(t)
+	x, y := freePort(t), freePort(t)
 	for _, ports := range [][2]uint16{{x, y}, {y, x}} {
 		mustApply(t, p,
 			state.ServicePort{Name: sa, Port: 80, NodePort: ports[0], ClusterEndpoints: eps(a.addr())},
@@ -312,7 +290,7 @@ func TestNodePortServedDirectly(t *testing.T) {
 		LocalAddrs: func() ([]netip.Addr, error) {
 			return []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.255.255.1")}, nil
 		}})
-	np := freeTCPPort(t)
+	np := freePort(t)
 	mustApply(t, p,
 		state.ServicePort{Name: spn("np", "t", state.TCP), Port: 80, NodePort: np, ClusterEndpoints: eps(tb.addr())},
 		state.ServicePort{Name: spn("np", "u", state.UDP), Port: 80, NodePort: np, ClusterEndpoints: eps(ub.addr())})
@@ -342,7 +320,7 @@ func TestNodePortServedDirectly(t *testing.T) {
 func TestExternalTrafficPolicyLocal(t *testing.T) {
 	local, remote := startTCPBackend(t, "local"), startTCPBackend(t, "remote")
 	p := newTestProxier(t, loopbackNodePorts(Config{}))
-	np := freeTCPPort(t)
+	np := freePort(t)
 	name := spn("etp", "", state.TCP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 80, NodePort: np, ExternalLocal: true,
 		ClusterEndpoints: eps(local.addr(), remote.addr()), LocalEndpoints: eps(local.addr())})
@@ -391,7 +369,7 @@ var outsider = netip.MustParseAddr("127.0.0.2")
 func TestExternalTrafficFromTheHost(t *testing.T) {
 	local, remote := startTCPBackend(t, "local"), startTCPBackend(t, "remote")
 	p := newTestProxier(t, loopbackNodePorts(Config{}))
-	np := freeTCPPort(t)
+	np := freePort(t)
 	name := spn("etp", "", state.TCP)
 	host := netip.MustParseAddr("127.0.0.1")
 	reached := func(from netip.Addr, addr string) map[string]int {
@@ -435,7 +413,7 @@ func TestExternalTrafficFromTheHost(t *testing.T) {
 func TestExternalTrafficFromPods(t *testing.T) {
 	local, remote := startTCPBackend(t, "local"), startTCPBackend(t, "remote")
 	pod := netip.MustParseAddr("127.0.0.3")
-	np := freeTCPPort(t)
+	np := freePort(t)
 	name := spn("etp", "", state.TCP)
 	nodePort := fmt.Sprintf("127.0.0.1:%d", np)
 	for _, cidrs := range [][]netip.Prefix{nil, {netip.MustParsePrefix("127.0.0.3/32"), netip.MustParsePrefix("fd5e:b1b5:10::/64")}} {
@@ -514,7 +492,7 @@ func TestApplyReportsFailuresAndServesTheRest(t *testing.T) {
 
 func TestPortRangeUsed(t *testing.T) {
 	a := startTCPBackend(t, "a")
-	base := freeTCPPort(t)
+	base := freePort(t)
 	p := newTestProxier(t, Config{PortRange: PortRange{Base: base, Size: 1}})
 	one, two := spn("one", "", state.TCP), spn("two", "", state.TCP)
 	err := p.Apply(state.NewSnapshot([]state.ServicePort{
@@ -599,7 +577,7 @@ func TestUnsupportedProtocolIsSkipped(t *testing.T) {
 // previous run used, when they are free.
 func TestPreferredProxyPorts(t *testing.T) {
 	a := startTCPBackend(t, "a")
-	want := freeTCPPort(t)
+	want := freePort(t)
 	name := spn("keep", "", state.TCP)
 	p := newTestProxier(t, Config{PreferredProxyPort: func(n state.ServicePortName, external bool) uint16 {
 		if n == name && !external {
@@ -650,7 +628,7 @@ func TestInternalLocalAloneOpensNoExternalPort(t *testing.T) {
 	if got := roles(); got["external-proxy-port"] != 0 || got["proxy-port"] == 0 {
 		t.Fatalf("ClusterIP Service with internalTrafficPolicy Local: listeners %v, want a proxy port and no external one", got)
 	}
-	sp.NodePort = freeTCPPort(t)
+	sp.NodePort = freePort(t)
 	mustApply(t, p, sp)
 	if got := roles(); got["external-proxy-port"] == 0 {
 		t.Fatalf("with a node port: listeners %v, want an external proxy port too", got)

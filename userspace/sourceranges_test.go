@@ -1,6 +1,7 @@
 package userspace
 
 import (
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strconv"
@@ -10,28 +11,31 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
-// freePort returns a port free for TCP and UDP on every one of addrs.
-func freePort(t *testing.T, addrs ...string) uint16 {
+// freePort returns a port free for TCP and UDP on every one of addrs
+// (127.0.0.1 when none are given). It is below the kernel's ephemeral
+// range (32768 and up), so a port the proxy or a client binds to 0 can
+// never take it in the meantime, not even as a client's source port on
+// another address, which would keep a wildcard listener off it: the
+// range node ports come from in a cluster, too.
+func freePort(t testing.TB, addrs ...string) uint16 {
 	t.Helper()
+	if len(addrs) == 0 {
+		addrs = []string{"127.0.0.1"}
+	}
 next:
-	for range 20 {
-		ln, err := net.Listen("tcp4", addrs[0]+":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-		ln.Close()
+	for range 200 {
+		port := strconv.Itoa(20000 + rand.IntN(12000))
 		for _, a := range addrs {
-			if ln, err := net.Listen("tcp4", net.JoinHostPort(a, port)); err != nil {
+			ln, err := net.Listen("tcp4", net.JoinHostPort(a, port))
+			if err != nil {
 				continue next
-			} else {
-				ln.Close()
 			}
-			if c, err := net.ListenPacket("udp4", net.JoinHostPort(a, port)); err != nil {
+			ln.Close()
+			c, err := net.ListenPacket("udp4", net.JoinHostPort(a, port))
+			if err != nil {
 				continue next
-			} else {
-				c.Close()
 			}
+			c.Close()
 		}
 		n, _ := strconv.Atoi(port)
 		return uint16(n)

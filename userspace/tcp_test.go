@@ -94,7 +94,7 @@ func TestTCPAffinity(t *testing.T) {
 // deadAddr returns a loopback address where nothing listens, outside the
 // ephemeral range so that no proxy port can take it meanwhile.
 func deadAddr(t *testing.T) netip.AddrPort {
-	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeTCPPort(t))
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
 }
 
 func TestTCPFailover(t *testing.T) {
@@ -242,7 +242,7 @@ func TestEndpointChangesAreLogged(t *testing.T) {
 // failover tests): a lost SYN may get through the next time.
 func TestRefusedEndpointIsDialledOnce(t *testing.T) {
 	logs := captureLog(t, "0")
-	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeTCPPort(t)) // nothing listens there
+	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t)) // nothing listens there
 	p := newTestProxier(t, Config{})
 	name := spn("web", "", state.TCP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(dead)})

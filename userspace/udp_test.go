@@ -272,7 +272,7 @@ func TestUDPSessionCap(t *testing.T) {
 // goes to a live endpoint.
 func TestUDPRefusedEndpoint(t *testing.T) {
 	live := startUDPBackend(t, "live")
-	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeTCPPort(t)) // nothing listens there
+	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t)) // nothing listens there
 	p := newTestProxier(t, Config{})
 	name := spn("dns", "", state.UDP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, live.addr()),
@@ -298,7 +298,7 @@ func TestUDPRefusedEndpoint(t *testing.T) {
 func TestUDPRefusingEndpointIsPassedOver(t *testing.T) {
 	logs := captureLog(t, "4")
 	live := startUDPBackend(t, "live")
-	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeTCPPort(t)) // nothing listens there
+	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t)) // nothing listens there
 	p := newTestProxier(t, Config{EndpointPenalty: time.Minute})
 	name := spn("dns", "", state.UDP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, live.addr())})
