@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -177,9 +178,21 @@ func TestBinaryFollowsCluster(t *testing.T) {
 		s := newSlice(ns, "web", "web-2", readyEP("198.18.12.2"))
 		port := int32(8081)
 		s.Ports[0].Port = &port
+		// As the EndpointSlice controller marks it: the network
+		// programming latency runs from here.
+		s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}
 		putSlice(t, c, s)
 		noFailure(t, func(r clientResult) bool { return strings.HasPrefix(r.Reply, "be2:") })
 		eventually(t, w.pod, "tcp", vip, "be1:")
+		code, body := curlCodeIn(t, w.node, "http://127.0.0.1:10249/metrics")
+		count := regexp.MustCompile(`\nkubeproxy_network_programming_duration_seconds_count (\d+)\n`).FindStringSubmatch(body)
+		sum := regexp.MustCompile(`\nkubeproxy_network_programming_duration_seconds_sum ([0-9.e+-]+)\n`).FindStringSubmatch(body)
+		if code != "200" || count == nil || count[1] != "1" || sum == nil {
+			t.Fatalf("/metrics: %s, programming latency count %v, sum %v", code, count, sum)
+		}
+		if v, _ := strconv.ParseFloat(sum[1], 64); v <= 0 || v > 15 {
+			t.Errorf("network programming latency %v s, want above 0 and below the 15 s the change took at most to reach traffic", v)
+		}
 	})
 
 	t.Run("ClientIP affinity pins the client", func(t *testing.T) {

@@ -3,6 +3,7 @@ package proxyserver
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -28,6 +29,7 @@ type metrics struct {
 	livezAnswer   *prometheus.CounterVec
 	noLocal       *prometheus.GaugeVec
 	syncFailures  *prometheus.CounterVec
+	programming   prometheus.Histogram
 }
 
 // The causes of kube_userspace_proxy_sync_failures_total.
@@ -68,6 +70,13 @@ func newMetrics(stats *userspace.Stats) *metrics {
 			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "no_local_endpoints_total",
 			Help: "Service ports whose traffic policy (internal or external) is Local and that have no endpoint on this node, at the last sync.",
 		}, []string{"traffic_policy"}),
+		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "kubeproxy", Name: "network_programming_duration_seconds",
+			Help: "From an EndpointSlice change (its endpoints.kubernetes.io/last-change-trigger-time) to the end of the sync that applied it.",
+			// kube-proxy's buckets: 0.25 s to 5 min.
+			Buckets: slices.Concat(prometheus.LinearBuckets(0.25, 0.25, 2), prometheus.LinearBuckets(1, 1, 59),
+				prometheus.LinearBuckets(60, 5, 12), prometheus.LinearBuckets(120, 30, 7)),
+		}),
 		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kube_userspace_proxy", Name: "sync_failures_total",
 			Help: "Syncs that failed and are retried, by cause: portal (the kernel's rules or addresses; the proxy turns unhealthy) or services (some Service could not be served).",
@@ -79,7 +88,7 @@ func newMetrics(stats *userspace.Stats) *metrics {
 	for _, p := range []string{"internal", "external"} {
 		m.noLocal.WithLabelValues(p)
 	}
-	m.reg.MustRegister(m.syncDuration, m.lastSynced, m.lastQueued, m.healthzAnswer, m.livezAnswer, m.noLocal, m.syncFailures,
+	m.reg.MustRegister(m.syncDuration, m.lastSynced, m.lastQueued, m.healthzAnswer, m.livezAnswer, m.noLocal, m.syncFailures, m.programming,
 		statsCollector{stats},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -111,6 +120,14 @@ func (m *metrics) synced(snap state.Snapshot, took time.Duration, applied bool, 
 	}
 	m.noLocal.WithLabelValues("internal").Set(float64(internal))
 	m.noLocal.WithLabelValues("external").Set(float64(external))
+}
+
+// programmed records, at now, the network programming latency of changes
+// triggered at triggers, which a sync has just applied.
+func (m *metrics) programmed(triggers []time.Time, now time.Time) {
+	for _, t := range triggers {
+		m.programming.Observe(now.Sub(t).Seconds())
+	}
 }
 
 // queued records a change offered to the sync loop.

@@ -25,11 +25,22 @@ type syncLoop struct {
 
 	kick chan struct{}
 
-	mu      sync.Mutex // guards the fields below
-	latest  state.Snapshot
-	have    bool
-	version uint64 // bumped by every offer
+	mu       sync.Mutex // guards the fields below
+	latest   state.Snapshot
+	have     bool
+	version  uint64           // bumped by every offer
+	triggers []offeredTrigger // change trigger times offered and not yet applied
 }
+
+// offeredTrigger is a change trigger time, and the version of the offer
+// that brought it.
+type offeredTrigger struct {
+	version uint64
+	at      time.Time
+}
+
+// maxOfferedTriggers bounds the trigger times kept while syncs fail.
+const maxOfferedTriggers = 10000
 
 func newSyncLoop(apply func(state.Snapshot) error, retryMin, resync time.Duration) *syncLoop {
 	return &syncLoop{apply: apply, retryMin: max(retryMin, 100*time.Millisecond), resync: resync, kick: make(chan struct{}, 1)}
@@ -40,6 +51,11 @@ func (l *syncLoop) offer(s state.Snapshot) {
 	l.mu.Lock()
 	l.latest, l.have = s, true
 	l.version++
+	for _, at := range s.ChangeTriggers {
+		if len(l.triggers) < maxOfferedTriggers {
+			l.triggers = append(l.triggers, offeredTrigger{l.version, at})
+		}
+	}
 	l.mu.Unlock()
 	if l.health != nil {
 		l.health.queued()
@@ -58,6 +74,24 @@ func (l *syncLoop) poke() {
 	case l.kick <- struct{}{}:
 	default:
 	}
+}
+
+// appliedTriggers returns and forgets the trigger times of the offers up
+// to version, which a sync has applied.
+func (l *syncLoop) appliedTriggers(version uint64) []time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []time.Time
+	kept := l.triggers[:0]
+	for _, t := range l.triggers {
+		if t.version <= version {
+			out = append(out, t.at)
+		} else {
+			kept = append(kept, t)
+		}
+	}
+	l.triggers = kept
+	return out
 }
 
 func (l *syncLoop) current() (state.Snapshot, uint64, bool) {
@@ -113,6 +147,9 @@ func (l *syncLoop) run(ctx context.Context) {
 				failed = failedServices
 			}
 			l.metrics.synced(snap, took, done, failed)
+			if done {
+				l.metrics.programmed(l.appliedTriggers(version), time.Now())
+			}
 		}
 		if err != nil {
 			backoff = min(max(2*backoff, l.retryMin), l.resync)

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
 func snapOf(n int) state.Snapshot {
@@ -87,5 +90,65 @@ func TestJoinErrorsStaysShort(t *testing.T) {
 	}
 	if strings.Contains(got, "service s10:") {
 		t.Errorf("%q spells out more than 10 errors", got)
+	}
+}
+
+// TestSyncLoopObservesProgrammingLatency: the change trigger times of the
+// offers a sync applied are observed once that sync succeeds, including
+// those of offers it coalesced; a failure of the portal keeps them until
+// a sync succeeds.
+func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
+	var stats userspace.Stats
+	m := newMetrics(&stats)
+	results := make(chan error)
+	applied := make(chan struct{})
+	l := newSyncLoop(func(state.Snapshot) error { err := <-results; applied <- struct{}{}; return err }, 10*time.Millisecond, time.Hour)
+	l.metrics = m
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	// value reads a series of /metrics once it is want, or after 5 s.
+	value := func(series, want string) string {
+		var got string
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			rec := httptest.NewRecorder()
+			m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+			got = "missing"
+			for line := range strings.SplitSeq(rec.Body.String(), "\n") {
+				if v, ok := strings.CutPrefix(line, series+" "); ok {
+					got = v
+				}
+			}
+			if got == want {
+				break
+			}
+		}
+		return got
+	}
+	const count = "kubeproxy_network_programming_duration_seconds_count"
+
+	snap := func(ago ...time.Duration) state.Snapshot {
+		s := snapOf(1)
+		for _, d := range ago {
+			s.ChangeTriggers = append(s.ChangeTriggers, time.Now().Add(-d))
+		}
+		return s
+	}
+	l.offer(snap(2*time.Second, time.Second))
+	l.offer(snap(time.Second)) // coalesces with the first
+	results <- kernelError{errors.New("iptables-restore failed")}
+	<-applied
+	// The failure is counted in the same step that would observe them.
+	if f := value(`kube_userspace_proxy_sync_failures_total{cause="portal"}`, "1"); f != "1" {
+		t.Fatalf("portal failures %s, want 1", f)
+	}
+	if c := value(count, "0"); c != "0" {
+		t.Fatalf("after a failed sync: %s observations, want 0", c)
+	}
+	results <- nil // the retry
+	<-applied
+	if c := value(count, "3"); c != "3" {
+		t.Fatalf("after the sync that applied them: %s observations, want 3", c)
 	}
 }

@@ -209,7 +209,7 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		default:
 		}
 		began := time.Now()
-		dirty, all := t.take()
+		dirty, all, triggers := t.take()
 		opts := c.Options
 		opts.NodeName = c.NodeName
 		opts.NodeLabels = t.nodeLabels()
@@ -232,6 +232,9 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		applied := first || changed
 		if applied {
 			snap := cur.snapshot()
+			// The changes that needed no new snapshot are not counted:
+			// nothing was programmed for them.
+			snap.ChangeTriggers = triggers
 			klog.V(2).InfoS("Applying a new snapshot from the API server",
 				"servicePorts", snap.Len(), "servicesRebuilt", len(dirty), "initial", first, "built", time.Since(began))
 			apply(snap)

@@ -460,7 +460,7 @@ func checkMarked(t *testing.T, event func(cache.ResourceEventHandler), handler f
 	t.Helper()
 	tr := newTracker()
 	event(handler(tr))
-	dirty, all := tr.take()
+	dirty, all, _ := tr.take()
 	var got []objectRef
 	for r := range dirty {
 		got = append(got, r)
@@ -474,13 +474,44 @@ func checkMarked(t *testing.T, event func(cache.ResourceEventHandler), handler f
 	}
 }
 
+// TestSliceChangeTriggers: an EndpointSlice added or updated records its
+// last-change-trigger-time for the network programming latency, unless it
+// is older than the tracker (the proxy's start-up is no programming
+// latency), unreadable, or the update is a resync.
+func TestSliceChangeTriggers(t *testing.T) {
+	tr := newTracker()
+	at := func(d time.Duration) *discoveryv1.EndpointSlice {
+		s := webSlice("1", "10.0.0.1")
+		s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: tr.started.Add(d).Format(time.RFC3339Nano)}
+		return s
+	}
+	h := tr.sliceHandler()
+	h.OnAdd(at(time.Second), false)
+	h.OnAdd(at(-time.Second), true)
+	bad := at(0)
+	bad.Annotations[corev1.EndpointsLastChangeTriggerTime] = "yesterday"
+	h.OnAdd(bad, false)
+	newer := at(2 * time.Second)
+	newer.ResourceVersion = "2"
+	h.OnUpdate(at(time.Second), newer)
+	h.OnUpdate(newer, newer) // a resync
+	_, _, got := tr.take()
+	want := []time.Time{tr.started.Add(time.Second), tr.started.Add(2 * time.Second)}
+	if !slices.EqualFunc(got, want, time.Time.Equal) {
+		t.Errorf("triggers %v, want %v", got, want)
+	}
+	if _, _, got := tr.take(); got != nil {
+		t.Errorf("triggers after take: %v", got)
+	}
+}
+
 func TestClusterNodeHandler(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{corev1.LabelTopologyZone: "z"}}}
 	tr := newTracker()
 	var told []string
 	h := tr.nodeHandler("node-a", func(why string) { told = append(told, why) })
 	h.OnAdd(node, false)
-	if _, all := tr.take(); !all || len(tr.poke) != 1 || tr.nodeLabels()[corev1.LabelTopologyZone] != "z" {
+	if _, all, _ := tr.take(); !all || len(tr.poke) != 1 || tr.nodeLabels()[corev1.LabelTopologyZone] != "z" {
 		t.Fatalf("add: all %v, poked %d, labels %v", all, len(tr.poke), tr.nodeLabels())
 	}
 	<-tr.poke

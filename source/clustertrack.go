@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -26,14 +27,41 @@ import (
 type tracker struct {
 	poke chan struct{} // capacity 1: pending wake-ups coalesce
 
-	mu     sync.Mutex // guards the fields below
-	dirty  map[objectRef]bool
-	all    bool // rebuild every Service
-	labels map[string]string
+	started time.Time // change triggers before it are not counted
+
+	mu       sync.Mutex // guards the fields below
+	dirty    map[objectRef]bool
+	all      bool // rebuild every Service
+	labels   map[string]string
+	triggers []time.Time // of the EndpointSlice changes since the last take
 }
 
 func newTracker() *tracker {
-	return &tracker{poke: make(chan struct{}, 1), dirty: make(map[objectRef]bool)}
+	return &tracker{poke: make(chan struct{}, 1), dirty: make(map[objectRef]bool), started: time.Now()}
+}
+
+// maxPendingTriggers bounds the change trigger times kept between builds.
+const maxPendingTriggers = 10000
+
+// triggered records when the change an EndpointSlice brings was triggered,
+// from its endpoints.kubernetes.io/last-change-trigger-time annotation
+// (which the EndpointSlice controller sets), as kube-proxy's change
+// tracker does: not for objects older than the tracker, whose latency
+// would be the proxy's start-up.
+func (t *tracker) triggered(s *discoveryv1.EndpointSlice) {
+	v, ok := s.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if !ok {
+		return
+	}
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil || !at.After(t.started) {
+		return
+	}
+	t.mu.Lock()
+	if len(t.triggers) < maxPendingTriggers {
+		t.triggers = append(t.triggers, at)
+	}
+	t.mu.Unlock()
 }
 
 // mark records that the Services refs must be rebuilt and wakes the loop.
@@ -55,13 +83,14 @@ func (t *tracker) markAll() {
 	t.changed()
 }
 
-// take returns and clears what was marked.
-func (t *tracker) take() (dirty map[objectRef]bool, all bool) {
+// take returns and clears what was marked, and the change trigger times
+// recorded.
+func (t *tracker) take() (dirty map[objectRef]bool, all bool, triggers []time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	dirty, all = t.dirty, t.all
-	t.dirty, t.all = make(map[objectRef]bool), false
-	return dirty, all
+	dirty, all, triggers = t.dirty, t.all, t.triggers
+	t.dirty, t.all, t.triggers = make(map[objectRef]bool), false, nil
+	return dirty, all, triggers
 }
 
 // changed wakes Run's loop, or leaves the pending wake-up to cover this
@@ -137,6 +166,9 @@ func (t *tracker) sliceHandler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			logEvent("added", "EndpointSlice", obj)
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				t.triggered(s)
+			}
 			key(obj)
 		},
 		UpdateFunc: func(oldObj, newObj any) {
@@ -144,6 +176,9 @@ func (t *tracker) sliceHandler() cache.ResourceEventHandler {
 				return
 			}
 			logEvent("updated", "EndpointSlice", newObj)
+			if s, ok := newObj.(*discoveryv1.EndpointSlice); ok {
+				t.triggered(s)
+			}
 			key(oldObj, newObj)
 		},
 		DeleteFunc: func(obj any) {

@@ -281,6 +281,12 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 type Snapshot struct {
 	ports map[ServicePortName]*ServicePort
 	names []ServicePortName // sorted
+
+	// ChangeTriggers are the times the changes this snapshot brings were
+	// triggered (the EndpointSlices' endpoints.kubernetes.io/
+	// last-change-trigger-time), for the network programming latency
+	// kube-proxy reports. They do not take part in comparisons.
+	ChangeTriggers []time.Time
 }
 
 // NewSnapshot builds a Snapshot from service ports. A later port with the
