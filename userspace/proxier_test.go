@@ -389,6 +389,15 @@ func TestExternalTrafficFromTheHost(t *testing.T) {
 		if got := reached(outsider, nodePort); got["local"] != 6 {
 			t.Fatalf("iTP Local %v: outside node-port traffic reached %v; want the local endpoint only", internalLocal, got)
 		}
+		// The same through the external proxy port, where the iptables
+		// portal redirects node-port traffic.
+		extPort := fmt.Sprintf("127.0.0.1:%d", p.ExternalProxyPort(name))
+		if got := reached(host, extPort); got["local"] != 3 || got["remote"] != 3 {
+			t.Fatalf("iTP Local %v: the host's own redirected node-port traffic reached %v; want both endpoints, round robin", internalLocal, got)
+		}
+		if got := reached(outsider, extPort); got["local"] != 6 {
+			t.Fatalf("iTP Local %v: outside redirected node-port traffic reached %v; want the local endpoint only", internalLocal, got)
+		}
 		wantCluster := map[bool]int{false: 3, true: 6}[internalLocal]
 		if got := reached(host, proxyAddr(t, p, name)); got["local"] != wantCluster {
 			t.Fatalf("iTP Local %v: cluster traffic reached %v", internalLocal, got)

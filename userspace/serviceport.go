@@ -420,15 +420,17 @@ func (sp *servicePort) prune(extra []sockKey) {
 
 // separateExternal reports whether external traffic needs a proxy port of
 // its own: the Service has a node port, external IPs or load-balancer IPs,
-// and its traffic policies give them other endpoints than internal
-// traffic. A ClusterIP Service has no external traffic, so
-// internalTrafficPolicy: Local alone opens no second port (one that
-// balanced over every endpoint would get round the policy with
-// --portal=none).
+// and a Local traffic policy gives them other endpoints than internal
+// traffic. With both policies Local the endpoints are the same, except
+// for external traffic from this node or a pod, which goes to every
+// endpoint: that exception needs the port too. A ClusterIP Service has no
+// external traffic, so internalTrafficPolicy: Local alone opens no second
+// port (one that balanced over every endpoint would get round the policy
+// with --portal=none).
 func (sp *servicePort) separateExternal() bool {
 	spec := sp.spec
 	external := spec.NodePort != 0 || len(spec.ExternalIPs) > 0 || len(spec.LoadBalancerIPs) > 0
-	return external && spec.InternalLocal != spec.ExternalLocal
+	return external && (spec.InternalLocal || spec.ExternalLocal)
 }
 
 // reconcile closes unwanted sockets and opens missing ones. The proxy-port
@@ -482,7 +484,7 @@ func (sp *servicePort) filterSockets() {
 			ranges = (*m)[k.addr.Addr().Unmap()]
 		}
 		if err := f.filterSources(ranges); err != nil {
-			klog.ErrorS(err, "Cannot have the kernel drop the traffic of sources outside loadBalancerSourceRanges; the proxy refuses it itself (TCP clients are reset)",
+			klog.ErrorS(err, "Cannot have the kernel drop the traffic of sources outside loadBalancerSourceRanges; the proxy refuses it itself (a TCP client is reset, a datagram dropped)",
 				"service", sp.name, "addr", k.addr)
 		}
 	}
