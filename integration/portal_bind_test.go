@@ -103,7 +103,7 @@ func TestPortalBindLeavesForeignAddresses(t *testing.T) {
 // removes what the previous one left, as --cleanup would, and serves: the
 // iptables rules would REDIRECT every Service to proxy ports nobody serves
 // any more, and the bind portal's addresses would make load-balancer IPs
-// the node's own.
+// the node's own. A proxy without a portal does the same when it may.
 func TestBinarySwitchingPortals(t *testing.T) {
 	w := newWorld(t)
 	startBackend(t, w.backend, "8080=be1", "8081=be6")
@@ -146,4 +146,16 @@ func TestBinarySwitchingPortals(t *testing.T) {
 		t.Errorf("service addresses left on %s under the iptables portal: %v", dev, left)
 	}
 	checkServed(t, w, true)
+	stop(px)
+
+	// Without a portal, a proxy that may change the kernel's rules
+	// removes them too: they would send its node ports to old proxy ports.
+	px = startNodeProxy(t, w, file, "--portal=none")
+	px.waitLog(0, `"Removing the iptables portal's rules a previous run left`, 1, 30*time.Second)
+	px.waitLog(0, `"Serving".*via="node-port"`, 2, 30*time.Second)
+	if left := ourRules(t, w.node, "nft"); len(left) > 0 {
+		t.Errorf("iptables rules left under no portal: %v", left)
+	}
+	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
+	expectReply(t, w.outside, "udp", nodeOutSide+":30053", "be1:ping")
 }

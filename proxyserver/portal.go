@@ -58,23 +58,18 @@ func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, e
 // removeOtherPortal removes what a previous run with another portal left,
 // as --cleanup would: iptables rules would REDIRECT service traffic to
 // proxy ports nobody serves now, and the bind portal's service addresses
-// would make load-balancer IPs this host's own. Only the iptables and bind
-// portals can, holding CAP_NET_ADMIN; with none, nothing is touched.
+// would make load-balancer IPs this host's own. The iptables and bind
+// portals hold CAP_NET_ADMIN for it; with none, a proxy that holds it
+// cleans up too (one run as root after a run with another portal), and
+// one that does not leaves the kernel alone, saying nothing.
 func removeOtherPortal(ctx context.Context, mode string, cfg *Config) {
-	switch mode {
-	case PortalBind:
-		ipt, err := portal.NewIPTables(ctx, portal.IPTablesConfig{ForCleanup: true})
-		if err != nil {
-			return // no iptables here: nothing can be left
-		}
-		if left, _ := ipt.Existing(ctx); len(left) > 0 {
-			klog.InfoS("Removing the iptables portal's rules a previous run left: they would redirect service traffic to ports nobody serves now")
-		}
-		// Always: filter chains alone would still drop load-balancer traffic.
-		if err := ipt.Cleanup(ctx); err != nil {
-			klog.ErrorS(err, "Could not remove every iptables rule a previous run left; --cleanup removes them")
-		}
-	case PortalIPTables:
+	if mode == PortalNone && portal.CheckNetAdmin() != nil {
+		return
+	}
+	if mode != PortalIPTables {
+		removeIPTablesLeftovers(ctx, mode == PortalNone)
+	}
+	if mode != PortalBind {
 		b, err := portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface})
 		if err != nil {
 			return
@@ -83,6 +78,27 @@ func removeOtherPortal(ctx context.Context, mode string, cfg *Config) {
 		if err := b.Cleanup(ctx); err != nil {
 			klog.ErrorS(err, "Could not remove the service addresses the bind portal of a previous run may have left; --cleanup removes them")
 		}
+	}
+}
+
+// removeIPTablesLeftovers removes the iptables portal's rules and chains;
+// onlyFound, when a portal rule is found (read-only otherwise: a proxy
+// without a portal, run as root on a host, changes none of its rules when
+// it has nothing to remove).
+func removeIPTablesLeftovers(ctx context.Context, onlyFound bool) {
+	ipt, err := portal.NewIPTables(ctx, portal.IPTablesConfig{ForCleanup: true})
+	if err != nil {
+		return // no iptables here: nothing can be left
+	}
+	if left, _ := ipt.Existing(ctx); len(left) > 0 {
+		klog.InfoS("Removing the iptables portal's rules a previous run left: they would redirect service traffic to ports nobody serves now")
+	} else if onlyFound {
+		return
+	}
+	// Else always: filter chains alone would still drop load-balancer
+	// traffic.
+	if err := ipt.Cleanup(ctx); err != nil {
+		klog.ErrorS(err, "Could not remove every iptables rule a previous run left; --cleanup removes them")
 	}
 }
 
