@@ -230,6 +230,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SyncPeriod <= 0 {
 		bad("iptables-sync-period", "must be greater than 0, got %v", c.SyncPeriod)
+	} else if c.MinSyncPeriod > c.SyncPeriod {
+		// As kube-proxy: the resync could never come as often as asked.
+		bad("iptables-sync-period", "must not be less than the minimum sync period (%v), got %v", c.MinSyncPeriod, c.SyncPeriod)
 	}
 	if c.healthz, err = serverAddr(c.HealthzBindAddress, defaultHealthzPort); err != nil {
 		bad("healthz-bind-address", "%v", err)

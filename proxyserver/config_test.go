@@ -24,6 +24,8 @@ func TestValidate(t *testing.T) {
 		{name: "portal", args: []string{"--manifests", "x", "--portal", "magic"}, want: `"magic" is not a portal mode`},
 		{name: "udp sessions", args: []string{"--manifests", "x", "--udp-max-sessions", "0"}, want: "--udp-max-sessions"},
 		{name: "sync period", args: []string{"--manifests", "x", "--iptables-sync-period", "0s"}, want: "--iptables-sync-period"},
+		{name: "min sync period above sync period", args: []string{"--manifests", "x", "--iptables-min-sync-period", "5m", "--iptables-sync-period", "30s"},
+			want: "--iptables-sync-period: must not be less than the minimum sync period (5m0s), got 30s"},
 		{name: "several at once", args: []string{"--bind-address", "nope", "--udp-timeout", "-1s"}, want: "--udp-timeout"},
 		{name: "content type", args: []string{"--kube-api-content-type", "text/plain"}, want: "--kube-api-content-type"},
 		{name: "cluster CIDRs", args: []string{"--manifests", "x", "--cluster-cidr", "10.244.0.0/16, fd00:10:244::/56"}},

@@ -123,10 +123,14 @@ func (m *metrics) synced(snap state.Snapshot, took time.Duration, applied bool, 
 }
 
 // programmed records, at now, the network programming latency of changes
-// triggered at triggers, which a sync has just applied.
+// triggered at triggers, which a sync has just applied. A trigger time
+// after now (a controller whose clock runs ahead of this node's) is left
+// out: a negative latency would drag every average down.
 func (m *metrics) programmed(triggers []time.Time, now time.Time) {
 	for _, t := range triggers {
-		m.programming.Observe(now.Sub(t).Seconds())
+		if d := now.Sub(t); d >= 0 {
+			m.programming.Observe(d.Seconds())
+		}
 	}
 }
 

@@ -135,8 +135,8 @@ func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 		}
 		return s
 	}
-	l.offer(snap(2*time.Second, time.Second))
-	l.offer(snap(time.Second)) // coalesces with the first
+	l.offer(snap(2*time.Second, time.Second, -time.Hour)) // the last from a clock an hour ahead: left out
+	l.offer(snap(time.Second))                            // coalesces with the first
 	results <- kernelError{errors.New("iptables-restore failed")}
 	<-applied
 	// The failure is counted in the same step that would observe them.
