@@ -26,12 +26,14 @@ start_backends() {
 start_proxy() {
   local log=$1
   shift
-  local echo=/dev/null
-  [ -n "${LOG_TO_TERMINAL:-}" ] && echo=/dev/stderr
+  # Standard error itself, not /dev/stderr: opening that would truncate
+  # a file it is redirected to (make run >file 2>&1).
+  local echo=2
+  [ -n "${LOG_TO_TERMINAL:-}" ] || exec {echo}>/dev/null
   bin/kube-userspace-proxy --manifests examples/demo.yaml --portal=none \
     --bind-address=127.0.0.1 --nodeport-addresses=127.0.0.1/32 \
     --healthz-bind-address=127.0.0.1:10256 "$@" \
-    2> >(tee "$log" >"$echo") &
+    2> >(tee "$log" >&"$echo") &
   pids+=($!)
   local proxy=$!
   for _ in $(seq 1 100); do

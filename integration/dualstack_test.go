@@ -77,7 +77,7 @@ func TestBinaryDualStackKeepsFamilies(t *testing.T) {
 			code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services")
 			if code != "200" || !strings.Contains(view, "  note:         no IPv6 endpoint: IPv6 clients are refused") ||
 				mode == "iptables" && !strings.Contains(view, "[fd5e:b1b5::40]:80/TCP -> ") ||
-				mode == "iptables" && !strings.Contains(view, ", rejected: no IPv6 endpoints") {
+				mode == "iptables" && !strings.Contains(view, " (refused: no IPv6 endpoint)") {
 				t.Errorf("/debug/services: %s\n%s", code, view)
 			}
 			if mode == "iptables" {

@@ -154,8 +154,8 @@ func TestManifestEndToEnd(t *testing.T) {
 
 	t.Run("ClientIP affinity after a fix", func(t *testing.T) {
 		from := p.lineCount()
-		// With a slice of a family the Service does not have: taken, and
-		// that slice ignored.
+		// With a slice of a family the Service does not have, and a
+		// ConfigMap: taken, and those two ignored.
 		writeFile(t, file, manifest(np, "ClientIP", []int{a, b, c}, []int{ua})+`---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -163,10 +163,14 @@ metadata: {name: app-six, namespace: e2e, labels: {kubernetes.io/service-name: a
 addressType: IPv6
 ports: [{name: http, protocol: TCP, port: 8080}]
 endpoints: [{addresses: ["::1"]}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: e2e}
 `)
 		p.waitLog(from, `"Manifest file is valid again"|"Applying edited manifests"`, 1, 5*time.Second)
 		if view := debugView(t); strings.Contains(view, "rejected") || !strings.Contains(view, "Parts of the manifest file are ignored:\n") ||
-			!strings.Contains(view, "IPv6 is not an IP family of Service e2e/app") {
+			!strings.Contains(view, "IPv6 is not an IP family of Service e2e/app") || !strings.Contains(view, `kind "ConfigMap" is not a Service or EndpointSlice; skipped`) {
 			t.Errorf("/debug/services after the fix:\n%s", view)
 		}
 		first, err := curl(t, url)

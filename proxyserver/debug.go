@@ -149,17 +149,17 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 			return "Cluster"
 		}
 		line("policies", "internal %s, external %s", policy(sp.InternalLocal), policy(sp.ExternalLocal))
-		line("endpoints", "%s", endpointList(sp.InternalEndpoints()))
+		line("endpoints", "%s", d.endpointList(sp.InternalEndpoints()))
 		if has4, has6 := sp.Families(); has4 && has6 {
 			if f := familyWithout(sp.InternalEndpoints()); f != "" {
 				line("note", "no %s endpoint: %s clients are refused (a client goes only to endpoints of its own IP family)", f, f)
 			}
 		}
 		if sp.InternalLocal != sp.ExternalLocal {
-			line("external to", "%s", endpointList(sp.ExternalEndpoints()))
+			line("external to", "%s", d.endpointList(sp.ExternalEndpoints()))
 		}
 		if sp.ExternalLocal {
-			line("node & pods", "external traffic from this node or from pods (--cluster-cidr) goes to every endpoint: %s", endpointList(sp.ClusterEndpoints))
+			line("node & pods", "external traffic from this node or from pods (--cluster-cidr) goes to every endpoint: %s", d.endpointList(sp.ClusterEndpoints))
 		}
 		if sp.HealthCheckNodePort != 0 {
 			line("health check", "node port %d", sp.HealthCheckNodePort)
@@ -182,7 +182,7 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 					s += " from " + joinPrefixes(pt.SourceRanges)
 				}
 				if pt.Reject {
-					s += ", rejected: no " + pt.Family.String() + " endpoints"
+					s += " (refused: no " + pt.Family.String() + " endpoint)"
 				}
 				ps = append(ps, s)
 			}
@@ -211,8 +211,11 @@ func familyWithout(eps []state.Endpoint) string {
 	return ""
 }
 
-func endpointList(eps []state.Endpoint) string {
+func (d *debugView) endpointList(eps []state.Endpoint) string {
 	if len(eps) == 0 {
+		if d.portals != nil {
+			return "none: new connections are refused (the portal's REJECT rule)"
+		}
 		return "none: new connections are reset, datagrams dropped"
 	}
 	var out []string

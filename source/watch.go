@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -230,7 +231,9 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 		problems[i] = p
 		klog.ErrorS(p, "Manifest object partly ignored", logValues(p)...)
 	}
-	l.tell(nil, problems)
+	// What the warnings skipped (other kinds, slices of no Service) is
+	// ignored too.
+	l.tell(nil, append(slices.Clone(m.warnings), problems...))
 	return snap, true, nil
 }
 
