@@ -4,6 +4,7 @@ package integration
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,6 +119,16 @@ func TestBinarySwitchingPortals(t *testing.T) {
 
 	px := startNodeProxy(t, w, file, "--portal=iptables")
 	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+	// A second proxy without a portal, tried beside the running one,
+	// leaves its rules alone: they are no leftovers.
+	before := ourRules(t, w.node, "nft")
+	beside := startNodeProxy(t, w, file, "--portal=none", "--healthz-bind-address=", "--metrics-bind-address=")
+	beside.waitLog(0, `"Leaving the iptables portal's rules alone: a running proxy serves the ports they redirect to"`, 1, 30*time.Second)
+	stop(beside)
+	if after := ourRules(t, w.node, "nft"); !slices.Equal(before, after) {
+		t.Errorf("a proxy without a portal changed a running proxy's rules:\n%v\nthen\n%v", before, after)
+	}
 	expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
 	stop(px)
 	if len(ourRules(t, w.node, "nft")) == 0 {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/conntrack"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 // choosePortal builds the portal for mode; auto picks iptables when it can
@@ -81,6 +84,33 @@ func removeOtherPortal(ctx context.Context, mode string, cfg *Config) {
 	}
 }
 
+// proxyPortsServed reports whether some program listens on a proxy port
+// the portals redirect to.
+func proxyPortsServed(portals []portal.Portal) bool {
+	for _, p := range portals {
+		if p.ProxyPort == 0 {
+			continue
+		}
+		addr := net.JoinHostPort("", strconv.Itoa(int(p.ProxyPort)))
+		var err error
+		if p.Protocol() == state.UDP {
+			var c net.PacketConn
+			if c, err = net.ListenPacket("udp", addr); err == nil {
+				c.Close()
+			}
+		} else {
+			var l net.Listener
+			if l, err = net.Listen("tcp", addr); err == nil {
+				l.Close()
+			}
+		}
+		if err != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // removeIPTablesLeftovers removes the iptables portal's rules and chains;
 // onlyFound, when a portal rule is found (read-only otherwise: a proxy
 // without a portal, run as root on a host, changes none of its rules when
@@ -90,10 +120,17 @@ func removeIPTablesLeftovers(ctx context.Context, onlyFound bool) {
 	if err != nil {
 		return // no iptables here: nothing can be left
 	}
-	if left, _ := ipt.Existing(ctx); len(left) > 0 {
-		klog.InfoS("Removing the iptables portal's rules a previous run left: they would redirect service traffic to ports nobody serves now")
-	} else if onlyFound {
+	left, _ := ipt.Existing(ctx)
+	switch {
+	case len(left) == 0 && onlyFound:
 		return
+	case onlyFound && proxyPortsServed(left):
+		// Another proxy on this host owns them (a DaemonSet's, while
+		// someone tries this one out): they are not leftovers.
+		klog.InfoS("Leaving the iptables portal's rules alone: a running proxy serves the ports they redirect to")
+		return
+	case len(left) > 0:
+		klog.InfoS("Removing the iptables portal's rules a previous run left: they would redirect service traffic to ports nobody serves now")
 	}
 	// Else always: filter chains alone would still drop load-balancer
 	// traffic.
