@@ -339,6 +339,12 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 	switch {
 	case runtime.IsNotRegisteredError(err):
 		apiVersion, _ := apiVersionKind(data)
+		if want := nearKind(kind); want != "" {
+			// A misspelt kind would silently drop the object: refuse
+			// the edit instead, so the last good state keeps serving.
+			m.errs = append(m.errs, problem("kind", fmt.Errorf("%q is not a kind; did you mean %s?", kind, want)))
+			return
+		}
 		m.warnings = append(m.warnings, problem("", fmt.Errorf("apiVersion %q kind %q is not a Service or EndpointSlice; skipped", apiVersion, kind)))
 		return
 	case runtime.IsMissingKind(err), runtime.IsMissingVersion(err):
@@ -506,4 +512,36 @@ func (m *manifest) check(at origin, kind, ns, name string, fs []finding) bool {
 		}
 	}
 	return ok
+}
+
+// nearKind returns the kind the proxy reads that kind looks like a
+// misspelling of (another case, or two letters off), or "".
+func nearKind(kind string) string {
+	for _, want := range []string{"Service", "EndpointSlice"} {
+		if kind != want && editDistance(strings.ToLower(kind), strings.ToLower(want)) <= 2 {
+			return want
+		}
+	}
+	return ""
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }

@@ -376,6 +376,15 @@ func TestParseManifestsErrors(t *testing.T) {
 			want: []string{"demo.yaml: document 3 (Service demo/web): spec.ports[0].port: 70000 is out of range 1-65535"},
 		},
 		{
+			name: "a misspelt kind refuses the file, rather than drop the object",
+			data: strings.Replace(svcHead, "kind: Service", "kind: Servcie", 1) + "spec:\n  ports: [{port: 80}]\n" +
+				"---\napiVersion: discovery.k8s.io/v1\nkind: endpointslice\nmetadata: {name: web-1}\n",
+			want: []string{
+				`demo.yaml: document 1 (Servcie demo/web): kind: "Servcie" is not a kind; did you mean Service?`,
+				`demo.yaml: document 2 (endpointslice default/web-1): kind: "endpointslice" is not a kind; did you mean EndpointSlice?`,
+			},
+		},
+		{
 			name: "unknown field (strict)",
 			data: svcHead + "spec:\n  ports: [{port: 80}]\n  prots: []\n",
 			want: []string{"demo.yaml: document 1 (Service demo/web): spec.prots: unknown field"},
