@@ -209,9 +209,30 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 	if len(clusterIPs) == 0 && !b.opts.AllowNoClusterIP {
 		return nil
 	}
+	families := b.ipFamilies(svc, ref)
+	// The Service's families are those of its cluster IPs, else of its
+	// ipFamilies (a manifest may give neither: then every address counts).
+	// kube-proxy's proxier of a family the Service lacks skips it whole,
+	// so an external or load-balancer IP of another family is not served.
+	var own []state.IPFamily
+	for _, ip := range clusterIPs {
+		own = append(own, familyOf(ip))
+	}
+	if len(own) == 0 {
+		own = families
+	}
 	var externalIPs, lbIPs []netip.Addr
+	add := func(ips []netip.Addr, path, s string) []netip.Addr {
+		out := b.appendFrontend(ips, ref, path, s)
+		if len(out) > len(ips) && len(own) > 0 && !slices.Contains(own, familyOf(out[len(out)-1])) {
+			b.report("Service", ref, path, fmt.Errorf("%s is %s, not an IP family of the Service (%v); ignored, as kube-proxy does",
+				out[len(out)-1], familyOf(out[len(out)-1]), own))
+			return ips
+		}
+		return out
+	}
 	for i, s := range svc.Spec.ExternalIPs {
-		externalIPs = b.appendFrontend(externalIPs, ref, fmt.Sprintf("spec.externalIPs[%d]", i), s)
+		externalIPs = add(externalIPs, fmt.Sprintf("spec.externalIPs[%d]", i), s)
 	}
 	for i, ing := range svc.Status.LoadBalancer.Ingress {
 		// ipMode Proxy: the load balancer delivers to the node or pod
@@ -219,11 +240,10 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 		if ing.IP == "" || ing.IPMode != nil && *ing.IPMode != corev1.LoadBalancerIPModeVIP {
 			continue
 		}
-		lbIPs = b.appendFrontend(lbIPs, ref, fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
+		lbIPs = add(lbIPs, fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP)
 	}
 	sourceRanges := b.sourceRanges(svc, ref)
 	affinity := b.affinity(svc, ref)
-	families := b.ipFamilies(svc, ref)
 
 	internalLocal := false
 	if p := svc.Spec.InternalTrafficPolicy; p != nil {
@@ -406,4 +426,12 @@ func protocol(p string) (state.Protocol, error) {
 		return state.Protocol(p), nil
 	}
 	return "", fmt.Errorf("unsupported protocol %q (want TCP, UDP or SCTP)", p)
+}
+
+// familyOf is the IP family of ip.
+func familyOf(ip netip.Addr) state.IPFamily {
+	if ip.Unmap().Is4() {
+		return state.IPv4
+	}
+	return state.IPv6
 }

@@ -182,7 +182,7 @@ func TestBuildSnapshotServices(t *testing.T) {
 			services: []*corev1.Service{service("web", func(s *corev1.Service) {
 				s.Spec.Type = corev1.ServiceTypeLoadBalancer
 				s.Spec.Ports[0].NodePort = 30080
-				s.Spec.ExternalIPs = []string{"192.0.2.1", "2001:db8::1", "192.0.2.1"}
+				s.Spec.ExternalIPs = []string{"192.0.2.1", "192.0.2.1"}
 				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{
 					{IP: "198.51.100.1"},
 					{IP: "198.51.100.2", IPMode: ptr(corev1.LoadBalancerIPModeVIP)},
@@ -192,9 +192,38 @@ func TestBuildSnapshotServices(t *testing.T) {
 			})},
 			want: []state.ServicePort{with(func(sp *state.ServicePort) {
 				sp.NodePort = 30080
-				sp.ExternalIPs = ips("192.0.2.1", "2001:db8::1")
+				sp.ExternalIPs = ips("192.0.2.1")
 				sp.LoadBalancerIPs = ips("198.51.100.1", "198.51.100.2")
 			})},
+		},
+		{
+			// kube-proxy's IPv6 proxier skips a Service without an IPv6
+			// cluster IP, so its IPv6 addresses go unserved.
+			name: "external and load-balancer IPs of a family the Service lacks are ignored",
+			services: []*corev1.Service{
+				service("web", func(s *corev1.Service) {
+					s.Spec.ExternalIPs = []string{"192.0.2.1", "2001:db8::1"}
+					s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "2001:db8::2"}, {IP: "198.51.100.1"}}
+				}),
+				service("six", func(s *corev1.Service) {
+					s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
+					s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+					s.Spec.ExternalIPs = []string{"192.0.2.1", "2001:db8::1"}
+				}),
+			},
+			opts: Options{AllowNoClusterIP: true},
+			want: []state.ServicePort{
+				with(func(sp *state.ServicePort) {
+					sp.ExternalIPs, sp.LoadBalancerIPs = ips("192.0.2.1"), ips("198.51.100.1")
+				}),
+				{Name: state.ServicePortName{Namespace: "demo", Name: "six", Port: "http", Protocol: state.TCP}, Port: 80,
+					IPFamilies: []state.IPFamily{state.IPv6}, ExternalIPs: ips("2001:db8::1"), Affinity: state.Affinity{Type: state.AffinityNone}},
+			},
+			wantProblems: []string{
+				"Service demo/six: spec.externalIPs[0]: 192.0.2.1 is IPv4, not an IP family of the Service ([IPv6]); ignored, as kube-proxy does",
+				"Service demo/web: spec.externalIPs[1]: 2001:db8::1 is IPv6, not an IP family of the Service ([IPv4]); ignored, as kube-proxy does",
+				"Service demo/web: status.loadBalancer.ingress[0].ip: 2001:db8::2 is IPv6, not an IP family of the Service ([IPv4]); ignored, as kube-proxy does",
+			},
 		},
 		{
 			name: "loadBalancerSourceRanges as the API server takes them: padded, host bits, leading zeros",
