@@ -3,9 +3,11 @@ package proxyserver
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -89,6 +91,48 @@ func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 	return nil
 }
 
+// decodeMessage is err's message without the JSON decoder's prefixes,
+// which say nothing to someone who wrote YAML.
+func decodeMessage(err error) string {
+	msg := err.Error()
+	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	return msg
+}
+
+// badField finds the first value under v (the file's fields, at path)
+// that a KubeProxyConfiguration cannot take, by decoding each value alone:
+// the decoder's own errors do not say which field they are about. It
+// returns the value's path (iptables.syncPeriod, nodePortAddresses[1])
+// and the error, or "".
+func badField(v any, path []string) (string, error) {
+	switch t := v.(type) {
+	case map[string]any:
+		for _, k := range slices.Sorted(maps.Keys(t)) {
+			if p, err := badField(t[k], append(slices.Clone(path), k)); p != "" {
+				return p, err
+			}
+		}
+		return "", nil
+	case []any:
+		// A list is decoded whole: a bad item fails it alone.
+	}
+	doc := v
+	for i := len(path) - 1; i >= 0; i-- {
+		doc = map[string]any{path[i]: doc}
+	}
+	data, err := yaml.Marshal(doc)
+	if err != nil {
+		return "", nil
+	}
+	var kp kubeproxyv1alpha1.KubeProxyConfiguration
+	if err := yaml.Unmarshal(data, &kp); err != nil {
+		return strings.Join(path, "."), err
+	}
+	return "", nil
+}
+
 // decodeKubeProxyConfig reads a KubeProxyConfiguration (YAML or JSON) as
 // kube-proxy does: strictly, and if only strictness fails (an unknown or
 // repeated field, perhaps from a newer kube-proxy), leniently with a
@@ -116,9 +160,12 @@ func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfigurati
 	if strictErr := yaml.UnmarshalStrict(data, &kp); strictErr != nil {
 		kp = kubeproxyv1alpha1.KubeProxyConfiguration{}
 		if err := yaml.Unmarshal(data, &kp); err != nil {
-			return nil, 0, err
+			if path, ferr := badField(fields, nil); path != "" {
+				return nil, 0, fmt.Errorf("%s: %s", path, decodeMessage(ferr))
+			}
+			return nil, 0, errors.New(decodeMessage(err))
 		}
-		klog.InfoS("The --config file has a field this proxy does not know, maybe more; they are ignored", "first", strictErr.Error())
+		klog.InfoS("The --config file has a field this proxy does not know, maybe more; they are ignored", "first", decodeMessage(strictErr))
 	}
 	const apiVersion = "kubeproxy.config.k8s.io/v1alpha1"
 	if kp.APIVersion != apiVersion || kp.Kind != "KubeProxyConfiguration" {

@@ -138,6 +138,8 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"kube-proxy's mode", head + "mode: iptables\n", `mode: "iptables" is one of kube-proxy's own modes; this proxy is mode "userspace"`},
 		{"wrong kind", "apiVersion: v1\nkind: ConfigMap\n", `apiVersion "v1", kind "ConfigMap": want apiVersion kubeproxy.config.k8s.io/v1alpha1, kind KubeProxyConfiguration`},
 		{"wrong type", head + "iptables: {syncPeriod: [1]}\n", "syncPeriod"},
+		{"bad duration named", head + "iptables: {syncPeriod: 30x}\n", `: iptables.syncPeriod: time: unknown unit "x" in duration "30x"`},
+		{"bad number named", head + "conntrack: {maxPerCore: lots}\n", ": conntrack.maxPerCore: cannot unmarshal string"},
 		{"primary", head + "nodePortAddresses: [primary]\n", "nodePortAddresses[0]: primary"},
 		{"not a mode", head + "mode: Userspace\n", `mode: "Userspace" is not a mode`},
 		{"bad field named", head + "portRange: 40010-40000\nnodePortAddresses: [10.0.0.0/33]\n", ": portRange: "},
