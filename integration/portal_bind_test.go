@@ -170,3 +170,35 @@ func TestBinarySwitchingPortals(t *testing.T) {
 	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
 	expectReply(t, w.outside, "udp", nodeOutSide+":30053", "be1:ping")
 }
+
+// TestBinarySwitchingPortalsFindsTheBindInterface: the service addresses
+// a bind portal put on its --bind-interface are removed by the next run
+// with another portal even without that flag, found by their label: left,
+// they would make load-balancer IPs the node's own, where node ports
+// serve them round their source ranges.
+func TestBinarySwitchingPortalsFindsTheBindInterface(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	// A veth pair: this kernel has no dummy driver.
+	w.node.mustRun(t, "ip", "link", "add", "kup-alt", "type", "veth", "peer", "name", "kup-alt-peer")
+	w.node.mustRun(t, "ip", "link", "set", "kup-alt", "up")
+	w.node.mustRun(t, "ip", "link", "set", "kup-alt-peer", "up")
+
+	px := startNodeProxy(t, w, file, "--portal=bind", "--bind-interface=kup-alt")
+	px.waitLog(0, `"Serving".*198.18.0.53:53`, 1, 30*time.Second)
+	if len(serviceAddrsOn(t, w.node, "kup-alt")) == 0 {
+		t.Fatal("the bind portal added no addresses to kup-alt: the test proves nothing")
+	}
+	if _, ok := px.terminate(10 * time.Second); !ok {
+		t.Fatal("the proxy did not stop on SIGTERM")
+	}
+
+	px = startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	if left := serviceAddrsOn(t, w.node, "kup-alt"); len(left) > 0 {
+		t.Errorf("service addresses left on kup-alt under the iptables portal: %v", left)
+	}
+	expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+}

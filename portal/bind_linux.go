@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 
 	"github.com/hashicorp/go-multierror"
@@ -227,6 +228,19 @@ func (b *Bind) Cleanup(_ context.Context) error {
 	names := []string{"lo"}
 	if n := b.cfg.Interface; n != "" && n != "lo" && n != DefaultBindInterface {
 		names = append(names, n)
+	}
+	// A run with another --bind-interface (or none) is found by the label
+	// of its IPv4 addresses, which names the interface.
+	if links, err := b.h.LinkList(); err == nil {
+		for _, l := range links {
+			n := l.Attrs().Name
+			if slices.Contains(names, n) || ownLabel(n) == "" {
+				continue
+			}
+			if list, err := b.h.AddrList(l, netlink.FAMILY_V4); err == nil && slices.ContainsFunc(list, func(a netlink.Addr) bool { return a.Label == ownLabel(n) }) {
+				names = append(names, n)
+			}
+		}
 	}
 	for _, n := range names {
 		l, err := b.h.LinkByName(n)
