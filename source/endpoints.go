@@ -84,6 +84,13 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 					sets[t.index] = make(map[netip.AddrPort]endpointInfo)
 				}
 				info.Addr = netip.AddrPortFrom(info.Addr.Addr(), t.port)
+				if slices.Contains(ports[t.index].Frontends(), info.Addr) {
+					// A connection to it would be captured again and
+					// loop through the proxy until descriptors run out.
+					b.report("EndpointSlice", ref, fmt.Sprintf("endpoints[%d].addresses[0]", i),
+						fmt.Errorf("%s is Service %s's own frontend; a connection to it would come back to the proxy; ignored", info.Addr, ports[t.index].Name))
+					continue
+				}
 				// The same address may appear in two slices while a pod
 				// moves between them, or while a new pod reuses the IP of
 				// a terminating one: keep the first unless the newcomer is

@@ -285,6 +285,23 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			},
 		},
 		{
+			// With a portal the proxy's own dial would be captured again,
+			// and each connection would open another until descriptors
+			// ran out. The cluster IP on another port is a fine endpoint.
+			name: "an endpoint that is the Service's own frontend is ignored",
+			service: service("web", func(s *corev1.Service) {
+				s.Spec.ExternalIPs = []string{"192.0.2.1"}
+			}),
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("10.96.0.10"), endpoint("192.0.2.1"), endpoint("10.0.0.1")},
+				func(s *discoveryv1.EndpointSlice) { s.Ports = []discoveryv1.EndpointPort{slicePort("http", 80)} }),
+				endpointSlice("web-2", v4, eps{endpoint("10.96.0.10")})},
+			wantCluster: []string{"10.0.0.1:80", "10.96.0.10:8080"},
+			wantProblems: []string{
+				"EndpointSlice demo/web-1: endpoints[0].addresses[0]: 10.96.0.10:80 is Service demo/web:http/TCP's own frontend; a connection to it would come back to the proxy; ignored",
+				"endpoints[1].addresses[0]: 192.0.2.1:80 is Service demo/web:http/TCP's own frontend",
+			},
+		},
+		{
 			name:    "loopback allowed in manifest mode, IPv4-mapped normalised",
 			service: dualStack,
 			slices: []*discoveryv1.EndpointSlice{
