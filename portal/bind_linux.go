@@ -136,11 +136,17 @@ func (b *Bind) Sync(_ context.Context, portals []Portal) error {
 		if _, ok := have[ip]; ok {
 			continue
 		}
-		if err := b.h.AddrAdd(b.link, b.newAddr(ip)); err != nil && !errors.Is(err, unix.EEXIST) {
+		err := b.h.AddrAdd(b.link, b.newAddr(ip))
+		switch {
+		case errors.Is(err, unix.EEXIST):
+			// Someone else's address: served, and left to them.
+			klog.V(2).InfoS("Service address already on the interface; serving it, leaving it there", "addr", ip, "interface", b.link.Attrs().Name)
+		case err != nil:
 			errs = multierror.Append(errs, fmt.Errorf("portal: bind: add %s to %s: %w", ip, b.link.Attrs().Name, err))
 			continue
+		default:
+			klog.V(2).InfoS("Added service address", "addr", ip, "interface", b.link.Attrs().Name)
 		}
-		klog.V(2).InfoS("Added service address", "addr", ip, "interface", b.link.Attrs().Name)
 	}
 	for ip, a := range have {
 		if want[ip] {

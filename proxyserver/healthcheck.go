@@ -129,7 +129,11 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 			continue
 		}
 		h.servers[port] = srv
-		klog.V(1).InfoS("Serving health check node port", "service", st.Service.Namespace+"/"+st.Service.Name, "port", port, "addrs", srv.addrs)
+		on := "every address"
+		if srv.addrs != nil {
+			on = fmt.Sprint(srv.addrs)
+		}
+		klog.V(1).InfoS("Serving health check node port", "service", st.Service.Namespace+"/"+st.Service.Name, "port", port, "on", on)
 	}
 	return errors.Join(errs...)
 }
