@@ -62,9 +62,11 @@ func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, e
 // as --cleanup would: iptables rules would REDIRECT service traffic to
 // proxy ports nobody serves now, and the bind portal's service addresses
 // would make load-balancer IPs this host's own. The iptables and bind
-// portals hold CAP_NET_ADMIN for it; with none, a proxy that holds it
-// cleans up too (one run as root after a run with another portal), and
-// one that does not leaves the kernel alone, saying nothing.
+// portals hold CAP_NET_ADMIN for it. With none, a proxy that holds it
+// removes the iptables rules when no running proxy serves them (one run as
+// root after a run with iptables); it leaves the bind portal's addresses,
+// which it cannot tell from a running bind portal's, and a proxy without
+// CAP_NET_ADMIN leaves the kernel alone, saying nothing.
 func removeOtherPortal(ctx context.Context, mode string, cfg *Config) {
 	if mode == PortalNone && portal.CheckNetAdmin() != nil {
 		return
@@ -72,7 +74,7 @@ func removeOtherPortal(ctx context.Context, mode string, cfg *Config) {
 	if mode != PortalIPTables {
 		removeIPTablesLeftovers(ctx, mode == PortalNone)
 	}
-	if mode != PortalBind {
+	if mode == PortalIPTables {
 		b, err := portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface})
 		if err != nil {
 			return
