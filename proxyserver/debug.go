@@ -35,16 +35,17 @@ type sourceStatus struct {
 	ignored  []error // what of the objects read is left unused
 }
 
-// manifestRead records what came of a read of the manifest file (see
-// source.Manifests.Status). A refusal stays shown until the file is taken
-// again.
-func (d *debugView) manifestRead(rejected error, ignored []error) {
+// sourceRead records what came of the source's read: of the manifest
+// file (source.Manifests.Status), where a refusal stays shown until the
+// file is taken again, or of the API server's objects (through
+// clusterRead).
+func (d *debugView) sourceRead(rejected error, ignored []error) {
 	d.source.Store(&sourceStatus{at: time.Now(), rejected: rejected, ignored: ignored})
 }
 
 // clusterRead records what of the API server's objects is left unused
 // (see source.Cluster.Ignored).
-func (d *debugView) clusterRead(ignored []error) { d.manifestRead(nil, ignored) }
+func (d *debugView) clusterRead(ignored []error) { d.sourceRead(nil, ignored) }
 
 type debugSnapshot struct {
 	snap state.Snapshot

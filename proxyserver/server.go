@@ -149,7 +149,7 @@ func Run(ctx context.Context, cfg *Config) error {
 				AllowLoopback:    true, // the manifest's author owns this host
 				AllowNoClusterIP: true, // no cluster allocates ClusterIPs here
 			},
-			Status: dv.manifestRead,
+			Status: dv.sourceRead,
 		}
 		if err := src.Run(ctx, loop.offer); err != nil {
 			return err // says "manifests:" itself

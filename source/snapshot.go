@@ -224,9 +224,11 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 	var externalIPs, lbIPs []netip.Addr
 	add := func(ips []netip.Addr, path, s string) []netip.Addr {
 		out := b.appendFrontend(ips, ref, path, s)
-		if len(out) > len(ips) && len(own) > 0 && !slices.Contains(own, familyOf(out[len(out)-1])) {
-			b.report("Service", ref, path, fmt.Errorf("%s is %s, not an IP family of the Service (%v); ignored, as kube-proxy does",
-				out[len(out)-1], familyOf(out[len(out)-1]), own))
+		if len(out) == len(ips) || len(own) == 0 {
+			return out // refused or repeated, or every family counts
+		}
+		if ip := out[len(out)-1]; !slices.Contains(own, familyOf(ip)) {
+			b.report("Service", ref, path, fmt.Errorf("%s is %s, not an IP family of the Service (%v); ignored, as kube-proxy does", ip, familyOf(ip), own))
 			return ips
 		}
 		return out

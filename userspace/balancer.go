@@ -109,7 +109,7 @@ func newBalancer(clock Clock, eps []state.Endpoint, aff state.Affinity) *balance
 // familyIndex is the index of a's IP family in balancer.sets: 0 for IPv4,
 // 1 for IPv6.
 func familyIndex(a netip.Addr) int {
-	if a.Unmap().Is4() {
+	if familyOf(a) == familyIPv4 {
 		return 0
 	}
 	return 1

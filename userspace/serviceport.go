@@ -258,6 +258,15 @@ func (sp *servicePort) setSources(spec *state.ServicePort, hostAddrs []netip.Add
 	sp.sources.Store(&m)
 }
 
+// rangesOf returns the sources the load-balancer IP frontend admits, or
+// nil when it admits every source (or is no load-balancer IP).
+func (sp *servicePort) rangesOf(frontend netip.Addr) []netip.Prefix {
+	if m := sp.sources.Load(); m != nil {
+		return (*m)[frontend.Unmap()]
+	}
+	return nil
+}
+
 // admits reports whether client may use the service through frontend, an
 // address a socket of role r listens on: a load-balancer IP admits only the
 // sources of its loadBalancerSourceRanges. Redirected traffic is filtered
@@ -266,12 +275,8 @@ func (sp *servicePort) admits(r socketRole, frontend netip.Addr, client netip.Ad
 	if r != roleExternalFrontend {
 		return true
 	}
-	m := sp.sources.Load()
-	if m == nil {
-		return true
-	}
-	ranges, ok := (*m)[frontend.Unmap()]
-	if !ok {
+	ranges := sp.rangesOf(frontend)
+	if ranges == nil {
 		return true
 	}
 	src := client.Addr().Unmap()
@@ -473,17 +478,12 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 // filter of its source ranges, where the build has one. Without one, or if
 // it cannot be set, admits refuses those sources instead.
 func (sp *servicePort) filterSockets() {
-	m := sp.sources.Load()
 	for k, s := range sp.sockets {
 		f, ok := s.(sourceFilterer)
 		if !ok || k.role != roleExternalFrontend {
 			continue
 		}
-		var ranges []netip.Prefix
-		if m != nil {
-			ranges = (*m)[k.addr.Addr().Unmap()]
-		}
-		if err := f.filterSources(ranges); err != nil {
+		if err := f.filterSources(sp.rangesOf(k.addr.Addr())); err != nil {
 			klog.ErrorS(err, "Cannot have the kernel drop the traffic of sources outside loadBalancerSourceRanges; the proxy refuses it itself (a TCP client is reset, a datagram dropped)",
 				"service", sp.name, "addr", k.addr)
 		}

@@ -93,9 +93,15 @@ func attachSourceFilter(fd int, fam family, ranges []netip.Prefix) error {
 	return unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fp)
 }
 
+// sameSources reports whether a socket filter for b is the one set for a:
+// nil (no filter) differs from any list.
+func sameSources(a, b []netip.Prefix) bool {
+	return (a == nil) == (b == nil) && slices.Equal(a, b)
+}
+
 // filterSources makes the listener admit only ranges (nil: everyone).
 func (l *tcpListener) filterSources(ranges []netip.Prefix) error {
-	if slices.Equal(l.sources, ranges) && (ranges == nil) == (l.sources == nil) {
+	if sameSources(l.sources, ranges) {
 		return nil
 	}
 	if err := attachSourceFilter(l.fd, familyOf(l.addr), ranges); err != nil {
@@ -108,7 +114,7 @@ func (l *tcpListener) filterSources(ranges []netip.Prefix) error {
 // filterSources makes every socket of the group admit only ranges (nil:
 // everyone).
 func (g *udpGroup) filterSources(ranges []netip.Prefix) error {
-	if slices.Equal(g.sources, ranges) && (ranges == nil) == (g.sources == nil) {
+	if sameSources(g.sources, ranges) {
 		return nil
 	}
 	for _, l := range g.members {
