@@ -188,6 +188,11 @@ func (c *Config) Validate() error {
 	if c.ConfigSyncPeriod < 0 {
 		bad("config-sync-period", "must not be negative, got %v", c.ConfigSyncPeriod)
 	}
+	if c.HostnameOverride != "" && strings.TrimSpace(c.HostnameOverride) == "" {
+		// kube-proxy trims it and refuses what is left empty: taken as
+		// is, it would name a node no endpoint is ever on.
+		bad("hostname-override", "%q is blank: give this node's name, or leave it out to use the host name", c.HostnameOverride)
+	}
 	var err error
 	if c.bindAddr, err = netip.ParseAddr(strings.TrimSpace(c.BindAddress)); err != nil {
 		bad("bind-address", "%q is not an IP address", c.BindAddress)

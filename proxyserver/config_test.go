@@ -28,6 +28,8 @@ func TestValidate(t *testing.T) {
 			want: "--iptables-sync-period: must not be less than the minimum sync period (5m0s), got 30s"},
 		{name: "several at once", args: []string{"--bind-address", "nope", "--udp-timeout", "-1s"}, want: "--udp-timeout"},
 		{name: "content type", args: []string{"--kube-api-content-type", "text/plain"}, want: "--kube-api-content-type"},
+		{name: "hostname", args: []string{"--manifests", "x", "--hostname-override", " Node-1 "}},
+		{name: "blank hostname", args: []string{"--manifests", "x", "--hostname-override", " "}, want: `--hostname-override: " " is blank`},
 		{name: "cluster CIDRs", args: []string{"--manifests", "x", "--cluster-cidr", "10.244.0.0/16, fd00:10:244::/56"}},
 		{name: "cluster CIDR", args: []string{"--manifests", "x", "--cluster-cidr", "10.244.0.0"}, want: `--cluster-cidr: "10.244.0.0" is not a CIDR`},
 		{name: "healthz off", args: []string{"--manifests", "x", "--healthz-bind-address="}},

@@ -38,6 +38,7 @@ var configFileFields = map[string]string{
 	"iptables-min-sync-period": "iptables.minSyncPeriod",
 	"proxy-port-range":         "portRange",
 	"udp-timeout":              "udpIdleTimeout",
+	"hostname-override":        "hostnameOverride",
 }
 
 // LoadConfigFile reads the KubeProxyConfiguration file of --config, if
@@ -62,7 +63,7 @@ func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 	c.fromFile = make(map[string]bool)
 	var ignored []string
 	for name := range configFileFields {
-		if name == "udp-timeout" { // this proxy's own flag: it wins
+		if name == "udp-timeout" || name == "hostname-override" { // these flags win over the file
 			continue
 		}
 		c.fromFile[name] = true
@@ -210,6 +211,7 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	}
 	if !keepHostname {
 		c.HostnameOverride = kp.HostnameOverride
+		c.fromFile["hostname-override"] = kp.HostnameOverride != ""
 	}
 	c.BindAddress = or(kp.BindAddress, d.BindAddress)
 	c.HealthzBindAddress = or(kp.HealthzBindAddress, d.HealthzBindAddress)

@@ -147,6 +147,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"legacy UDP timeout", head + "udpIdleTimeout: -1s\n", "udpIdleTimeout: -1s is not a positive duration"},
 		{"one address for both servers", head + "healthzBindAddress: 127.0.0.1:10300\nmetricsBindAddress: 127.0.0.1:10300\n", "127.0.0.1:10300 is the health address too"},
 		{"cluster CIDR", head + "clusterCIDR: 10.244.0.0/16,nope\n", `clusterCIDR: "nope" is not a CIDR`},
+		{"blank host name", head + "hostnameOverride: \"  \"\n", `: hostnameOverride: "  " is blank`},
 		{"manifests too", head + "clientConnection: {kubeconfig: /k}\n", "--manifests and the --config file's clientConnection.kubeconfig"},
 	}
 	for _, tc := range tests {

@@ -247,12 +247,15 @@ func cleanup(ctx context.Context, cfg *Config) error {
 }
 
 func nodeName(override string) (string, error) {
-	if override != "" {
-		return strings.ToLower(strings.TrimSpace(override)), nil
+	if name := strings.TrimSpace(override); name != "" { // Validate refused a blank one
+		return strings.ToLower(name), nil
 	}
 	h, err := os.Hostname()
 	if err != nil {
 		return "", fmt.Errorf("find the node name: %w (set --hostname-override)", err)
+	}
+	if h = strings.TrimSpace(h); h == "" {
+		return "", fmt.Errorf("find the node name: the host name is empty (set --hostname-override)")
 	}
 	return strings.ToLower(h), nil
 }
