@@ -168,11 +168,15 @@ func TestMetricsCountHealthAnswers(t *testing.T) {
 		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil))
 	}
 	local := []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.2.1:80"), Local: true}}
+	remote := []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.3.1:80")}}
 	m.synced(state.NewSnapshot([]state.ServicePort{
-		{Name: state.ServicePortName{Namespace: "ns", Name: "a", Protocol: state.TCP}, InternalLocal: true, ExternalLocal: true},
-		{Name: state.ServicePortName{Namespace: "ns", Name: "b", Protocol: state.TCP}, ExternalLocal: true},
-		{Name: state.ServicePortName{Namespace: "ns", Name: "c", Protocol: state.TCP}, ExternalLocal: true, LocalEndpoints: local},
+		{Name: state.ServicePortName{Namespace: "ns", Name: "a", Protocol: state.TCP}, InternalLocal: true, ExternalLocal: true, ClusterEndpoints: remote},
+		{Name: state.ServicePortName{Namespace: "ns", Name: "b", Protocol: state.TCP}, ExternalLocal: true, ClusterEndpoints: remote},
+		{Name: state.ServicePortName{Namespace: "ns", Name: "c", Protocol: state.TCP}, ExternalLocal: true, LocalEndpoints: local, ClusterEndpoints: local},
 		{Name: state.ServicePortName{Namespace: "ns", Name: "d", Protocol: state.TCP}},
+		// No endpoint anywhere: refused, not counted, as kube-proxy
+		// counts only Services that have endpoints elsewhere.
+		{Name: state.ServicePortName{Namespace: "ns", Name: "e", Protocol: state.TCP}, InternalLocal: true, ExternalLocal: true},
 	}), 3*time.Millisecond, false, failedPortal)
 	stats.TCPAccepted.Add(7)
 	rec := httptest.NewRecorder()

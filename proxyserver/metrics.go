@@ -68,7 +68,7 @@ func newMetrics(stats *userspace.Stats) *metrics {
 		}, []string{"code"}),
 		noLocal: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "no_local_endpoints_total",
-			Help: "Service ports whose traffic policy (internal or external) is Local and that have no endpoint on this node, at the last sync.",
+			Help: "Service ports whose traffic policy (internal or external) is Local and that have endpoints on other nodes but none on this one, at the last sync.",
 		}, []string{"traffic_policy"}),
 		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "kubeproxy", Name: "network_programming_duration_seconds",
@@ -105,11 +105,12 @@ func (m *metrics) synced(snap state.Snapshot, took time.Duration, applied bool, 
 	if failed != "" {
 		m.syncFailures.WithLabelValues(failed).Inc()
 	}
-	// As kube-proxy counts them: a Local policy without a local endpoint,
-	// whether or not other nodes have endpoints.
+	// As kube-proxy counts them: a Local policy without a local endpoint
+	// while other nodes have endpoints. A Service with none anywhere (scaled
+	// to zero) is refused, and counts in neither.
 	var internal, external int
 	for sp := range snap.All {
-		if len(sp.LocalEndpoints) == 0 {
+		if len(sp.LocalEndpoints) == 0 && len(sp.ClusterEndpoints) > 0 {
 			if sp.InternalLocal {
 				internal++
 			}
