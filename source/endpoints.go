@@ -94,8 +94,10 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 				// The same address may appear in two slices while a pod
 				// moves between them, or while a new pod reuses the IP of
 				// a terminating one: keep the first unless the newcomer is
-				// the one not terminating.
-				if cur, dup := sets[t.index][info.Addr]; !dup || cur.Terminating && !info.Terminating {
+				// the one not terminating or, both alike, the one on this
+				// node (kube-proxy favours a local copy).
+				if cur, dup := sets[t.index][info.Addr]; !dup || cur.Terminating && !info.Terminating ||
+					cur.Terminating == info.Terminating && info.Local && !cur.Local {
 					sets[t.index][info.Addr] = info
 				}
 			}

@@ -168,6 +168,17 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			wantLocal:   nil, // the ready copy is on node-b
 		},
 		{
+			name: "duplicate across slices: a local newcomer replaces a copy on another node, as kube-proxy favours it",
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-1", v4, eps{endpoint("10.0.0.1", onNode("node-b"))}),
+				endpointSlice("web-2", v4, eps{endpoint("10.0.0.1", onNode("node-a"))}),
+				endpointSlice("web-3", v4, eps{endpoint("10.0.0.1", onNode("node-c"))}),
+			},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080"},
+			wantLocal:   []string{"10.0.0.1:8080"},
+		},
+		{
 			name: "duplicate across slices: otherwise the first is kept",
 			slices: []*discoveryv1.EndpointSlice{
 				endpointSlice("web-2", v4, eps{endpoint("10.0.0.1", onNode("node-b"))}),
