@@ -67,3 +67,65 @@ func TestBinaryClusterCIDRTrafficIsNotExternal(t *testing.T) {
 		t.Errorf("outside node-port traffic reached %v; want this node's endpoint only", got)
 	}
 }
+
+// TestBinaryLocalPolicyWithoutLocalEndpointDrops: through the iptables
+// portal, a Service whose traffic policy is Local, with endpoints only on
+// other nodes, has its new connections dropped, as kube-proxy's DROP rules
+// ("has no local endpoints") drop them: the client times out, where the
+// proxy would accept and reset. External traffic from this node and from
+// pods still goes to every endpoint, as kube-proxy routes it.
+func TestBinaryLocalPolicyWithoutLocalEndpointDrops(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8081=there")
+	itp := `---
+apiVersion: v1
+kind: Service
+metadata: {name: itp, namespace: e2e}
+spec:
+  clusterIP: 198.18.0.41
+  internalTrafficPolicy: Local
+  ports: [{name: http, protocol: TCP, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: itp-there, namespace: e2e, labels: {kubernetes.io/service-name: itp}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8081}]
+endpoints: [{addresses: ["198.18.12.2"], nodeName: other}]
+`
+	// The etp Service without its endpoint on this node.
+	etp, _, ok := strings.Cut(etpLocalManifest, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: etp-here")
+	if !ok {
+		t.Fatal("etpLocalManifest changed shape")
+	}
+	_, there, _ := strings.Cut(etpLocalManifest, "nodeName: node}]\n")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, etp+there+itp)
+	px := startNodeProxy(t, w, file, "--portal=iptables", "--cluster-cidr=198.18.10.0/24")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+
+	dropped := func(from netns, addr, port string) {
+		t.Helper()
+		start := time.Now()
+		out, err := from.run("nc", "-z", "-v", "-w2", addr, port)
+		if took := time.Since(start); err == nil || strings.Contains(out, "refused") || took < 1500*time.Millisecond {
+			t.Errorf("nc -z %s %s from %s: %v after %v: %q; want a timeout (dropped)", addr, port, from, err, took.Round(time.Millisecond), out)
+		}
+	}
+	dropped(w.outside, nodeOutSide, "30095")
+	dropped(w.pod, "198.18.0.41", "80")
+	dropped(w.node, "198.18.0.41", "80")
+	expectReply(t, w.pod, "tcp", nodePodSide+":30095", "there:ping")
+	expectReply(t, w.node, "tcp", nodeOutSide+":30095", "there:ping")
+
+	code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services")
+	for _, want := range []string{
+		"endpoints:    none on this node: new connections are dropped (the portal's DROP rule), as kube-proxy drops them",
+		"(dropped: no IPv4 endpoint on this node)",
+		"(dropped but from this node and pods: no IPv4 endpoint on this node)",
+	} {
+		if code != "200" || !strings.Contains(view, want) {
+			t.Errorf("/debug/services (%s) lacks %q:\n%s", code, want, view)
+		}
+	}
+}

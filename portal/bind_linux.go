@@ -274,6 +274,10 @@ func (b *Bind) Close() error {
 	return nil
 }
 
+// BindAddsAddresses says the bind portal puts service addresses on an
+// interface itself (on Linux, with CAP_NET_ADMIN).
+const BindAddsAddresses = true
+
 // CheckNetAdmin returns an error unless this process holds CAP_NET_ADMIN,
 // which adding addresses and interfaces, and every iptables change, take.
 // Running as root is not enough: a container's root often lacks it.

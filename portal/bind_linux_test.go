@@ -41,7 +41,7 @@ func TestIsOwnedAddr(t *testing.T) {
 
 func TestBindAddrs(t *testing.T) {
 	got := bindAddrs(fixedPortals())
-	want := addrs("198.18.0.10", "198.18.0.53", "198.18.0.99", "198.19.0.5", "198.19.1.1", "fd5e:b1b5::10", "fd5e:b1b5::80")
+	want := addrs("198.18.0.10", "198.18.0.53", "198.18.0.70", "198.18.0.99", "198.19.0.5", "198.19.1.1", "fd5e:b1b5::10", "fd5e:b1b5::70", "fd5e:b1b5::80")
 	if !slices.Equal(got, want) {
 		t.Errorf("bindAddrs = %v, want %v", got, want)
 	}

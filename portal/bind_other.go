@@ -18,6 +18,10 @@ type Bind struct{}
 
 var _ Interface = (*Bind)(nil)
 
+// BindAddsAddresses says the bind portal puts service addresses on an
+// interface itself: off Linux it cannot, and only checks they are there.
+const BindAddsAddresses = false
+
 // CheckNetAdmin returns nil: off Linux the proxy changes no network
 // configuration.
 func CheckNetAdmin() error { return nil }

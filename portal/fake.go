@@ -13,6 +13,9 @@ type Fake struct {
 	// NodePortAddresses is passed to the rule renderer, as
 	// IPTablesConfig.NodePortAddresses.
 	NodePortAddresses []netip.Prefix
+	// ClusterCIDRs is passed to the rule renderer, as
+	// IPTablesConfig.ClusterCIDRs.
+	ClusterCIDRs []netip.Prefix
 
 	mu       sync.Mutex // guards the fields below
 	portals  []Portal
@@ -79,7 +82,7 @@ func (f *Fake) Cleanups() int {
 func (f *Fake) Rules(fam Family) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Render(f.portals, fam, f.NodePortAddresses)
+	return Render(f.portals, fam, IPTablesConfig{NodePortAddresses: f.NodePortAddresses, ClusterCIDRs: f.ClusterCIDRs})
 }
 
 // Lookup returns the proxy port traffic of proto from src to dst goes to,

@@ -8,6 +8,10 @@ type IPTablesConfig struct {
 	// these prefixes (--nodeport-addresses). If empty, every local
 	// address answers a NodePort ("-m addrtype --dst-type LOCAL").
 	NodePortAddresses []netip.Prefix
+	// ClusterCIDRs are the pods' addresses (--cluster-cidr). A portal
+	// that drops new connections for want of a local endpoint
+	// (Portal.NoLocal) still takes theirs to external frontends.
+	ClusterCIDRs []netip.Prefix
 	// Backend forces the iptables backend. If empty, the backend holding
 	// the host's existing rules is detected.
 	Backend Backend

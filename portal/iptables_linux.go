@@ -234,7 +234,7 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 	}
 	for _, ft := range p.fams {
 		start := time.Now()
-		r := render(valid, ft.fam, p.cfg.NodePortAddresses)
+		r := render(valid, ft.fam, p.cfg)
 		for _, tbl := range []struct {
 			name string
 			data []byte

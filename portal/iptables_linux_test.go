@@ -164,7 +164,7 @@ func TestIPTablesSync(t *testing.T) {
 	if err := p.Sync(ctx, fixedPortals()); err != nil {
 		t.Fatal(err)
 	}
-	r4 := render(fixedPortals(), IPv4, nil)
+	r4 := render(fixedPortals(), IPv4, IPTablesConfig{})
 	if got := rl.inputs["iptables-nft-restore"]; !slices.Equal(got, []string{string(r4.nat), string(r4.filter)}) {
 		t.Errorf("IPv4 restores = %q", got)
 	}

@@ -8,7 +8,7 @@ import (
 
 func TestSaveRoundTrip(t *testing.T) {
 	for _, fam := range []Family{IPv4, IPv6} {
-		tables, err := parseSave(Render(fixedPortals(), fam, nil))
+		tables, err := parseSave(Render(fixedPortals(), fam, IPTablesConfig{}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -24,7 +24,7 @@ func TestSaveRoundTrip(t *testing.T) {
 			if p.Kind != NodePort {
 				p.Kind = ClusterIP // the rules do not tell address kinds apart
 			}
-			p.Reject = false // the nat rules do not say; only proxy ports are read back
+			p.Reject, p.NoLocal = false, false // the nat rules do not say; only proxy ports are read back
 			p.SourceRanges = nil
 			want = append(want, p)
 		}
@@ -125,8 +125,8 @@ func TestSplitArgs(t *testing.T) {
 
 func FuzzParseSave(f *testing.F) {
 	f.Add(sampleSave)
-	f.Add(Render(fixedPortals(), IPv4, nil))
-	f.Add(Render(fixedPortals(), IPv6, nil))
+	f.Add(Render(fixedPortals(), IPv4, IPTablesConfig{}))
+	f.Add(Render(fixedPortals(), IPv6, IPTablesConfig{}))
 	f.Add("*nat\n[1:2] -A X\nCOMMIT\n")
 	f.Fuzz(func(t *testing.T, text string) {
 		tables, err := parseSave(text)
@@ -147,7 +147,7 @@ func FuzzParseSave(f *testing.F) {
 		// What we render from what we read parses again.
 		for _, fam := range []Family{IPv4, IPv6} {
 			got, _ := portalsInSave(tables, fam)
-			if _, err := parseSave(Render(got, fam, nil)); err != nil {
+			if _, err := parseSave(Render(got, fam, IPTablesConfig{})); err != nil {
 				t.Fatalf("re-render does not parse: %v", err)
 			}
 		}

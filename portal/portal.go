@@ -91,6 +91,14 @@ type Portal struct {
 	// connect, UDP clients an ICMP port unreachable), instead of letting
 	// the proxy accept and reset them.
 	Reject bool
+	// NoLocal says the service port has endpoints of Family, but none
+	// that this portal's Local traffic policy lets it use (none on this
+	// node): the iptables portal drops its new connections, as kube-proxy
+	// drops them, instead of letting the proxy accept and reset them. An
+	// external portal (any kind but ClusterIP) still takes those from this
+	// host and from pods (IPTablesConfig.ClusterCIDRs), which the proxy
+	// sends to every endpoint, as kube-proxy routes them.
+	NoLocal bool
 }
 
 // Protocol is the portal's transport protocol.
@@ -125,17 +133,28 @@ func (p Portal) Compare(o Portal) int {
 	if c := int(p.ProxyPort) - int(o.ProxyPort); c != 0 {
 		return c
 	}
-	if p.Reject != o.Reject {
-		if p.Reject {
-			return 1
-		}
-		return -1
+	if c := compareBool(p.Reject, o.Reject); c != 0 {
+		return c
+	}
+	if c := compareBool(p.NoLocal, o.NoLocal); c != 0 {
+		return c
 	}
 	return slices.CompareFunc(p.SourceRanges, o.SourceRanges, comparePrefix)
 }
 
 // Equal reports whether two portals are the same redirection.
 func (p Portal) Equal(o Portal) bool { return p.Compare(o) == 0 }
+
+// compareBool orders false before true.
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
 
 func comparePrefix(a, b netip.Prefix) int {
 	if c := a.Addr().Compare(b.Addr()); c != 0 {
@@ -177,7 +196,8 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 			for _, ip := range ips {
 				ip = ip.Unmap()
 				f := FamilyOf(ip)
-				p := Portal{Service: sp.Name, Kind: kind, Family: f, IP: ip, Port: sp.Port, ProxyPort: pp, Reject: !hasEndpoints(sp, f)}
+				p := Portal{Service: sp.Name, Kind: kind, Family: f, IP: ip, Port: sp.Port, ProxyPort: pp}
+				p.Reject, p.NoLocal = refusal(sp, kind, f)
 				if kind == LoadBalancerIP {
 					p.SourceRanges = sp.SourceRanges(ip, hostAddrs)
 				}
@@ -189,7 +209,9 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 		add(LoadBalancerIP, sp.LoadBalancerIPs)
 		if sp.NodePort != 0 {
 			for _, f := range families(sp) {
-				out = append(out, Portal{Service: sp.Name, Kind: NodePort, Family: f, Port: sp.NodePort, ProxyPort: pp, Reject: !hasEndpoints(sp, f)})
+				p := Portal{Service: sp.Name, Kind: NodePort, Family: f, Port: sp.NodePort, ProxyPort: pp}
+				p.Reject, p.NoLocal = refusal(sp, NodePort, f)
+				out = append(out, p)
 			}
 		}
 	}
@@ -197,17 +219,25 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 	return slices.CompactFunc(out, Portal.Equal)
 }
 
-// hasEndpoints reports whether sp has a cluster or local endpoint of
-// family f.
-func hasEndpoints(sp *state.ServicePort, f Family) bool {
-	for _, eps := range [][]state.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
-		for _, ep := range eps {
-			if FamilyOf(ep.Addr.Addr()) == f {
-				return true
-			}
-		}
+// refusal says how a portal of kind and family f turns new connections
+// away, as kube-proxy's filter rules do: reject when sp has no endpoint of
+// f at all, drop (noLocal) when it has some but the traffic policy of the
+// portal's traffic (internal for a ClusterIP, else external) is Local and
+// none is on this node.
+func refusal(sp *state.ServicePort, kind Kind, f Family) (reject, noLocal bool) {
+	if !hasFamily(sp.ClusterEndpoints, f) && !hasFamily(sp.LocalEndpoints, f) {
+		return true, false
 	}
-	return false
+	eps := sp.ExternalEndpoints()
+	if kind == ClusterIP {
+		eps = sp.InternalEndpoints()
+	}
+	return false, !hasFamily(eps, f)
+}
+
+// hasFamily reports whether eps has an endpoint of family f.
+func hasFamily(eps []state.Endpoint, f Family) bool {
+	return slices.ContainsFunc(eps, func(ep state.Endpoint) bool { return FamilyOf(ep.Addr.Addr()) == f })
 }
 
 func families(sp *state.ServicePort) []Family {

@@ -9,10 +9,11 @@ import (
 )
 
 var (
-	webHTTP = state.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: state.TCP}
-	dnsUDP  = state.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns", Protocol: state.UDP}
-	sigSCTP = state.ServicePortName{Namespace: "tel", Name: "sig", Protocol: state.SCTP}
-	v6Only  = state.ServicePortName{Namespace: "default", Name: "six", Port: "http", Protocol: state.TCP}
+	webHTTP   = state.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: state.TCP}
+	dnsUDP    = state.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns", Protocol: state.UDP}
+	sigSCTP   = state.ServicePortName{Namespace: "tel", Name: "sig", Protocol: state.SCTP}
+	v6Only    = state.ServicePortName{Namespace: "default", Name: "six", Port: "http", Protocol: state.TCP}
+	elsewhere = state.ServicePortName{Namespace: "default", Name: "elsewhere", Port: "http", Protocol: state.TCP}
 )
 
 func addrs(s ...string) []netip.Addr {
@@ -35,14 +36,27 @@ func fixedSnapshot() state.Snapshot {
 			LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.11.0/24"), netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("fd5e:b1b5:11::/64")}},
 		{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), NodePort: 30053, ClusterEndpoints: ep},
 		{Name: sigSCTP, Port: 3868, ClusterIPs: addrs("198.18.0.99")},
-		{Name: v6Only, Port: 8080, ClusterIPs: addrs("fd5e:b1b5::80"), NodePort: 30081, LocalEndpoints: ep6},
+		{Name: v6Only, Port: 8080, ClusterIPs: addrs("fd5e:b1b5::80"), NodePort: 30081, ClusterEndpoints: ep6, LocalEndpoints: ep6},
+		// Local policies, and its only endpoint on another node.
+		{Name: elsewhere, Port: 80, ClusterIPs: addrs("198.18.0.70", "fd5e:b1b5::70"), NodePort: 30070,
+			InternalLocal: true, ExternalLocal: true, ClusterEndpoints: slices.Concat(ep, ep6)},
 	})
 }
 
-var fixedProxyPorts = map[state.ServicePortName]uint16{webHTTP: 41234, dnsUDP: 41235, sigSCTP: 41236, v6Only: 41237}
+var fixedProxyPorts = map[state.ServicePortName]uint16{webHTTP: 41234, dnsUDP: 41235, sigSCTP: 41236, v6Only: 41237, elsewhere: 41238}
+
+// fixedExternalPorts are the proxy ports of external traffic where a Local
+// policy splits it from cluster traffic.
+var fixedExternalPorts = map[state.ServicePortName]uint16{elsewhere: 41239}
 
 func fixedPortals() []Portal {
-	return FromSnapshot(fixedSnapshot(), func(n state.ServicePortName) uint16 { return fixedProxyPorts[n] }, nil)
+	ps := FromSnapshot(fixedSnapshot(), func(n state.ServicePortName) uint16 { return fixedProxyPorts[n] }, nil)
+	for i, p := range ps {
+		if pp := fixedExternalPorts[p.Service]; pp != 0 && p.Kind != ClusterIP {
+			ps[i].ProxyPort = pp
+		}
+	}
+	return ps
 }
 
 func TestFromSnapshot(t *testing.T) {
@@ -90,7 +104,7 @@ func TestFromSnapshot(t *testing.T) {
 			name: "a service port without endpoints rejects",
 			ports: []state.ServicePort{
 				{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10"), NodePort: 30080},
-				{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), LocalEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:53")}}},
+				{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), ClusterEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:53")}}},
 			},
 			proxy: map[state.ServicePortName]uint16{webHTTP: 41234, dnsUDP: 41235},
 			want: []string{
@@ -112,6 +126,29 @@ func TestFromSnapshot(t *testing.T) {
 			},
 		},
 		{
+			// As kube-proxy's filter rules: a Local policy without a local
+			// endpoint drops its own traffic (internal: cluster IPs;
+			// external: the rest), while endpoints elsewhere exist.
+			name: "a Local policy without a local endpoint drops",
+			ports: []state.ServicePort{
+				{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10", "fd5e:b1b5::10"), ExternalIPs: addrs("198.19.0.5"), NodePort: 30080, InternalLocal: true,
+					ClusterEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:8080")}, {Addr: netip.MustParseAddrPort("[fd5e:b1b5:12::2]:8080")}},
+					LocalEndpoints:   []state.Endpoint{{Addr: netip.MustParseAddrPort("[fd5e:b1b5:12::2]:8080"), Local: true}}},
+				{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), NodePort: 30053, ExternalLocal: true,
+					ClusterEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:53")}}},
+			},
+			proxy: map[state.ServicePortName]uint16{webHTTP: 41234, dnsUDP: 41235},
+			want: []string{
+				"ClusterIP 198.18.0.10:80/TCP -> :41234 drop",
+				"ClusterIP [fd5e:b1b5::10]:80/TCP -> :41234",
+				"ExternalIP 198.19.0.5:80/TCP -> :41234",
+				"NodePort NodePort(IPv4) 30080/TCP -> :41234",
+				"NodePort NodePort(IPv6) 30080/TCP -> :41234",
+				"ClusterIP 198.18.0.53:53/UDP -> :41235",
+				"NodePort NodePort(IPv4) 30053/UDP -> :41235 drop",
+			},
+		},
+		{
 			name:  "mapped IPv4 is unmapped, duplicates collapse",
 			ports: []state.ServicePort{{Name: dnsUDP, Port: 53, ClusterIPs: addrs("::ffff:198.18.0.53", "198.18.0.53")}},
 			proxy: map[state.ServicePortName]uint16{dnsUDP: 41235},
@@ -126,6 +163,9 @@ func TestFromSnapshot(t *testing.T) {
 				line := string(p.Kind) + " " + p.String()
 				if p.Reject {
 					line += " reject"
+				}
+				if p.NoLocal {
+					line += " drop"
 				}
 				s = append(s, line)
 			}

@@ -124,7 +124,7 @@ type rules struct {
 // Portals of the other family, without a proxy port or invalid are left
 // out (Sync reports the invalid ones). Rules follow iptables-save's
 // argument order so that a save of our chains reads the same.
-func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
+func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 	var chains [4]bytes.Buffer // natChains order
 	var filter, firewall bytes.Buffer
 	var r rules
@@ -149,9 +149,9 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 		}
 		if p.Kind == NodePort {
 			dsts := []string{""}
-			if len(nodePortAddrs) > 0 {
+			if len(cfg.NodePortAddresses) > 0 {
 				dsts = dsts[:0]
-				for _, pfx := range nodePortAddrs {
+				for _, pfx := range cfg.NodePortAddresses {
 					if FamilyOf(pfx.Addr()) == fam {
 						dsts = append(dsts, pfx.Masked().String())
 					}
@@ -190,20 +190,44 @@ func render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) rules {
 		// which would get round loadBalancerSourceRanges and Local
 		// traffic policies. A service port without endpoints has all its
 		// new connections refused instead, as kube-proxy's REJECT rules
-		// refuse them.
+		// refuse them; one with endpoints, but none on this node for a
+		// Local policy, has them dropped, as kube-proxy's DROP rules
+		// drop them, except (external traffic) those from this host or
+		// a pod, which go to every endpoint.
 		key := proto + "/" + strconv.Itoa(int(p.ProxyPort)) + "/" + comment
 		if !accepted[key] {
 			accepted[key] = true
-			if p.Reject {
-				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j REJECT\n",
-					ChainNodePortNonLocal, proto, strings.TrimSuffix(comment, `"`)+` has no endpoints"`, proto, p.ProxyPort)
+			// accept takes redirected connections (from src, matching
+			// match, if given); refuse turns away every other new one.
+			accept := func(src, match string) {
+				if src != "" {
+					src = "-s " + src + " "
+				}
+				fmt.Fprintf(&filter, "-A %s %s-p %s -m comment --comment %s %s-m conntrack --ctstate DNAT -m %s --dport %d -j ACCEPT\n",
+					ChainNodePortNonLocal, src, proto, comment, match, proto, p.ProxyPort)
 				r.count++
-			} else {
-				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate DNAT -m %s --dport %d -j ACCEPT\n",
-					ChainNodePortNonLocal, proto, comment, proto, p.ProxyPort)
-				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j DROP\n",
-					ChainNodePortNonLocal, proto, strings.TrimSuffix(comment, `"`)+` proxy port: only through its portals"`, proto, p.ProxyPort)
-				r.count += 2
+			}
+			refuse := func(why, target string) {
+				fmt.Fprintf(&filter, "-A %s -p %s -m comment --comment %s -m conntrack --ctstate NEW -m %s --dport %d -j %s\n",
+					ChainNodePortNonLocal, proto, strings.TrimSuffix(comment, `"`)+" "+why+`"`, proto, p.ProxyPort, target)
+				r.count++
+			}
+			switch {
+			case p.Reject:
+				refuse("has no endpoints", "REJECT")
+			case p.NoLocal && p.Kind == ClusterIP:
+				refuse("has no local endpoints", "DROP")
+			case p.NoLocal:
+				accept("", "-m addrtype --src-type LOCAL ")
+				for _, pods := range cfg.ClusterCIDRs {
+					if FamilyOf(pods.Addr()) == fam {
+						accept(pods.Masked().String(), "")
+					}
+				}
+				refuse("has no local endpoints", "DROP")
+			default:
+				accept("", "")
+				refuse("proxy port: only through its portals", "DROP")
 			}
 		}
 	}
@@ -253,7 +277,7 @@ func quoteComment(s string) string {
 // Render returns the iptables-restore input the iptables portal writes for
 // portals in family fam, nat table then filter table. It is what Sync
 // feeds to iptables-restore --noflush, for golden tests and debugging.
-func Render(portals []Portal, fam Family, nodePortAddrs []netip.Prefix) string {
-	r := render(portals, fam, nodePortAddrs)
+func Render(portals []Portal, fam Family, cfg IPTablesConfig) string {
+	r := render(portals, fam, cfg)
 	return string(r.nat) + string(r.filter)
 }

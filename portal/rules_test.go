@@ -31,23 +31,27 @@ func golden(t *testing.T, name, got string) {
 }
 
 func TestRenderGolden(t *testing.T) {
+	pods := []netip.Prefix{netip.MustParsePrefix("198.18.10.0/24"), netip.MustParsePrefix("198.18.16.0/24"), netip.MustParsePrefix("fd5e:b1b5:10::/64")}
 	tests := []struct {
 		name      string
 		fam       Family
 		nodePorts []netip.Prefix
+		pods      []netip.Prefix
 	}{
-		{"ipv4", IPv4, nil},
-		{"ipv6", IPv6, nil},
-		{"ipv4-nodeport-addresses", IPv4, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("fd5e:b1b5:1::/64")}},
-		{"ipv6-nodeport-addresses", IPv6, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}},
+		{"ipv4", IPv4, nil, nil},
+		{"ipv6", IPv6, nil, nil},
+		{"ipv4-nodeport-addresses", IPv4, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("fd5e:b1b5:1::/64")}, nil},
+		{"ipv6-nodeport-addresses", IPv6, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}, nil},
+		{"ipv4-cluster-cidrs", IPv4, nil, pods},
+		{"ipv6-cluster-cidrs", IPv6, nil, pods},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Render(fixedPortals(), tc.fam, tc.nodePorts)
+			got := Render(fixedPortals(), tc.fam, IPTablesConfig{NodePortAddresses: tc.nodePorts, ClusterCIDRs: tc.pods})
 			golden(t, tc.name, got)
 
 			// The fake renders the same text for the same snapshot.
-			f := &Fake{NodePortAddresses: tc.nodePorts}
+			f := &Fake{NodePortAddresses: tc.nodePorts, ClusterCIDRs: tc.pods}
 			if err := f.Sync(context.Background(), fixedPortals()); err != nil {
 				t.Fatal(err)
 			}
@@ -59,7 +63,7 @@ func TestRenderGolden(t *testing.T) {
 }
 
 func TestRenderEmptyDeclaresChains(t *testing.T) {
-	got := Render(nil, IPv4, nil)
+	got := Render(nil, IPv4, IPTablesConfig{})
 	want := "*nat\n:KUBE-PORTALS-CONTAINER - [0:0]\n:KUBE-PORTALS-HOST - [0:0]\n:KUBE-NODEPORT-CONTAINER - [0:0]\n:KUBE-NODEPORT-HOST - [0:0]\nCOMMIT\n" +
 		"*filter\n:KUBE-NODEPORT-NON-LOCAL - [0:0]\n:KUBE-PORTALS-FIREWALL - [0:0]\nCOMMIT\n"
 	if got != want {
@@ -75,11 +79,11 @@ func TestRenderSkips(t *testing.T) {
 		}
 	}
 	ps = append(ps, Portal{Kind: "bad"}) // invalid: no rule
-	got := Render(ps, IPv4, nil)
+	got := Render(ps, IPv4, IPTablesConfig{})
 	if strings.Contains(got, "198.18.0.10/32") {
 		t.Errorf("portal without a proxy port was rendered:\n%s", got)
 	}
-	if strings.Count(got, "-A ") != strings.Count(Render(fixedPortals(), IPv4, nil), "-A ")-1 {
+	if strings.Count(got, "-A ") != strings.Count(Render(fixedPortals(), IPv4, IPTablesConfig{}), "-A ")-1 {
 		t.Errorf("want exactly the nat rule of the unserved portal left out (its filter rule stays for the other frontends):\n%s", got)
 	}
 }

@@ -135,7 +135,7 @@ func TestTrace(t *testing.T) {
 		src, dst := netip.MustParseAddr(tc.src), netip.MustParseAddrPort(tc.dst)
 		name := fmt.Sprintf("%s %s to %s/%s local=%v nodeports=%v", tc.hook, tc.src, tc.dst, strings.ToUpper(tc.proto), tc.local, tc.nodePortAddrs)
 		t.Run(name, func(t *testing.T) {
-			text := Render(fixedPortals(), FamilyOf(dst.Addr()), tc.nodePortAddrs)
+			text := Render(fixedPortals(), FamilyOf(dst.Addr()), IPTablesConfig{NodePortAddresses: tc.nodePortAddrs})
 			got, rule, ok := tracePacket(t, text, tc.hook, tc.proto, src, dst, tc.local)
 			switch {
 			case tc.want == 0 && ok:

@@ -150,17 +150,18 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 			return "Cluster"
 		}
 		line("policies", "internal %s, external %s", policy(sp.InternalLocal), policy(sp.ExternalLocal))
-		line("endpoints", "%s", d.endpointList(sp.InternalEndpoints()))
+		line("endpoints", "%s", d.endpointList(sp, sp.InternalEndpoints()))
 		if has4, has6 := sp.Families(); has4 && has6 {
 			if f := familyWithout(sp.InternalEndpoints()); f != "" {
 				line("note", "no %s endpoint: %s clients are refused (a client goes only to endpoints of its own IP family)", f, f)
 			}
 		}
-		if sp.InternalLocal != sp.ExternalLocal {
-			line("external to", "%s", d.endpointList(sp.ExternalEndpoints()))
+		external := sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
+		if external && sp.InternalLocal != sp.ExternalLocal {
+			line("external to", "%s", d.endpointList(sp, sp.ExternalEndpoints()))
 		}
-		if sp.ExternalLocal {
-			line("node & pods", "external traffic from this node or from pods (--cluster-cidr) goes to every endpoint: %s", d.endpointList(sp.ClusterEndpoints))
+		if external && sp.ExternalLocal {
+			line("node & pods", "external traffic from this node or from pods (--cluster-cidr) goes to every endpoint: %s", d.endpointList(sp, sp.ClusterEndpoints))
 		}
 		if sp.HealthCheckNodePort != 0 {
 			line("health check", "node port %d", sp.HealthCheckNodePort)
@@ -178,12 +179,20 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		if d.portals != nil {
 			var ps []string
 			for _, pt := range portals[sp.Name] {
+				if pt.ProxyPort == 0 {
+					continue // no proxy port to redirect to: no rule
+				}
 				s := pt.String()
 				if pt.SourceRanges != nil {
 					s += " from " + joinPrefixes(pt.SourceRanges)
 				}
-				if pt.Reject {
+				switch {
+				case pt.Reject:
 					s += " (refused: no " + pt.Family.String() + " endpoint)"
+				case pt.NoLocal && pt.Kind == portal.ClusterIP:
+					s += " (dropped: no " + pt.Family.String() + " endpoint on this node)"
+				case pt.NoLocal:
+					s += " (dropped but from this node and pods: no " + pt.Family.String() + " endpoint on this node)"
 				}
 				ps = append(ps, s)
 			}
@@ -212,9 +221,17 @@ func familyWithout(eps []state.Endpoint) string {
 	return ""
 }
 
-func (d *debugView) endpointList(eps []state.Endpoint) string {
+// endpointList describes eps, the endpoints sp sends some traffic to, or
+// what happens to that traffic when there are none.
+func (d *debugView) endpointList(sp *state.ServicePort, eps []state.Endpoint) string {
 	if len(eps) == 0 {
-		if d.portals != nil {
+		switch {
+		case len(sp.ClusterEndpoints) > 0 || len(sp.LocalEndpoints) > 0: // a Local policy's
+			if d.portals != nil {
+				return "none on this node: new connections are dropped (the portal's DROP rule), as kube-proxy drops them"
+			}
+			return "none on this node: new connections are reset, datagrams dropped"
+		case d.portals != nil:
 			return "none: new connections are refused (the portal's REJECT rule)"
 		}
 		return "none: new connections are reset, datagrams dropped"
