@@ -22,7 +22,7 @@ import (
 // be used, else bind when we may change addresses, else none, and says why.
 func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, error) {
 	ipt := func() (portal.Interface, error) {
-		return portal.NewIPTables(ctx, portal.IPTablesConfig{NodePortAddresses: cfg.nodePorts})
+		return portal.NewIPTables(ctx, portal.IPTablesConfig{NodePortAddresses: cfg.nodePorts, ClusterCIDRs: cfg.podCIDRs})
 	}
 	bind := func() (portal.Interface, error) {
 		return portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface})
@@ -49,6 +49,12 @@ func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, e
 		return p, PortalIPTables, nil
 	}
 	iptErr := err
+	if !portal.BindAddsAddresses {
+		// The bind portal here only checks that someone else put the
+		// service addresses on the host: not a choice to make for them.
+		klog.InfoS("Portal chosen", "portal", PortalNone, "reason", "iptables is not usable and this system's bind portal cannot add service addresses: clients use the proxy ports and node ports directly (--portal=bind serves addresses you add)", "iptablesError", iptErr.Error())
+		return portal.Noop{}, PortalNone, nil
+	}
 	bp, err := bind() // fails without CAP_NET_ADMIN
 	if err == nil {
 		klog.InfoS("Portal chosen", "portal", PortalBind, "reason", "iptables is not usable and we may change addresses", "iptablesError", iptErr.Error())
