@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxyserver"
 )
@@ -37,7 +39,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	}
 	r := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	kinds := map[string]int{}
-	var config string // the ConfigMap's config.conf
+	var config, kubeconfig string // the ConfigMap's config.conf and kubeconfig.conf
 	var command []string
 	for i := 1; ; i++ {
 		doc, err := r.Read()
@@ -56,7 +58,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		}
 		kinds[gvk.Kind]++
 		if cm, ok := obj.(*corev1.ConfigMap); ok {
-			config = cm.Data["config.conf"]
+			config, kubeconfig = cm.Data["config.conf"], cm.Data["kubeconfig.conf"]
 		}
 		if ds, ok := obj.(*appsv1.DaemonSet); ok {
 			c := ds.Spec.Template.Spec.Containers[0]
@@ -65,6 +67,9 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			}
 			if ds.Spec.Template.Spec.ServiceAccountName != "kube-userspace-proxy" {
 				t.Errorf("service account %q", ds.Spec.Template.Spec.ServiceAccountName)
+			}
+			if os := ds.Spec.Template.Spec.NodeSelector["kubernetes.io/os"]; os != "linux" {
+				t.Errorf("node selector kubernetes.io/os=%q, want linux: the image is a Linux build", os)
 			}
 			if len(c.Command) == 0 || c.Command[0] != "/kube-userspace-proxy" {
 				t.Fatalf("command %v", c.Command)
@@ -90,6 +95,23 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		t.Errorf("DaemonSet flags and file do not validate: %v", err)
 	} else if cfg.ProxyPortRange != "36000-37999" {
 		t.Errorf("proxy port range %q, want the file's", cfg.ProxyPortRange)
+	} else if cfg.Kubeconfig != "/var/lib/kube-userspace-proxy/kubeconfig.conf" {
+		// The in-cluster configuration would reach the API server through
+		// the kubernetes Service, which only this proxy serves.
+		t.Errorf("clientConnection.kubeconfig %q, want the ConfigMap's kubeconfig.conf where the DaemonSet mounts it", cfg.Kubeconfig)
+	}
+	kc, err := clientcmd.Load([]byte(kubeconfig))
+	if err != nil {
+		t.Fatalf("the ConfigMap's kubeconfig.conf: %v", err)
+	}
+	ctx := kc.Contexts[kc.CurrentContext]
+	if ctx == nil || kc.Clusters[ctx.Cluster] == nil || kc.AuthInfos[ctx.AuthInfo] == nil {
+		t.Fatalf("kubeconfig.conf: current context %q does not name a cluster and a user", kc.CurrentContext)
+	}
+	const sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+	if cl, user := kc.Clusters[ctx.Cluster], kc.AuthInfos[ctx.AuthInfo]; cl.CertificateAuthority != sa+"ca.crt" || user.TokenFile != sa+"token" ||
+		!strings.HasPrefix(cl.Server, "https://") {
+		t.Errorf("kubeconfig.conf: server %q, CA %q, token %q; want an https server and the ServiceAccount's CA and token", cl.Server, cl.CertificateAuthority, user.TokenFile)
 	}
 	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"} {
 		if kinds[k] != 1 {

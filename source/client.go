@@ -25,9 +25,11 @@ const userAgent = "kube-userspace-proxy"
 func NewClient(kubeconfig, master string, qps float32, burst int, contentType string) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
+	hint := ""
 	if kubeconfig == "" && master == "" {
 		klog.InfoS("Neither --kubeconfig nor --master was given, using the in-cluster configuration")
 		cfg, err = rest.InClusterConfig()
+		hint = inClusterHint
 	} else {
 		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
 			&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig},
@@ -41,7 +43,7 @@ func NewClient(kubeconfig, master string, qps float32, burst int, contentType st
 	cfg.QPS = qps
 	cfg.Burst = burst
 	rest.AddUserAgent(cfg, userAgent)
-	cfg.Wrap(newContact().wrap)
+	cfg.Wrap(newContact(hint).wrap)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("api client: %w", err)

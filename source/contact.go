@@ -23,16 +23,25 @@ const contactReminder = time.Minute
 type contact struct {
 	now    func() time.Time
 	report func(err error, msg string, kv ...any) // err is nil for good news
+	// hint, if set, is added to every report of an outage.
+	hint string
 
-	mu        sync.Mutex // guards the fields below
-	downSince time.Time  // zero while the server answers
-	failures  int        // requests without an answer since downSince
-	reported  time.Time  // when the outage was last logged
+	mu           sync.Mutex // guards the fields below
+	downSince    time.Time  // zero while the server answers
+	failures     int        // requests without an answer since downSince
+	reported     time.Time  // when the outage was last logged
+	everAnswered bool       // the server has answered once
 }
 
-func newContact() *contact {
+// inClusterHint says why a proxy using the in-cluster configuration may
+// never reach its API server.
+const inClusterHint = "the in-cluster configuration reaches the API server at $KUBERNETES_SERVICE_HOST, usually the cluster IP of Service default/kubernetes, which only this proxy serves, and only after its first sync: " +
+	"give --kubeconfig (or clientConnection.kubeconfig) or --master with the API server's own address, or set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT to it"
+
+func newContact(hint string) *contact {
 	return &contact{
-		now: time.Now,
+		hint: hint,
+		now:  time.Now,
 		report: func(err error, msg string, kv ...any) {
 			if err != nil { // depth 1: the caller of report, not this closure
 				klog.ErrorSDepth(1, err, msg, kv...)
@@ -62,20 +71,29 @@ func (c *contact) failed(server string, err error) {
 	defer c.mu.Unlock()
 	now := c.now()
 	c.failures++
+	var kv []any
+	if c.hint != "" {
+		kv = []any{"hint", c.hint}
+	}
 	switch {
 	case c.downSince.IsZero():
 		c.downSince, c.failures, c.reported = now, 1, now
-		c.report(err, "Cannot reach the API server; what is served stays as it is until it answers", "server", server)
+		msg := "Cannot reach the API server; what is served stays as it is until it answers"
+		if !c.everAnswered {
+			msg = "Cannot reach the API server; nothing is served until it answers"
+		}
+		c.report(err, msg, append([]any{"server", server}, kv...)...)
 	case now.Sub(c.reported) >= contactReminder:
 		c.reported = now
-		c.report(err, "Still cannot reach the API server", "server", server,
-			"for", now.Sub(c.downSince).Round(time.Second), "failedRequests", c.failures)
+		c.report(err, "Still cannot reach the API server", append([]any{"server", server,
+			"for", now.Sub(c.downSince).Round(time.Second), "failedRequests", c.failures}, kv...)...)
 	}
 }
 
 func (c *contact) answered() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.everAnswered = true
 	if c.downSince.IsZero() {
 		return
 	}

@@ -41,7 +41,7 @@ func TestContactReportsOutageAndReturn(t *testing.T) {
 
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var reports []report
-	c := newContact()
+	c := newContact("")
 	c.now = func() time.Time { return now }
 	c.report = func(err error, msg string, kv ...any) {
 		var b strings.Builder
@@ -85,7 +85,7 @@ func TestContactReportsOutageAndReturn(t *testing.T) {
 	if err := get(context.Background()); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("request to a closed port: %v, want connection refused", err)
 	}
-	expect("first failure", "Cannot reach the API server")
+	expect("first failure", "Cannot reach the API server; what is served stays as it is")
 	if !errors.Is(reports[0].err, syscall.ECONNREFUSED) || !strings.Contains(reports[0].kv, addr) {
 		t.Errorf("the report names neither the error nor the server: %+v", reports[0])
 	}
@@ -121,5 +121,29 @@ func TestContactReportsOutageAndReturn(t *testing.T) {
 	}
 	if reports[2].err != nil {
 		t.Errorf("recovery reported as an error: %v", reports[2].err)
+	}
+}
+
+// TestContactBeforeFirstAnswer: an API server that never answered is
+// reported as such (nothing is served yet), with the hint, which the
+// in-cluster configuration gives: it usually names a cluster IP that only
+// this proxy serves.
+func TestContactBeforeFirstAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nobody serves it: refused
+	var got []string
+	c := newContact(inClusterHint)
+	c.report = func(err error, msg string, kv ...any) { got = append(got, fmt.Sprint(msg, kv)) }
+	client := &http.Client{Transport: c.wrap(http.DefaultTransport.(*http.Transport).Clone())}
+	if _, err := client.Get("http://" + addr + "/api"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("request to a closed port: %v, want connection refused", err)
+	}
+	if len(got) != 1 || !strings.Contains(got[0], "Cannot reach the API server; nothing is served until it answers") ||
+		!strings.Contains(got[0], "KUBERNETES_SERVICE_HOST") || !strings.Contains(got[0], "--kubeconfig") {
+		t.Errorf("reports %q; want one saying nothing is served, with the in-cluster hint", got)
 	}
 }
