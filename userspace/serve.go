@@ -33,9 +33,9 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 				return
 			}
 			if isResourceExhausted(err) {
-				p.stats.Shed.Add(1)
-				p.shed.log(err, sp.name.String())
-				if shed() {
+				shed := shed()
+				p.shed.shed(&p.stats, err, sp.name.String(), shed)
+				if shed {
 					continue
 				}
 			} else {
@@ -51,6 +51,7 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 			continue
 		}
 		backoff = 0
+		p.shed.retake()
 		accepted.Add(1)
 		p.wg.Add(1)
 		go serve(c)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,24 +24,30 @@ func isResourceExhausted(err error) bool {
 // spare back. The client sees a reset at once and the proxy keeps running
 // (the legacy proxier panicked here: kubernetes/kubernetes#6716).
 type shedder struct {
+	open func() (*os.File, error) // opens a spare; a test may replace it
+
 	mu    sync.Mutex // guards spare
 	spare *os.File
+	// missing says the spare could not be taken back: retake tries again
+	// after each accepted connection, which a free descriptor allowed.
+	missing atomic.Bool
 
-	logged logThrottle
+	logged  logThrottle
+	noSpare logThrottle
 }
 
 func newShedder() *shedder {
-	s := &shedder{}
-	s.spare, _ = os.Open(os.DevNull)
+	s := &shedder{open: func() (*os.File, error) { return os.Open(os.DevNull) }}
+	s.retakeLocked()
 	return s
 }
 
 // withSpare gives up the spare descriptor while f runs (f accepts and
 // resets one connection, and reports whether it could), then takes it
 // back. Another goroutine or loop may take the freed descriptor first, and
-// then the spare is lost until a descriptor is free again: withSpare
-// reports false, and the caller should wait a little before it accepts
-// again, or it would spin on a listener it cannot drain.
+// then the spare is missing until retake gets it back: withSpare reports
+// false, and the caller should wait a little before it accepts again, or
+// it would spin on a listener it cannot drain.
 func (s *shedder) withSpare(f func() bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -49,8 +56,44 @@ func (s *shedder) withSpare(f func() bool) bool {
 		s.spare = nil
 	}
 	shed := f()
-	s.spare, _ = os.Open(os.DevNull)
+	s.retakeLocked()
 	return shed
+}
+
+// retake takes the spare back if it is missing. Callers call it after
+// accepting a connection: a descriptor was free then, and the check costs
+// one atomic load while the spare is in hand.
+func (s *shedder) retake() {
+	if s.missing.Load() {
+		s.mu.Lock()
+		s.retakeLocked()
+		s.mu.Unlock()
+	}
+}
+
+func (s *shedder) retakeLocked() {
+	if s.spare != nil {
+		return
+	}
+	f, err := s.open()
+	if err == nil {
+		s.spare = f
+	}
+	s.missing.Store(err != nil)
+}
+
+// shed counts and logs one connection shed for want of descriptors (err),
+// or, when none could be (shed false: no spare), says that new connections
+// wait; both at most once a second, with how many there were since.
+func (s *shedder) shed(stats *Stats, err error, service string, shed bool) {
+	if !shed {
+		if n, ok := s.noSpare.note(time.Second); ok {
+			klog.ErrorS(err, "Out of file descriptors, without a spare one to shed a connection with; new connections wait until descriptors are free", "service", service, "timesSinceLastSaid", n)
+		}
+		return
+	}
+	stats.Shed.Add(1)
+	s.log(err, service)
 }
 
 // log logs a resource-exhaustion event at most once a second, with how

@@ -182,8 +182,6 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 		case err == unix.EINTR || err == unix.ECONNABORTED:
 			continue
 		case isResourceExhausted(err):
-			p.stats.Shed.Add(1)
-			p.shed.log(err, l.sp.name.String())
 			shed := p.shed.withSpare(func() bool {
 				fd, _, err := rawAccept4(l.fd, unix.SOCK_CLOEXEC)
 				if err != nil {
@@ -192,6 +190,7 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 				resetFD(fd)
 				return true
 			})
+			p.shed.shed(&p.stats, err, l.sp.name.String(), shed)
 			if !shed {
 				a.pause()
 				return
@@ -202,6 +201,7 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			klog.V(2).InfoS("Accept failed", "service", l.sp.name, "err", err)
 			return
 		}
+		p.shed.retake()
 		p.stats.TCPAccepted.Add(1)
 		if !l.sp.admits(l.role, l.addr, client) || l.role == roleNodePort && l.servesServiceAddrs(nfd, client) {
 			resetFD(nfd)
