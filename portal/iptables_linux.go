@@ -235,18 +235,23 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 	for _, ft := range p.fams {
 		start := time.Now()
 		r := render(valid, ft.fam, p.cfg)
+		failed := false
 		for _, tbl := range []struct {
 			name string
 			data []byte
 		}{{tableNAT, r.nat}, {tableFilter, r.filter}} {
 			if err := p.restore(ctx, ft, tbl.data); err != nil {
 				errs = multierror.Append(errs, fmt.Errorf("portal: iptables: restore %s table (%s): %w", tbl.name, ft.fam, err))
+				failed = true
 			}
 		}
 		if err := ensureJumps(ft.ipt); err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: jumps (%s): %w", ft.fam, err))
+			failed = true
 		}
-		klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
+		if !failed { // a failure is the caller's to report
+			klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
+		}
 	}
 	return errs.ErrorOrNil()
 }

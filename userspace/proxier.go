@@ -94,6 +94,15 @@ type Config struct {
 	// the port of redirected external traffic. The port is used when it is
 	// free (and inside PortRange, if one is set); 0 means no preference.
 	PreferredProxyPort func(name state.ServicePortName, external bool) uint16
+	// HoldReleasedPorts keeps a proxy port that one service port gave up
+	// from any other until PortalSynced says the portal no longer
+	// redirects to it: until then, traffic for the old Service would reach
+	// the new one's endpoints. For redirecting portals.
+	HoldReleasedPorts bool
+	// PreviousProxyPorts are the proxy ports a previous run's portal
+	// still redirects to, and whose they were: held from other service
+	// ports until the first PortalSynced (see HoldReleasedPorts).
+	PreviousProxyPorts map[uint16]state.ServicePortName
 
 	// Clock is used for session-affinity expiry. If nil, the real clock.
 	Clock Clock
@@ -148,6 +157,11 @@ type Proxier struct {
 	// noNodePortAddrs: no local address matches NodePortAddresses, and
 	// that has been logged.
 	noNodePortAddrs bool
+	// held maps the proxy ports given up since the portal last synced to
+	// the service port that had them (see Config.HoldReleasedPorts);
+	// waiting says a service port went without a proxy port for it.
+	held    map[uint16]state.ServicePortName
+	waiting bool
 
 	// hostAddrs are this host's addresses, read on Apply while a service
 	// port has a Local external traffic policy (see servicePort.balancer).
@@ -177,7 +191,39 @@ func New(cfg Config) *Proxier {
 		cancel:   cancel,
 		services: make(map[state.ServicePortName]*servicePort),
 		skipped:  make(map[state.ServicePortName]bool),
+		held:     maps.Clone(cfg.PreviousProxyPorts),
 	}
+}
+
+// PortalSynced tells the proxier that the portal now redirects only to
+// the proxy ports of the last Apply: the ports given up before are free
+// for any service port. It reports whether a service port is waiting for
+// one of them, and so wants Apply again.
+func (p *Proxier) PortalSynced() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = nil
+	return p.waiting
+}
+
+// hold keeps port, which owner gave up, from other service ports until
+// the portal has synced (see Config.HoldReleasedPorts). Called with p.mu
+// held.
+func (p *Proxier) hold(port uint16, owner state.ServicePortName) {
+	if !p.cfg.HoldReleasedPorts || port == 0 {
+		return
+	}
+	if p.held == nil {
+		p.held = make(map[uint16]state.ServicePortName)
+	}
+	p.held[port] = owner
+}
+
+// heldFrom reports whether port is held from service port name, and for
+// whom. Called with p.mu held.
+func (p *Proxier) heldFrom(port uint16, name state.ServicePortName) (state.ServicePortName, bool) {
+	owner, ok := p.held[port]
+	return owner, ok && owner != name
 }
 
 // Stats returns the proxier's counters.
@@ -196,6 +242,7 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		return fmt.Errorf("userspace: apply: proxier is closed")
 	}
 	var errs *multierror.Error
+	p.waiting = false
 	for name, sp := range p.services {
 		if snap.Get(name) == nil {
 			klog.V(2).InfoS("Stopping service port", "service", name)
@@ -301,7 +348,7 @@ func (p *Proxier) readHostAddrs(needed bool, localAddrs []netip.Addr) {
 	if localAddrs == nil {
 		var err error
 		if localAddrs, err = p.cfg.LocalAddrs(); err != nil {
-			klog.ErrorS(err, "Cannot list this host's addresses; its own traffic to Services with externalTrafficPolicy: Local is told apart by the last list")
+			klog.ErrorS(err, "Cannot list this host's addresses; its own traffic (to Services with externalTrafficPolicy: Local, or to load-balancer IPs with source ranges) is told apart by the last list")
 			return
 		}
 	}
@@ -312,15 +359,21 @@ func (p *Proxier) readHostAddrs(needed bool, localAddrs []netip.Addr) {
 	p.hostAddrs.Store(&set)
 }
 
-// hostAddrList returns the addresses readHostAddrs last read, if it keeps
-// them.
+// hostAddrList returns the addresses readHostAddrs last read, sorted, if
+// it keeps them.
 func (p *Proxier) hostAddrList() []netip.Addr {
 	set := p.hostAddrs.Load()
 	if set == nil {
 		return nil
 	}
-	return slices.Collect(maps.Keys(*set))
+	return slices.SortedFunc(maps.Keys(*set), netip.Addr.Compare)
 }
+
+// HostAddrs returns this host's addresses as the last Apply read them, when
+// a Service needed them (a Local external traffic policy, or
+// load-balancer source ranges); else nil. A failed read keeps the list
+// before it.
+func (p *Proxier) HostAddrs() []netip.Addr { return p.hostAddrList() }
 
 // isFrontendAddr reports whether a is a service address the portal put on
 // this host (see frontendAddrs).

@@ -616,6 +616,71 @@ func TestPreferredProxyPorts(t *testing.T) {
 	}
 }
 
+// TestReleasedProxyPortsAreHeld: with HoldReleasedPorts (a redirecting
+// portal), a proxy port one service port gave up, or that a previous run's
+// rules point at for another, goes to no other service port until the
+// portal has synced: Apply leaves the newcomer waiting, without an error,
+// and PortalSynced says to apply again, which then gives it the port.
+// Without HoldReleasedPorts the port changes hands at once.
+func TestReleasedProxyPortsAreHeld(t *testing.T) {
+	a := startTCPBackend(t, "a")
+	base := freePort(t)
+	one, two := spn("one", "", state.TCP), spn("two", "", state.TCP)
+	svc := func(n state.ServicePortName) state.ServicePort {
+		return state.ServicePort{Name: n, Port: 80, ClusterEndpoints: eps(a.addr())}
+	}
+	handOver := func(t *testing.T, p *Proxier) {
+		t.Helper()
+		mustApply(t, p, svc(two))
+		if got := p.ProxyPort(two); got != 0 {
+			t.Fatalf("service port two took proxy port %d before the portal synced", got)
+		}
+		if !p.PortalSynced() {
+			t.Fatal("PortalSynced does not say a service port waits")
+		}
+		mustApply(t, p, svc(two))
+		if got := p.ProxyPort(two); got != base {
+			t.Fatalf("after the portal synced, proxy port %d, want %d", got, base)
+		}
+		if p.PortalSynced() {
+			t.Error("PortalSynced says a service port still waits")
+		}
+		if got := tcpWho(t, proxyAddr(t, p, two)); got != "a" {
+			t.Errorf("reached %q", got)
+		}
+	}
+	t.Run("released at a sync", func(t *testing.T) {
+		p := newTestProxier(t, Config{PortRange: PortRange{Base: base, Size: 1}, HoldReleasedPorts: true})
+		mustApply(t, p, svc(one))
+		if got := p.ProxyPort(one); got != base {
+			t.Fatalf("proxy port %d, want %d", got, base)
+		}
+		p.PortalSynced()
+		handOver(t, p)
+	})
+	t.Run("a previous run's", func(t *testing.T) {
+		p := newTestProxier(t, Config{PortRange: PortRange{Base: base, Size: 1}, HoldReleasedPorts: true,
+			PreviousProxyPorts: map[uint16]state.ServicePortName{base: one}})
+		handOver(t, p)
+	})
+	t.Run("its owner takes it back at once", func(t *testing.T) {
+		p := newTestProxier(t, Config{PortRange: PortRange{Base: base, Size: 1}, HoldReleasedPorts: true,
+			PreviousProxyPorts: map[uint16]state.ServicePortName{base: one}})
+		mustApply(t, p, svc(one))
+		if got := p.ProxyPort(one); got != base || p.PortalSynced() {
+			t.Fatalf("proxy port %d, want %d at once", got, base)
+		}
+	})
+	t.Run("without HoldReleasedPorts", func(t *testing.T) {
+		p := newTestProxier(t, Config{PortRange: PortRange{Base: base, Size: 1}})
+		mustApply(t, p, svc(one))
+		mustApply(t, p, svc(two))
+		if got := p.ProxyPort(two); got != base {
+			t.Fatalf("proxy port %d, want %d at once", got, base)
+		}
+	})
+}
+
 // TestInternalLocalAloneOpensNoExternalPort: a ClusterIP Service with
 // internalTrafficPolicy: Local has no external traffic, so it gets no
 // external proxy port (one would balance over every endpoint, round the

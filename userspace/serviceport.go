@@ -405,13 +405,11 @@ func (sp *servicePort) prune(extra []sockKey) {
 	for _, port := range []*uint16{&sp.proxyPort, &sp.extProxyPort} {
 		if *port != 0 && sp.p.ports.isReserved(*port) {
 			klog.InfoS("Moving a proxy port: a Service has it as its node port", "service", sp.name, "proxyPort", *port)
-			sp.p.ports.release(*port)
-			*port = 0
+			sp.giveUp(port)
 		}
 	}
 	if sp.extProxyPort != 0 && !sp.separateExternal() {
-		sp.p.ports.release(sp.extProxyPort)
-		sp.extProxyPort = 0
+		sp.giveUp(&sp.extProxyPort)
 	}
 	want := sp.wanted(extra)
 	for k, s := range sp.sockets {
@@ -445,15 +443,24 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 	sp.prune(extra)
 	var errs *multierror.Error
 	if !sp.p.cfg.DisableProxyPorts {
-		if err := sp.ensureProxyPort(roleProxyPort, &sp.proxyPort); err != nil {
-			errs = multierror.Append(errs, err)
-		} else if err := sp.extendProxyPort(roleProxyPort, &sp.proxyPort); err != nil {
-			errs = multierror.Append(errs, err)
-		}
+		roles := []socketRole{roleProxyPort}
+		ports := []*uint16{&sp.proxyPort}
 		if sp.separateExternal() {
-			if err := sp.ensureProxyPort(roleExternalProxyPort, &sp.extProxyPort); err != nil {
-				errs = multierror.Append(errs, err)
-			} else if err := sp.extendProxyPort(roleExternalProxyPort, &sp.extProxyPort); err != nil {
+			roles, ports = append(roles, roleExternalProxyPort), append(ports, &sp.extProxyPort)
+		}
+		for i, role := range roles {
+			err := sp.ensureProxyPort(role, ports[i])
+			if err == nil {
+				err = sp.extendProxyPort(role, ports[i])
+			}
+			var held errPortHeld
+			if errors.As(err, &held) {
+				// Not a failure: the port comes free at this sync.
+				sp.p.waiting = true
+				klog.V(2).InfoS("Waiting for the portal to stop redirecting a proxy port to another service port before taking it", "service", sp.name, "role", role, "proxyPort", held.port, "heldFor", held.owner)
+				continue
+			}
+			if err != nil {
 				errs = multierror.Append(errs, err)
 			}
 		}
@@ -526,6 +533,13 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 		if err != nil {
 			return fmt.Errorf("userspace: service %s: %w", sp.name, err)
 		}
+		if owner, held := sp.p.heldFrom(want, sp.name); held {
+			// The portal may still redirect another Service's traffic
+			// to it.
+			lastErr = errPortHeld{want, owner}
+			busy = append(busy, want)
+			continue
+		}
 		opened, actual, err := sp.listenAll(addrs, want, role)
 		if err == nil && sp.p.ports.isReserved(actual) {
 			// The kernel chose a port that a Service has as its node port.
@@ -533,6 +547,13 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 				o.close()
 			}
 			err = fmt.Errorf("port %d: %w (it is a node port)", actual, syscall.EADDRINUSE)
+		}
+		if owner, held := sp.p.heldFrom(actual, sp.name); err == nil && held {
+			// The kernel chose a port given up at this sync.
+			for _, o := range opened {
+				o.close()
+			}
+			err = fmt.Errorf("port %d: %w (%w)", actual, syscall.EADDRINUSE, errPortHeld{actual, owner})
 		}
 		if err == nil {
 			if want == 0 {
@@ -553,6 +574,18 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 		busy = append(busy, want)
 	}
 	return fmt.Errorf("userspace: service %s: open proxy port: %w", sp.name, lastErr)
+}
+
+// errPortHeld says a proxy port was passed over because another service
+// port gave it up at this sync, and the portal may still redirect that
+// one's traffic to it (see Config.HoldReleasedPorts).
+type errPortHeld struct {
+	port  uint16
+	owner state.ServicePortName
+}
+
+func (e errPortHeld) Error() string {
+	return fmt.Sprintf("proxy port %d is held for %s until the portal no longer redirects to it", e.port, e.owner)
 }
 
 // extendProxyPort opens the proxy-port sockets of a role that an IP family
@@ -593,7 +626,7 @@ func (sp *servicePort) extendProxyPort(role socketRole, port *uint16) error {
 			delete(sp.sockets, k)
 		}
 	}
-	sp.p.ports.release(old)
+	sp.giveUp(&old)
 	klog.InfoS("Moved a proxy port: another program holds it in an IP family the service port now has",
 		"service", sp.name, "role", role, "oldProxyPort", old, "proxyPort", *port)
 	return nil
@@ -608,6 +641,9 @@ func (sp *servicePort) preferredPort(role socketRole) uint16 {
 	}
 	pref := f(sp.name, role == roleExternalProxyPort)
 	if pref == 0 || pref == sp.proxyPort || pref == sp.extProxyPort {
+		return 0
+	}
+	if _, held := sp.p.heldFrom(pref, sp.name); held {
 		return 0
 	}
 	if r := sp.p.cfg.PortRange; r.Size > 0 && !sp.p.ports.claim(pref) {
@@ -658,8 +694,15 @@ func (sp *servicePort) close() {
 	}
 	for _, port := range []*uint16{&sp.proxyPort, &sp.extProxyPort} {
 		if *port != 0 {
-			sp.p.ports.release(*port)
-			*port = 0
+			sp.giveUp(port)
 		}
 	}
+}
+
+// giveUp returns the proxy port *port to the range, held from other service
+// ports until the portal stops redirecting to it, and sets *port to 0.
+func (sp *servicePort) giveUp(port *uint16) {
+	sp.p.ports.release(*port)
+	sp.p.hold(*port, sp.name)
+	*port = 0
 }

@@ -1,0 +1,110 @@
+//go:build integration
+
+package integration
+
+import (
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// proxyPortService is Service name at clusterIP, with one endpoint on the
+// backend's port.
+func proxyPortService(name, clusterIP, port string) string {
+	return `---
+apiVersion: v1
+kind: Service
+metadata: {name: ` + name + `, namespace: e2e}
+spec:
+  clusterIP: ` + clusterIP + `
+  ports: [{name: http, protocol: TCP, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ` + name + `, namespace: e2e, labels: {kubernetes.io/service-name: ` + name + `}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: ` + port + `}]
+endpoints: [{addresses: ["` + backendAddr + `"]}]
+`
+}
+
+// TestBinaryProxyPortChangesHandsWithoutCrossTalk: a proxy port that one
+// Service gives up goes to another only once the iptables portal no longer
+// redirects the first one's traffic to it, after a live edit and across a
+// restart whose previous run's rules still point there. Before, the new
+// Service's listener opened first, and for a moment clients of the old
+// Service reached the new one's endpoints. With a one-port range the two
+// Services must take turns on the same port.
+func TestBinaryProxyPortChangesHandsWithoutCrossTalk(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=A", "8081=B")
+	a := proxyPortService("a", "198.18.0.60", "8080")
+	b := proxyPortService("b", "198.18.0.61", "8081")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, a)
+	const portRange = "--proxy-port-range=40400"
+	px := startNodeProxy(t, w, file, "--portal=iptables", portRange)
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	expectReply(t, w.pod, "tcp", "198.18.0.60:80", "A:ping")
+
+	// Clients of both Services keep asking throughout; neither may ever
+	// hear the other's endpoint.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	crossed := map[string]int{}
+	for _, c := range []struct{ addr, other string }{{"198.18.0.60:80", "B:"}, {"198.18.0.61:80", "A:"}} {
+		wg.Go(func() {
+			for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if r := dial(t, w.pod, "tcp", c.addr, "ping", 0); strings.HasPrefix(r.Reply, c.other) {
+					mu.Lock()
+					crossed[c.addr]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+		if len(crossed) > 0 {
+			t.Errorf("clients reached another Service's endpoint: %v", crossed)
+		}
+	}()
+
+	// servedAfterSync checks that service took the port only after a
+	// portal sync that followed line from, and says it waited for it.
+	servedAfterSync := func(px *proxyProc, from int, service string) {
+		t.Helper()
+		served := px.waitLog(from, `"Serving service port" service="e2e/`+service+`[^ ]*" proxyPort=40400`, 1, 20*time.Second)
+		synced := px.waitLog(from, `"Portals synced"`, 1, time.Second)
+		if synced > served {
+			t.Errorf("Service %s listened on the proxy port (line %d) before the portal stopped redirecting the other Service there (line %d):\n%s", service, served, synced, px.log())
+		}
+		px.waitLog(from, `"Waiting for the portal to stop redirecting a proxy port to another service port before taking it"`, 1, time.Second)
+	}
+
+	// A live edit: a goes, b comes, in one sync.
+	from := px.lineCount()
+	writeFile(t, file, b)
+	servedAfterSync(px, from, "b")
+	eventually(t, w.pod, "tcp", "198.18.0.61:80", "B:ping")
+
+	// A restart: the rules of the killed run send b's traffic to the
+	// port, which a now asks for.
+	if _, ok := px.stop(syscall.SIGKILL, 5*time.Second); !ok {
+		t.Fatal("the proxy did not die")
+	}
+	writeFile(t, file, a)
+	px = startNodeProxy(t, w, file, "--portal=iptables", portRange)
+	servedAfterSync(px, 0, "a")
+	eventually(t, w.pod, "tcp", "198.18.0.60:80", "A:ping")
+}
