@@ -40,6 +40,7 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 		return objectRef{a.Namespace, a.Name}.compare(objectRef{c.Namespace, c.Name})
 	})
 
+	captured := b.capturedBy(ports)
 	sets := make([]map[netip.AddrPort]endpointInfo, len(ports))
 	for _, s := range sorted {
 		ref := objectRef{s.Namespace, s.Name}
@@ -84,11 +85,12 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 					sets[t.index] = make(map[netip.AddrPort]endpointInfo)
 				}
 				info.Addr = netip.AddrPortFrom(info.Addr.Addr(), t.port)
-				if slices.Contains(ports[t.index].Frontends(), info.Addr) {
-					// A connection to it would be captured again and
-					// loop through the proxy until descriptors run out.
+				if why := captured(ports[t.index].Name, info.Addr); why != "" {
+					// A connection to it would be captured again, and
+					// loop through the proxy until descriptors run out
+					// (kube-proxy translates a connection once).
 					b.report("EndpointSlice", ref, fmt.Sprintf("endpoints[%d].addresses[0]", i),
-						fmt.Errorf("%s is Service %s's own frontend; a connection to it would come back to the proxy; ignored", info.Addr, ports[t.index].Name))
+						fmt.Errorf("%s is %s; the proxy would capture its own connection to it; ignored", info.Addr, why))
 					continue
 				}
 				// The same address may appear in two slices while a pod
@@ -112,6 +114,55 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 		slices.SortFunc(eps, func(a, c endpointInfo) int { return a.Addr.Compare(c.Addr) })
 		ports[i].ClusterEndpoints = b.clusterEndpoints(eps)
 		ports[i].LocalEndpoints = localEndpoints(eps)
+	}
+}
+
+// capturedBy returns a function that says, for an endpoint of service
+// port name, what of the proxy's own would capture a connection to it: a
+// Service's frontend (cluster, external or load-balancer IP and port), or
+// a node port on an address of this host; "" if nothing would.
+func (b *builder) capturedBy(ports []state.ServicePort) func(name state.ServicePortName, ep netip.AddrPort) string {
+	type key struct {
+		proto state.Protocol
+		addr  netip.AddrPort
+	}
+	fronts := make(map[key]state.ServicePortName)
+	nodePorts := make(map[key]state.ServicePortName) // address left zero
+	for _, sp := range ports {
+		for _, f := range sp.Frontends() {
+			fronts[key{sp.Name.Protocol, netip.AddrPortFrom(f.Addr().Unmap(), f.Port())}] = sp.Name
+		}
+		if sp.NodePort != 0 {
+			nodePorts[key{sp.Name.Protocol, netip.AddrPortFrom(netip.Addr{}, sp.NodePort)}] = sp.Name
+		}
+	}
+	var host map[netip.Addr]bool // read on first need
+	return func(name state.ServicePortName, ep netip.AddrPort) string {
+		ep = netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())
+		if owner, ok := fronts[key{name.Protocol, ep}]; ok {
+			if owner == name {
+				return "Service " + owner.String() + "'s own frontend"
+			}
+			return "Service " + owner.String() + "'s frontend"
+		}
+		owner, ok := nodePorts[key{name.Protocol, netip.AddrPortFrom(netip.Addr{}, ep.Port())}]
+		if !ok || b.opts.HostAddrs == nil {
+			return ""
+		}
+		if host == nil {
+			host = make(map[netip.Addr]bool)
+			addrs, err := b.opts.HostAddrs()
+			if err != nil {
+				return "" // cannot tell: keep it
+			}
+			for _, a := range addrs {
+				host[a.Unmap()] = true
+			}
+		}
+		if host[ep.Addr()] {
+			return fmt.Sprintf("an address of this host with Service %s's node port", owner)
+		}
+		return ""
 	}
 }
 

@@ -23,6 +23,7 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 	tests := []struct {
 		name         string
 		service      *corev1.Service // service("web") if nil
+		others       []*corev1.Service
 		slices       []*discoveryv1.EndpointSlice
 		opts         Options
 		wantCluster  []string // ClusterEndpoints of demo/web:http/TCP
@@ -308,8 +309,35 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 				endpointSlice("web-2", v4, eps{endpoint("10.96.0.10")})},
 			wantCluster: []string{"10.0.0.1:80", "10.96.0.10:8080"},
 			wantProblems: []string{
-				"EndpointSlice demo/web-1: endpoints[0].addresses[0]: 10.96.0.10:80 is Service demo/web:http/TCP's own frontend; a connection to it would come back to the proxy; ignored",
+				"EndpointSlice demo/web-1: endpoints[0].addresses[0]: 10.96.0.10:80 is Service demo/web:http/TCP's own frontend; the proxy would capture its own connection to it; ignored",
 				"endpoints[1].addresses[0]: 192.0.2.1:80 is Service demo/web:http/TCP's own frontend",
+			},
+		},
+		{
+			// Two Services pointing at each other's cluster IP would pass a
+			// connection between them for ever, and one that is a node
+			// port on this host's address back to the proxy: kube-proxy
+			// translates a connection once. The same port on an address
+			// that is not this host's is a fine endpoint, as is the other
+			// Service's cluster IP on another protocol.
+			name: "an endpoint that another Service's frontend or a node port on this host would capture is ignored",
+			others: []*corev1.Service{service("db", func(s *corev1.Service) {
+				s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.20", []string{"10.96.0.20"}
+				s.Spec.Type = corev1.ServiceTypeNodePort
+				s.Spec.Ports = []corev1.ServicePort{{Name: "sql", Port: 5432, NodePort: 31888, Protocol: corev1.ProtocolTCP},
+					{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}
+			})},
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("10.96.0.20"), endpoint("10.0.0.9"), endpoint("10.0.0.1")},
+				func(s *discoveryv1.EndpointSlice) { s.Ports = []discoveryv1.EndpointPort{slicePort("http", 5432)} }),
+				endpointSlice("web-2", v4, eps{endpoint("10.0.0.9"), endpoint("10.0.0.2")},
+					func(s *discoveryv1.EndpointSlice) { s.Ports = []discoveryv1.EndpointPort{slicePort("http", 31888)} }),
+				endpointSlice("web-3", v4, eps{endpoint("10.96.0.20")},
+					func(s *discoveryv1.EndpointSlice) { s.Ports = []discoveryv1.EndpointPort{slicePort("http", 53)} })},
+			opts:        Options{HostAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("10.0.0.9")}, nil }},
+			wantCluster: []string{"10.0.0.1:5432", "10.0.0.2:31888", "10.0.0.9:5432", "10.96.0.20:53"},
+			wantProblems: []string{
+				"EndpointSlice demo/web-1: endpoints[0].addresses[0]: 10.96.0.20:5432 is Service demo/db:sql/TCP's frontend; the proxy would capture its own connection to it; ignored",
+				"EndpointSlice demo/web-2: endpoints[0].addresses[0]: 10.0.0.9:31888 is an address of this host with Service demo/db:sql/TCP's node port; the proxy would capture its own connection to it; ignored",
 			},
 		},
 		{
@@ -374,7 +402,7 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			if svc == nil {
 				svc = service("web")
 			}
-			snap, problems := BuildSnapshot([]*corev1.Service{svc}, tc.slices, tc.opts)
+			snap, problems := BuildSnapshot(append([]*corev1.Service{svc}, tc.others...), tc.slices, tc.opts)
 			checkProblems(t, problems, tc.wantProblems)
 			name := state.ServicePortName{Namespace: "demo", Name: "web", Port: svc.Spec.Ports[0].Name, Protocol: state.TCP}
 			sp := snap.Get(name)

@@ -53,6 +53,11 @@ type Options struct {
 	// cluster IPs there. Headless Services (clusterIP: None) are skipped
 	// either way.
 	AllowNoClusterIP bool
+	// HostAddrs, if set, lists this host's addresses: an endpoint at one of
+	// them on a port that is some Service's node port would be captured by
+	// the proxy's node port, and is ignored. Called only when an endpoint
+	// has such a port.
+	HostAddrs func() ([]netip.Addr, error)
 }
 
 // zone returns this node's topology zone, or "".

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -56,6 +57,8 @@ type Manifests struct {
 	// reloaded, if set, is told what came of every read after the first;
 	// tests wait on it instead of sleeping.
 	reloaded func(reloadOutcome, error)
+	// read, if set, reads the file in place of readManifest, for tests.
+	read func(path string) ([]byte, error)
 }
 
 // reloadOutcome is what came of reading the file again.
@@ -100,7 +103,11 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		return fmt.Errorf("manifests: watch %s: %w", path, err)
 	}
 	defer w.Close() // waits for the watcher's goroutine
-	l := &loader{name: m.Path, path: path, dir: filepath.Dir(path), opts: m.Options, watcher: w, reloaded: m.reloaded, status: m.Status}
+	l := &loader{name: m.Path, path: path, dir: filepath.Dir(path), opts: m.Options, watcher: w, reloaded: m.reloaded, status: m.Status,
+		read: m.read}
+	if l.read == nil {
+		l.read = readManifest
+	}
 	// Watch before the first read, so no edit falls between the two.
 	if err := w.Add(l.dir); err != nil {
 		return fmt.Errorf("manifests: watch %s: %w", l.dir, err)
@@ -164,7 +171,7 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 			l.reload(apply)
 		case <-poll.C:
 			l.rewatch()
-			if l.statChanged() {
+			if l.statChanged() || l.readAgain {
 				schedule()
 			}
 		}
@@ -188,9 +195,14 @@ type loader struct {
 	dirInfo   os.FileInfo // the directory watched as dir, or nil
 	fileInfo  os.FileInfo // the file at the last poll, or nil
 
+	read    func(path string) ([]byte, error)
 	seen    string         // content hash or error of the last read
 	current state.Snapshot // last applied
 	broken  bool           // the last read was rejected
+	// readAgain says the last read failed for want of descriptors or
+	// memory, not for the file's content: the file is read again at the
+	// next poll, changed or not.
+	readAgain bool
 }
 
 // load reads and parses the file, logging warnings and the problems that
@@ -198,7 +210,15 @@ type loader struct {
 // load saw (or fails the same way), and then nothing else is returned. A
 // returned error means nothing of the file is usable.
 func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
-	data, err := readManifest(l.path)
+	data, err := l.read(l.path)
+	if err != nil && isExhausted(err) {
+		// Nothing to say about the file: read it again soon, and take
+		// whatever it holds then as news.
+		first := !l.readAgain
+		l.seen, l.readAgain = "", true
+		return state.Snapshot{}, true, errReadAgain{err, first}
+	}
+	l.readAgain = false
 	seen := "error: "
 	if err != nil {
 		seen += err.Error()
@@ -256,9 +276,15 @@ func (l *loader) reload(apply func(state.Snapshot)) {
 
 func (l *loader) update(apply func(state.Snapshot)) (reloadOutcome, error) {
 	snap, changed, err := l.load()
+	var again errReadAgain
 	switch {
 	case !changed:
 		return outcomeUnchanged, nil // nothing new to say or do
+	case errors.As(err, &again):
+		if again.first {
+			klog.ErrorS(again.err, "Cannot read the manifest file for now; keeping the last good state and reading it again every half second", "file", l.name)
+		}
+		return outcomeRejected, err
 	case err != nil:
 		l.broken = true
 		logRejected(l.name, err)
@@ -291,6 +317,23 @@ func logRejected(path string, err error) {
 		}
 		klog.ErrorS(e, "Manifest edit rejected; keeping the last good state", kv...)
 	}
+}
+
+// errReadAgain is a read of the manifest file that failed for want of
+// descriptors or memory; first says the one before it did not.
+type errReadAgain struct {
+	err   error
+	first bool
+}
+
+func (e errReadAgain) Error() string { return e.err.Error() }
+func (e errReadAgain) Unwrap() error { return e.err }
+
+// isExhausted reports errors that say this process or host is out of file
+// descriptors or memory, not that the file is bad.
+func isExhausted(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOBUFS)
 }
 
 // reason is the message of err without the location an ObjectError adds.

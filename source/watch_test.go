@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,6 +56,13 @@ type watchRun struct {
 // first snapshot.
 func startWatch(t *testing.T, path string) (*watchRun, state.Snapshot) {
 	t.Helper()
+	return startWatchWith(t, path, nil)
+}
+
+// startWatchWith is startWatch with the file read by read (nil: as Run
+// reads it).
+func startWatchWith(t *testing.T, path string, read func(string) ([]byte, error)) (*watchRun, state.Snapshot) {
+	t.Helper()
 	w := &watchRun{t: t, snaps: make(chan state.Snapshot, 16), reloads: make(chan reloadResult, 64)}
 	m := &Manifests{
 		Path:     path,
@@ -61,6 +70,7 @@ func startWatch(t *testing.T, path string) (*watchRun, state.Snapshot) {
 		Debounce: 20 * time.Millisecond,
 		Resync:   -1,
 		reloaded: func(o reloadOutcome, err error) { w.reloads <- reloadResult{o, err} },
+		read:     read,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -245,6 +255,47 @@ func TestManifestsWatch(t *testing.T) {
 
 // TestManifestsConfigMap follows a file in a ConfigMap volume, where kubelet
 // writes a new directory and swaps the "..data" symbolic link to it.
+// TestManifestsReadAgainAfterExhaustion: an edit whose read fails for want
+// of descriptors is not a broken edit and waits for no other event: the
+// file is read again at the next poll, and the edit applies then.
+func TestManifestsReadAgainAfterExhaustion(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "svc.yaml")
+	if err := os.WriteFile(path, []byte(manifestWith("10.0.0.1")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var failures atomic.Int32
+	w, first := startWatchWith(t, path, func(p string) ([]byte, error) {
+		if failures.Load() > 0 {
+			failures.Add(-1)
+			return nil, &os.PathError{Op: "open", Path: p, Err: syscall.EMFILE}
+		}
+		return readManifest(p)
+	})
+	if got := webEndpoints(t, first); !slices.Equal(got, []string{"10.0.0.1:8080"}) {
+		t.Fatalf("first endpoints %v", got)
+	}
+	failures.Store(2) // the read after the edit, and the next
+	if err := os.WriteFile(path, []byte(manifestWith("10.0.0.2")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, err := w.waitFor(outcomeApplied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rejected := 0
+	for _, o := range before {
+		if o == outcomeRejected {
+			rejected++
+		}
+	}
+	if rejected != 2 {
+		t.Errorf("outcomes before the edit applied: %v; want the two failed reads", before)
+	}
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"10.0.0.2:8080"}) {
+		t.Errorf("endpoints after the edit %v", got)
+	}
+}
+
 func TestManifestsConfigMap(t *testing.T) {
 	dir := t.TempDir()
 	version := func(name, data string) {
