@@ -602,6 +602,8 @@ func TestBadInputFailsClearly(t *testing.T) {
 		{name: "bad port range", args: []string{"--manifests", good, "--proxy-port-range", "9-1"}, wantCode: 2, want: []string{"--proxy-port-range", "end is before begin"}},
 		{name: "bad nodeport CIDR", args: []string{"--manifests", good, "--nodeport-addresses", "127.0.0.1"}, wantCode: 2, want: []string{"--nodeport-addresses", "not a CIDR"}},
 		{name: "bad portal", args: []string{"--manifests", good, "--portal=ipvs"}, wantCode: 2, want: []string{"--portal", "ipvs"}},
+		{name: "kube-proxy's mode", args: []string{"--manifests", good, "--proxy-mode=ipvs", "--conntrack-max-per-core=0"}, wantCode: 2,
+			want: []string{`--proxy-mode: "ipvs" is one of kube-proxy's own modes`, "--proxy-mode=userspace"}},
 		{name: "bad content type", args: []string{"--manifests", good, "--kube-api-content-type", "yaml"}, wantCode: 2, want: []string{"--kube-api-content-type"}},
 		{name: "bad udp timeout", args: []string{"--manifests", good, "--udp-timeout", "0s"}, wantCode: 2, want: []string{"--udp-timeout"}},
 		{name: "unknown flag", args: []string{"--manifests", good, "--no-such-flag"}, wantCode: 2, want: []string{"no-such-flag"}},

@@ -32,6 +32,8 @@ type Config struct {
 	// ConfigFile is a KubeProxyConfiguration file (--config); see
 	// LoadConfigFile.
 	ConfigFile string
+	// ProxyMode is kube-proxy's --proxy-mode: userspace, or empty.
+	ProxyMode string
 	// LogVerbosity is the file's logging.verbosity, when the command line
 	// gave no -v; nil otherwise. The caller applies it to klog.
 	LogVerbosity *int
@@ -95,6 +97,7 @@ type Config struct {
 	fromFile  map[string]bool // flags whose value the --config file set
 	healthz   string          // HealthzBindAddress as host:port, or ""
 	metrics   string          // MetricsBindAddress as host:port, or ""
+	flags     *pflag.FlagSet  // where AddFlags registered them, or nil
 }
 
 // kube-proxy's health and metrics ports.
@@ -150,6 +153,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.SyncPeriod, "iptables-sync-period", c.SyncPeriod, "The longest time between two full resyncs (e.g. '30s'); must be greater than 0.")
 	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port of /healthz and /livez ('[::]:10256' for IPv6; an IP alone means port 10256). They answer 503 once a change has waited more than twice --iptables-sync-period because the portal cannot be programmed; /healthz also while this node's Node is going away. Empty turns them off.")
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port of /metrics (Prometheus; kube-proxy's sync metrics and the data plane's counters), '0.0.0.0:10249' for every IPv4 address; an IP alone means port 10249. Empty turns it off.")
+	c.addKubeProxyFlags(fs)
 }
 
 // Validate checks every option and parses the ones that need it. The
@@ -162,6 +166,9 @@ func (c *Config) Validate() error {
 			where = "--config " + c.ConfigFile + ": " + field // the file set it
 		}
 		errs = append(errs, fmt.Errorf("%s: %s", where, fmt.Sprintf(format, args...)))
+	}
+	if err := checkMode("--proxy-mode", c.ProxyMode); err != nil {
+		errs = append(errs, err)
 	}
 	switch c.Portal {
 	case PortalAuto, PortalIPTables, PortalBind, PortalNone:
@@ -259,14 +266,19 @@ func serverAddr(s string, port uint16) (string, error) {
 	if s == "" {
 		return "", nil
 	}
-	if ip, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.String(), nil
+	}
+	// An address alone, IPv6 in brackets or not. (Brackets are taken off
+	// only when they enclose it all: a zone may hold anything but "%".)
+	a := s
+	if strings.HasPrefix(a, "[") && strings.HasSuffix(a, "]") {
+		a = a[1 : len(a)-1]
+	}
+	if ip, err := netip.ParseAddr(a); err == nil && !strings.ContainsAny(ip.Zone(), "[]:") {
 		return netip.AddrPortFrom(ip, port).String(), nil
 	}
-	ap, err := netip.ParseAddrPort(s)
-	if err != nil {
-		return "", fmt.Errorf("%q is not an IP address with a port, such as 0.0.0.0:%d", s, port)
-	}
-	return ap.String(), nil
+	return "", fmt.Errorf("%q is not an IP address with a port, such as 0.0.0.0:%d", s, port)
 }
 
 // proxierConfig turns the options into the data plane's Config for a

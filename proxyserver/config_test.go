@@ -1,6 +1,7 @@
 package proxyserver
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,4 +120,73 @@ func FuzzValidate(f *testing.F) {
 			t.Fatalf("accepted port range %q runs past 65535", portRange)
 		}
 	})
+}
+
+// TestKubeProxyFlags: a kube-proxy DaemonSet's command line runs the proxy
+// as it is: kube-proxy's flags that mean nothing here are accepted (with
+// their types checked) and listed as ignored, and --proxy-mode takes
+// userspace; another mode is refused, naming the flag.
+func TestKubeProxyFlags(t *testing.T) {
+	parse := func(args ...string) (*Config, error) {
+		c := NewConfig()
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		c.AddFlags(fs)
+		if err := fs.Parse(append([]string{"--manifests", "x"}, args...)); err != nil {
+			return c, err
+		}
+		return c, c.Validate()
+	}
+	c, err := parse("--proxy-mode=userspace", "--feature-gates=Foo=true", "--conntrack-max-per-core=0", "--masquerade-all",
+		"--oom-score-adj=-998", "--logging-format=text", "--ipvs-exclude-cidrs=10.0.0.0/8,10.1.0.0/16", "--conntrack-tcp-timeout-established=24h")
+	if err != nil {
+		t.Fatalf("kube-proxy's flags: %v", err)
+	}
+	want := []string{"--conntrack-max-per-core", "--conntrack-tcp-timeout-established", "--feature-gates", "--ipvs-exclude-cidrs", "--logging-format", "--masquerade-all", "--oom-score-adj"}
+	if got := c.ignoredKubeProxyFlags(); !slices.Equal(got, want) {
+		t.Errorf("ignored flags %v, want %v", got, want)
+	}
+	if c, err := parse(); err != nil || c.ignoredKubeProxyFlags() != nil {
+		t.Errorf("no kube-proxy flags: %v, ignored %v", err, c.ignoredKubeProxyFlags())
+	}
+	for _, tc := range []struct{ arg, want string }{
+		{"--proxy-mode=iptables", `--proxy-mode: "iptables" is one of kube-proxy's own modes; this proxy is mode "userspace" (set --proxy-mode=userspace, or leave it out)`},
+		{"--proxy-mode=fast", `--proxy-mode: "fast" is not a mode`},
+		{"--conntrack-max-per-core=lots", "conntrack-max-per-core"},
+		{"--conntrack-udp-timeout=5", "conntrack-udp-timeout"},
+	} {
+		if _, err := parse(tc.arg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error with %q", tc.arg, err, tc.want)
+		}
+	}
+	// Hidden: --help shows this proxy's own flags.
+	fs := pflag.NewFlagSet("help", pflag.ContinueOnError)
+	NewConfig().AddFlags(fs)
+	if usage := fs.FlagUsages(); strings.Contains(usage, "conntrack") || strings.Contains(usage, "proxy-mode") {
+		t.Errorf("--help lists kube-proxy's ignored flags:\n%s", usage)
+	}
+}
+
+// TestServerAddr: the health and metrics addresses take ip:port or an IP
+// alone, IPv6 in brackets, with a zone or not.
+func TestServerAddr(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"127.0.0.1:10300", "127.0.0.1:10300"},
+		{"127.0.0.1", "127.0.0.1:10256"},
+		{"::1", "[::1]:10256"},
+		{"[::1]", "[::1]:10256"},
+		{"[::]:10300", "[::]:10300"},
+		{"[fe80::1%lo]:10300", "[fe80::1%lo]:10300"},
+		{"fe80::1%lo", "[fe80::1%lo]:10256"},
+		{"[fe80::1%lo]", "[fe80::1%lo]:10256"},
+		{"", ""},
+	} {
+		if got, err := serverAddr(tc.in, 10256); err != nil || got != tc.want {
+			t.Errorf("serverAddr(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"localhost:10256", ":10256", "[fe80::1%lo]:10256]", "1.2.3.4:99999"} {
+		if got, err := serverAddr(bad, 10256); err == nil {
+			t.Errorf("serverAddr(%q) = %q, want an error", bad, got)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -179,12 +180,8 @@ func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfigurati
 // kp leaves out. keepHostname says --hostname-override was given.
 func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguration, keepHostname bool) error {
 	var errs []error
-	switch mode := string(kp.Mode); mode {
-	case "", ModeUserspace:
-	case "iptables", "ipvs", "nftables", "kernelspace":
-		errs = append(errs, fmt.Errorf("mode: %q is one of kube-proxy's own modes; this proxy is mode %q (set mode: %s, or leave it out)", mode, ModeUserspace, ModeUserspace))
-	default:
-		errs = append(errs, fmt.Errorf("mode: %q is not a mode; this proxy is mode %q (set mode: %s, or leave it out)", mode, ModeUserspace, ModeUserspace))
+	if err := checkMode("mode", string(kp.Mode)); err != nil {
+		errs = append(errs, err)
 	}
 	d := NewConfig()
 	or := func(s, def string) string {
@@ -214,8 +211,13 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 		c.fromFile["hostname-override"] = kp.HostnameOverride != ""
 	}
 	c.BindAddress = or(kp.BindAddress, d.BindAddress)
-	c.HealthzBindAddress = or(kp.HealthzBindAddress, d.HealthzBindAddress)
-	c.MetricsBindAddress = or(kp.MetricsBindAddress, d.MetricsBindAddress)
+	healthz, metrics := d.HealthzBindAddress, d.MetricsBindAddress
+	if ip, err := netip.ParseAddr(strings.TrimSpace(kp.BindAddress)); err == nil && ip.Is6() {
+		// kube-proxy's defaults follow an IPv6 bindAddress.
+		healthz, metrics = fmt.Sprintf("[::]:%d", defaultHealthzPort), fmt.Sprintf("[::1]:%d", defaultMetricsPort)
+	}
+	c.HealthzBindAddress = or(kp.HealthzBindAddress, healthz)
+	c.MetricsBindAddress = or(kp.MetricsBindAddress, metrics)
 	c.SyncPeriod = orDuration(kp.IPTables.SyncPeriod.Duration, d.SyncPeriod)
 	c.MinSyncPeriod = orDuration(kp.IPTables.MinSyncPeriod.Duration, d.MinSyncPeriod)
 	c.ConfigSyncPeriod = orDuration(kp.ConfigSyncPeriod.Duration, d.ConfigSyncPeriod)

@@ -180,6 +180,22 @@ func TestLoadConfigFileErrors(t *testing.T) {
 	if err != nil || c.UDPIdleTimeout != 3*time.Second {
 		t.Errorf("udpIdleTimeout with --udp-timeout: %v, %v", err, c.UDPIdleTimeout)
 	}
+	// An IPv6 bindAddress moves the defaults of the health and metrics
+	// addresses to IPv6, as kube-proxy defaults them; set ones stay.
+	c, err = loadConfig(t, head+"bindAddress: \"::\"\nhealthzBindAddress: \"\"\n")
+	if err == nil {
+		err = c.Validate()
+	}
+	if err != nil || c.healthz != "[::]:10256" || c.metrics != "[::1]:10249" {
+		t.Errorf("bindAddress ::: %v, healthz %q, metrics %q; want [::]:10256 and [::1]:10249", err, c.healthz, c.metrics)
+	}
+	c, err = loadConfig(t, head+"bindAddress: \"::\"\nmetricsBindAddress: 0.0.0.0:10249\n")
+	if err == nil {
+		err = c.Validate()
+	}
+	if err != nil || c.healthz != "[::]:10256" || c.metrics != "0.0.0.0:10249" {
+		t.Errorf("bindAddress :: with metricsBindAddress: %v, healthz %q, metrics %q", err, c.healthz, c.metrics)
+	}
 	// An unknown field, as a newer kube-proxy may write, is ignored.
 	c, err = loadConfig(t, head+"mode: userspace\nsomethingNew: 1\nportRange: \"40000+10\"\n")
 	if err != nil || c.ProxyPortRange != "40000+10" {

@@ -50,6 +50,9 @@ func Run(ctx context.Context, cfg *Config) error {
 	}
 	klog.InfoS("Starting kube-userspace-proxy", "node", node, "portal", mode, "manifests", cfg.Manifests,
 		"bindAddress", cfg.BindAddress, "proxyPortRange", cmp.Or(cfg.portRange.String(), "kernel-chosen"), "nodePortAddresses", nodePortAddrs)
+	if ignored := cfg.ignoredKubeProxyFlags(); len(ignored) > 0 {
+		klog.InfoS("Flags of kube-proxy that a userspace proxy has no use for are ignored", "flags", ignored)
+	}
 
 	pcfg := cfg.proxierConfig(mode)
 	var previous []portal.Portal
@@ -61,6 +64,15 @@ func Run(ctx context.Context, cfg *Config) error {
 			klog.ErrorS(err, "Could not read the portals a previous run left; taking new proxy ports")
 		}
 		pcfg.PreferredProxyPort = preferredPorts(previous)
+		// Until the first sync rewrites them, those rules send each
+		// Service's traffic to its old proxy port: no other service port
+		// may listen there meanwhile, and none may take a port another
+		// gives up before the rules stop pointing at it.
+		pcfg.HoldReleasedPorts = true
+		pcfg.PreviousProxyPorts = make(map[uint16]state.ServicePortName)
+		for _, pp := range previous {
+			pcfg.PreviousProxyPorts[pp.ProxyPort] = pp.Service
+		}
 	}
 	p := userspace.New(pcfg)
 	defer p.Close()
@@ -101,7 +113,13 @@ func Run(ctx context.Context, cfg *Config) error {
 		errs = append(errs, p.Apply(s))
 		if mode == PortalIPTables {
 			// Rules after listeners: they point at the proxy ports.
-			errs = append(errs, ks.sync(ctx, redirectPortals(s, p)))
+			err := ks.sync(ctx, redirectPortals(s, p))
+			if err == nil && p.PortalSynced() {
+				// A service port waits for a proxy port the rules
+				// pointed at another until now: come back at once.
+				err = errDeferred{}
+			}
+			errs = append(errs, err)
 		}
 		rep.report(p.Listeners())
 		errs = append(errs, hc.sync(s))
@@ -148,6 +166,7 @@ func Run(ctx context.Context, cfg *Config) error {
 				NodeName:         node,
 				AllowLoopback:    true, // the manifest's author owns this host
 				AllowNoClusterIP: true, // no cluster allocates ClusterIPs here
+				HostAddrs:        userspace.HostAddrs,
 			},
 			Status: dv.sourceRead,
 		}
@@ -163,7 +182,8 @@ func Run(ctx context.Context, cfg *Config) error {
 			return fmt.Errorf("connect to the cluster: %w", err)
 		}
 		dv.cluster = true
-		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod, NodeGoingAway: health.setEligible, Ignored: dv.clusterRead}
+		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod, NodeGoingAway: health.setEligible, Ignored: dv.clusterRead,
+			Options: source.Options{HostAddrs: userspace.HostAddrs}}
 		if err := src.Run(ctx, loop.offer); err != nil {
 			return fmt.Errorf("cluster: %w", err)
 		}
@@ -179,19 +199,11 @@ func Run(ctx context.Context, cfg *Config) error {
 // which differs from the proxy port when a Local traffic policy gives
 // external traffic other endpoints.
 func redirectPortals(s state.Snapshot, p *userspace.Proxier) []portal.Portal {
-	var hostAddrs []netip.Addr
-	for sp := range s.All {
-		if len(sp.LoadBalancerSourceRanges) > 0 && len(sp.LoadBalancerIPs) > 0 {
-			// They decide whether a load-balancer IP may be the source of
-			// the node's own traffic to it.
-			var err error
-			if hostAddrs, err = userspace.HostAddrs(); err != nil {
-				klog.ErrorS(err, "Cannot list this host's addresses; its own traffic to load-balancer IPs with source ranges is redirected only from the ranges")
-			}
-			break
-		}
-	}
-	ps := portal.FromSnapshot(s, p.ProxyPort, hostAddrs)
+	// The host's addresses decide whether a load-balancer IP with source
+	// ranges may be the source of the node's own traffic to it: the ones
+	// the data plane read at its Apply, so both agree (and a failed read
+	// keeps the last list, for both).
+	ps := portal.FromSnapshot(s, p.ProxyPort, p.HostAddrs())
 	for i := range ps {
 		if ps[i].Kind != portal.ClusterIP {
 			ps[i].ProxyPort = p.ExternalProxyPort(ps[i].Service)
