@@ -268,10 +268,14 @@ func TestBinaryIPTablesPortal(t *testing.T) {
 	t.Run("--cleanup removes everything", func(t *testing.T) {
 		px.cmd.Process.Kill()
 		<-px.done
-		for range 2 { // harmless the second time
+		for i := range 2 { // harmless the second time
 			out, err := exec.Command("ip", "netns", "exec", string(w.node), proxyBin, "--cleanup").CombinedOutput()
 			if err != nil {
 				t.Fatalf("--cleanup: %v\n%s", err, out)
+			}
+			// It says what it removed, and only then.
+			if said := strings.Contains(string(out), `"Removed the iptables portal's rules"`); said != (i == 0) || strings.Contains(string(out), "Using iptables portal") {
+				t.Errorf("--cleanup run %d said:\n%s", i+1, out)
 			}
 		}
 		if left := ourRules(t, w.node, "nft"); len(left) > 0 {
@@ -339,6 +343,9 @@ func TestBinaryBindPortal(t *testing.T) {
 		out, err := exec.Command("ip", "netns", "exec", string(w.node), proxyBin, "--cleanup").CombinedOutput()
 		if err != nil {
 			t.Fatalf("--cleanup: %v\n%s", err, out)
+		}
+		if !strings.Contains(string(out), `"Removed the bind portal's service addresses"`) && !strings.Contains(string(out), `"Deleted the bind portal's interface`) {
+			t.Errorf("--cleanup does not say what it removed:\n%s", out)
 		}
 		if addrs := serviceAddrsOn(t, w.node, dev); len(addrs) > 0 {
 			t.Fatalf("addresses left on %s after --cleanup: %v", dev, addrs)

@@ -49,6 +49,7 @@ func TestBinaryHealthzWhenPortalsFail(t *testing.T) {
 	ns.mustRun(t, "ip", "link", "set", "kup-late-peer", "up")
 	px.waitLog(0, `"Sync recovered"`, 1, 10*time.Second)
 	healthzAnswers(t, run, healthz, "200", `"nodeEligible":true,"healthy":true`)
+	healthzAnswers(t, run, healthz, "200", `"healthy":true},"IPv6":{"lastUpdated":"`) // kube-proxy's status per family
 	healthzAnswers(t, run, livez, "200", `"healthy":true`)
 	healthzAnswers(t, run, hcURL, "200", `"localEndpoints":1,"serviceProxyHealthy":true`)
 	expectReply(t, ns, "tcp", "198.18.0.30:80", "be1:ping")

@@ -229,6 +229,8 @@ func (b *Bind) Cleanup(_ context.Context) error {
 	if l, err := b.h.LinkByName(DefaultBindInterface); err == nil && l.Type() == "dummy" {
 		if err := b.h.LinkDel(l); err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("portal: bind: delete %s: %w", DefaultBindInterface, err))
+		} else {
+			klog.InfoS("Deleted the bind portal's interface, with its service addresses", "interface", DefaultBindInterface)
 		}
 	}
 	names := []string{"lo"}
@@ -258,10 +260,16 @@ func (b *Bind) Cleanup(_ context.Context) error {
 			errs = multierror.Append(errs, err)
 			continue
 		}
+		removed := 0
 		for ip, a := range have {
 			if err := b.h.AddrDel(l, a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
 				errs = multierror.Append(errs, fmt.Errorf("portal: bind: remove %s from %s: %w", ip, n, err))
+			} else {
+				removed++
 			}
+		}
+		if removed > 0 {
+			klog.InfoS("Removed the bind portal's service addresses", "interface", n, "addresses", removed)
 		}
 	}
 	b.link = nil

@@ -78,8 +78,9 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 	p := &IPTables{cfg: cfg, run: execRun, lookPath: exec.LookPath}
 	backend, reason, leftovers := p.detect(ctx)
 	p.backend = backend
-	var errs *multierror.Error
+	var errs []error // one line each, without multierror's header
 	var families []Family
+	var noIPv6 error // said only once IPv4 is known to work
 	for _, fam := range cfg.Families {
 		ft, err := p.newFamTables(backend, fam)
 		if err == nil {
@@ -91,10 +92,10 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 		}
 		if err != nil {
 			if fam == IPv6 && !explicit && len(cfg.Families) > 1 {
-				klog.InfoS("ip6tables is not usable; programming IPv4 portals only", "err", err)
+				noIPv6 = err
 				continue
 			}
-			errs = multierror.Append(errs, err)
+			errs = append(errs, err)
 			continue
 		}
 		p.fams = append(p.fams, ft)
@@ -109,8 +110,11 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 			}
 		}
 	}
-	if err := errs.ErrorOrNil(); err != nil {
+	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("portal: iptables: %w", err)
+	}
+	if noIPv6 != nil && !cfg.ForCleanup {
+		klog.InfoS("ip6tables is not usable; programming IPv4 portals only", "err", noIPv6)
 	}
 	p.cfg.Families = families
 	if cfg.ForCleanup {
@@ -327,8 +331,12 @@ func (p *IPTables) Cleanup(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := cleanupFamily(ft.ipt); err != nil {
+		jumps, chains, err := cleanupFamily(ft.ipt)
+		if err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: cleanup (%s): %w", ft.bin, err))
+		}
+		if jumps+chains > 0 {
+			klog.InfoS("Removed the iptables portal's rules", "command", ft.bin, "jumps", jumps, "chains", chains)
 		}
 	}
 	return errs.ErrorOrNil()
@@ -336,9 +344,9 @@ func (p *IPTables) Cleanup(ctx context.Context) error {
 
 // cleanupFamily deletes every rule of the built-in chains that jumps into
 // one of ours, whatever its comment (an old kube-proxy in userspace mode
-// used the same chain names), then our chains.
-func cleanupFamily(ipt iptablesCmd) error {
-	var errs error
+// used the same chain names), then our chains. It returns how many of
+// each it deleted.
+func cleanupFamily(ipt iptablesCmd) (jumpsDeleted, chainsDeleted int, errs error) {
 	done := make(map[string]bool)
 	for _, j := range jumps {
 		key := j.table + "/" + j.from
@@ -364,6 +372,8 @@ func cleanupFamily(ipt iptablesCmd) error {
 			}
 			if err := ipt.DeleteIfExists(j.table, j.from, words...); err != nil {
 				errs = errors.Join(errs, fmt.Errorf("delete %s -> %s: %w", j.from, words[len(words)-1], err))
+			} else {
+				jumpsDeleted++
 			}
 		}
 	}
@@ -381,10 +391,12 @@ func cleanupFamily(ipt iptablesCmd) error {
 			}
 			if err := ipt.ClearAndDeleteChain(table, c); err != nil {
 				errs = errors.Join(errs, fmt.Errorf("delete chain %s: %w", c, err))
+			} else {
+				chainsDeleted++
 			}
 		}
 	}
-	return errs
+	return jumpsDeleted, chainsDeleted, errs
 }
 
 func isNotExist(err error) bool {

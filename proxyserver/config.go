@@ -156,16 +156,21 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	c.addKubeProxyFlags(fs)
 }
 
+// where names what set flag's value, for messages: the --config file's
+// field when the file set it, else the flag.
+func (c *Config) where(flag string) string {
+	if field := configFileFields[flag]; c.fromFile[flag] && field != "" {
+		return "--config " + c.ConfigFile + ": " + field
+	}
+	return "--" + flag
+}
+
 // Validate checks every option and parses the ones that need it. The
 // error names each bad flag.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(flag, format string, args ...any) {
-		where := "--" + flag
-		if field := configFileFields[flag]; c.fromFile[flag] && field != "" {
-			where = "--config " + c.ConfigFile + ": " + field // the file set it
-		}
-		errs = append(errs, fmt.Errorf("%s: %s", where, fmt.Sprintf(format, args...)))
+		errs = append(errs, fmt.Errorf("%s: %s", c.where(flag), fmt.Sprintf(format, args...)))
 	}
 	if err := checkMode("--proxy-mode", c.ProxyMode); err != nil {
 		errs = append(errs, err)

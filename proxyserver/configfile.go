@@ -226,7 +226,9 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	switch kp.DetectLocalMode {
 	case "", "ClusterCIDR": // checked by Validate, which names the field
 		c.ClusterCIDR = kp.ClusterCIDR
-	default: // told apart by node CIDR or interface: not supported; see inapplicable
+	case "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix": // not supported; see inapplicable
+	default: // kube-proxy refuses it too
+		errs = append(errs, fmt.Errorf("detectLocalMode: %q is not a mode (ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix; this proxy supports ClusterCIDR)", kp.DetectLocalMode))
 	}
 	c.NodePortAddresses = nil
 	for i, a := range kp.NodePortAddresses {

@@ -147,6 +147,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"legacy UDP timeout", head + "udpIdleTimeout: -1s\n", "udpIdleTimeout: -1s is not a positive duration"},
 		{"one address for both servers", head + "healthzBindAddress: 127.0.0.1:10300\nmetricsBindAddress: 127.0.0.1:10300\n", "127.0.0.1:10300 is the health address too"},
 		{"cluster CIDR", head + "clusterCIDR: 10.244.0.0/16,nope\n", `clusterCIDR: "nope" is not a CIDR`},
+		{"unknown detectLocalMode", head + "detectLocalMode: Bogus\n", `detectLocalMode: "Bogus" is not a mode`},
 		{"blank host name", head + "hostnameOverride: \"  \"\n", `: hostnameOverride: "  " is blank`},
 		{"manifests too", head + "clientConnection: {kubeconfig: /k}\n", "--manifests and the --config file's clientConnection.kubeconfig"},
 	}
@@ -195,6 +196,18 @@ func TestLoadConfigFileErrors(t *testing.T) {
 	}
 	if err != nil || c.healthz != "[::]:10256" || c.metrics != "0.0.0.0:10249" {
 		t.Errorf("bindAddress :: with metricsBindAddress: %v, healthz %q, metrics %q", err, c.healthz, c.metrics)
+	}
+	// A bindAddress that is not this host's is refused at start, naming
+	// the file's field, not the flag the file stood for.
+	c, err = loadConfig(t, head+"bindAddress: 192.0.2.77\n")
+	if err == nil {
+		err = c.Validate()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkBindAddress(c.bindAddr, c.where("bind-address")); err == nil || !strings.Contains(err.Error(), ": bindAddress 192.0.2.77 is not an address of this host") {
+		t.Errorf("bindAddress not on this host: %v", err)
 	}
 	// An unknown field, as a newer kube-proxy may write, is ignored.
 	c, err = loadConfig(t, head+"mode: userspace\nsomethingNew: 1\nportRange: \"40000+10\"\n")

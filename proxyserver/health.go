@@ -23,6 +23,10 @@ type proxyHealth struct {
 	timeout  time.Duration
 	now      func() time.Time
 	answered func(withNode bool, code int) // counts answers; may be nil
+	// families are the IP families the report's status names: one sync
+	// serves them all, so they share its health (kube-proxy runs a
+	// proxier, with a health of its own, per family).
+	families []string
 
 	mu           sync.Mutex // guards the fields below
 	lastUpdated  time.Time  // the last sync that applied everything offered
@@ -31,7 +35,18 @@ type proxyHealth struct {
 }
 
 func newProxyHealth(timeout time.Duration) *proxyHealth {
-	return &proxyHealth{timeout: timeout, now: time.Now}
+	return &proxyHealth{timeout: timeout, now: time.Now, families: []string{"IPv4", "IPv6"}}
+}
+
+// hostFamilies are the IP families this host can serve: IPv4, and IPv6
+// unless the kernel has it off (no ::1 to bind).
+func hostFamilies() []string {
+	c, err := net.ListenPacket("udp6", "[::1]:0")
+	if err != nil {
+		return []string{"IPv4"}
+	}
+	c.Close()
+	return []string{"IPv4", "IPv6"}
 }
 
 // queued records that a change arrived.
@@ -93,8 +108,16 @@ type healthReport struct {
 	// autoscaler). Only /healthz has it.
 	NodeEligible *bool `json:"nodeEligible,omitempty"`
 	Healthy      bool  `json:"healthy"`
+	// Status is the health of each IP family, in kube-proxy's shape.
+	Status map[string]familyHealth `json:"status,omitempty"`
 	// Reason says, when the answer is 503, why.
 	Reason string `json:"reason,omitempty"`
+}
+
+// familyHealth is one IP family's part of a healthReport.
+type familyHealth struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
 }
 
 // report is the status of /healthz (withNode) or /livez.
@@ -109,6 +132,12 @@ func (h *proxyHealth) report(withNode bool) (healthReport, int) {
 	} else {
 		code = http.StatusServiceUnavailable
 		r.Reason = "a change has waited more than " + h.timeout.String() + " to be applied (see the sync errors in the log)"
+	}
+	if len(h.families) > 0 {
+		r.Status = make(map[string]familyHealth, len(h.families))
+		for _, f := range h.families {
+			r.Status[f] = familyHealth{LastUpdated: r.LastUpdated, Healthy: r.Healthy}
+		}
 	}
 	if withNode {
 		eligible := h.ineligible == ""

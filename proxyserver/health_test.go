@@ -78,7 +78,8 @@ func TestHealthEndpoints(t *testing.T) {
 		}
 		return rec.Code, r
 	}
-	if code, r := get("/healthz"); code != 200 || !r.Healthy || r.NodeEligible == nil || !*r.NodeEligible || !r.LastUpdated.Equal(clock.t) {
+	if code, r := get("/healthz"); code != 200 || !r.Healthy || r.NodeEligible == nil || !*r.NodeEligible || !r.LastUpdated.Equal(clock.t) ||
+		len(r.Status) != 2 || !r.Status["IPv4"].Healthy || !r.Status["IPv6"].LastUpdated.Equal(clock.t) {
 		t.Errorf("/healthz at start: %d %+v", code, r)
 	}
 	if code, r := get("/livez"); code != 200 || r.NodeEligible != nil {
@@ -102,7 +103,8 @@ func TestHealthEndpoints(t *testing.T) {
 	h.queued()
 	clock.t = clock.t.Add(2 * time.Minute)
 	for _, path := range []string{"/healthz", "/livez"} {
-		if code, r := get(path); code != 503 || r.Healthy || !r.LastUpdated.Equal(synced) || r.Reason == "" {
+		if code, r := get(path); code != 503 || r.Healthy || !r.LastUpdated.Equal(synced) || r.Reason == "" ||
+			r.Status["IPv4"].Healthy || !r.Status["IPv6"].LastUpdated.Equal(synced) {
 			t.Errorf("%s with a change waiting 2m: %d %+v", path, code, r)
 		}
 	}

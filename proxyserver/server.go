@@ -35,7 +35,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		return err
 	}
 	if cfg.Portal != PortalBind { // bind opens no proxy ports
-		if err := checkBindAddress(cfg.bindAddr); err != nil {
+		if err := checkBindAddress(cfg.bindAddr, cfg.where("bind-address")); err != nil {
 			return err
 		}
 	}
@@ -95,6 +95,7 @@ func Run(ctx context.Context, cfg *Config) error {
 	// kube-proxy's rule: unhealthy once a change waits twice the resync
 	// period.
 	health := newProxyHealth(2 * cfg.SyncPeriod)
+	health.families = hostFamilies()
 	m := newMetrics(p.Stats())
 	health.answered = m.answered
 	dv := &debugView{p: p, mode: mode}
@@ -241,7 +242,7 @@ func cleanup(ctx context.Context, cfg *Config) error {
 		return fmt.Errorf("cleanup: %w", err)
 	}
 	var errs *multierror.Error
-	if ipt, err := portal.NewIPTables(ctx, portal.IPTablesConfig{}); err != nil {
+	if ipt, err := portal.NewIPTables(ctx, portal.IPTablesConfig{ForCleanup: true}); err != nil {
 		klog.InfoS("No iptables to clean up", "reason", err.Error())
 	} else if err := ipt.Cleanup(ctx); err != nil {
 		errs = multierror.Append(errs, err)
@@ -304,16 +305,16 @@ func (r *listenerReport) report(now []userspace.Listener) {
 // checkBindAddress fails when --bind-address is an address this host does
 // not have. Every proxy port would fail to open, and the sync would retry
 // them for ever; saying so once, at start, is clearer.
-func checkBindAddress(addr netip.Addr) error {
+func checkBindAddress(addr netip.Addr, where string) error {
 	if addr.IsUnspecified() {
 		return nil
 	}
 	l, err := net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
 	if errors.Is(err, syscall.EADDRNOTAVAIL) {
-		return fmt.Errorf("--bind-address %s is not an address of this host, so no proxy port can listen on it", addr)
+		return fmt.Errorf("%s %s is not an address of this host, so no proxy port can listen on it", where, addr)
 	}
 	if err != nil {
-		return fmt.Errorf("--bind-address %s: %w", addr, err)
+		return fmt.Errorf("%s %s: %w", where, addr, err)
 	}
 	return l.Close()
 }
