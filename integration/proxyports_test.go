@@ -4,6 +4,7 @@ package integration
 
 import (
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -11,9 +12,9 @@ import (
 	"time"
 )
 
-// proxyPortService is Service name at clusterIP, with one endpoint on the
-// backend's port.
-func proxyPortService(name, clusterIP, port string) string {
+// proxyPortService is Service name at clusterIP, with one endpoint at
+// endpoint:port.
+func proxyPortService(name, clusterIP, endpoint, port string) string {
 	return `---
 apiVersion: v1
 kind: Service
@@ -27,7 +28,7 @@ kind: EndpointSlice
 metadata: {name: ` + name + `, namespace: e2e, labels: {kubernetes.io/service-name: ` + name + `}}
 addressType: IPv4
 ports: [{name: http, protocol: TCP, port: ` + port + `}]
-endpoints: [{addresses: ["` + backendAddr + `"]}]
+endpoints: [{addresses: ["` + endpoint + `"]}]
 `
 }
 
@@ -41,8 +42,8 @@ endpoints: [{addresses: ["` + backendAddr + `"]}]
 func TestBinaryProxyPortChangesHandsWithoutCrossTalk(t *testing.T) {
 	w := newWorld(t)
 	startBackend(t, w.backend, "8080=A", "8081=B")
-	a := proxyPortService("a", "198.18.0.60", "8080")
-	b := proxyPortService("b", "198.18.0.61", "8081")
+	a := proxyPortService("a", "198.18.0.60", backendAddr, "8080")
+	b := proxyPortService("b", "198.18.0.61", backendAddr, "8081")
 	file := filepath.Join(t.TempDir(), "services.yaml")
 	writeFile(t, file, a)
 	const portRange = "--proxy-port-range=40400"
@@ -107,4 +108,56 @@ func TestBinaryProxyPortChangesHandsWithoutCrossTalk(t *testing.T) {
 	px = startNodeProxy(t, w, file, "--portal=iptables", portRange)
 	servedAfterSync(px, 0, "a")
 	eventually(t, w.pod, "tcp", "198.18.0.60:80", "A:ping")
+}
+
+// TestBinaryEndpointsTheProxyWouldCaptureAreIgnored: an endpoint at an
+// address of this node with a Service's node port, or at another Service's
+// cluster IP, would have the proxy's own connection to it captured by its
+// portal and come back, each connection opening another until descriptors
+// ran out (kube-proxy translates a connection once). Such endpoints are
+// ignored and reported: the Services have no endpoint, and refuse.
+func TestBinaryEndpointsTheProxyWouldCaptureAreIgnored(t *testing.T) {
+	w := newWorld(t)
+	manifest := `apiVersion: v1
+kind: Service
+metadata: {name: loop, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 198.18.0.62
+  ports: [{name: l, protocol: TCP, port: 80, nodePort: 31888}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: loop, namespace: e2e, labels: {kubernetes.io/service-name: loop}}
+addressType: IPv4
+ports: [{name: l, protocol: TCP, port: 31888}]
+endpoints: [{addresses: ["` + nodeBackSide + `"]}]
+` + proxyPortService("ca", "198.18.0.63", "198.18.0.64", "80") + proxyPortService("cb", "198.18.0.64", "198.18.0.63", "80")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, manifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+
+	for _, addr := range []string{"198.18.0.62 80", nodePodSide + " 31888", "198.18.0.63 80", "198.18.0.64 80"} {
+		host, port, _ := strings.Cut(addr, " ")
+		start := time.Now()
+		out, err := w.pod.run("nc", "-z", "-v", "-w2", host, port)
+		if err == nil || !strings.Contains(out, "refused") || time.Since(start) > time.Second {
+			t.Errorf("nc -z %s from the pod: %v after %v: %q; want a quick refusal (no endpoints)", addr, err, time.Since(start).Round(time.Millisecond), out)
+		}
+	}
+	code, body := curlCodeIn(t, w.node, "http://127.0.0.1:10249/metrics")
+	if code != "200" || !strings.Contains(body, "\nkube_userspace_proxy_tcp_connections_accepted_total 0\n") {
+		t.Errorf("/metrics (%s): the proxy accepted connections: %q", code, regexp.MustCompile(`(?m)^kube_userspace_proxy_tcp_connections_accepted_total.*$`).FindString(body))
+	}
+	code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services")
+	for _, want := range []string{
+		nodeBackSide + ":31888 is an address of this host with Service e2e/loop:l/TCP's node port; the proxy would capture its own connection to it; ignored",
+		"198.18.0.64:80 is Service e2e/cb:http/TCP's frontend",
+		"198.18.0.63:80 is Service e2e/ca:http/TCP's frontend",
+	} {
+		if code != "200" || !strings.Contains(view, want) {
+			t.Errorf("/debug/services (%s) lacks %q:\n%s", code, want, view)
+		}
+	}
 }

@@ -170,7 +170,14 @@ func (p *IPTables) detect(ctx context.Context) (Backend, string, map[Family]bool
 			}
 			out, err := p.run(ctx, nil, save)
 			if err != nil {
-				klog.V(2).InfoS("Reading iptables rules failed", "command", save, "err", err)
+				// Counted as empty: the choice may miss the host's rules.
+				// Worth saying where the portal could work at all
+				// (iptables-legacy wants CAP_NET_RAW as well).
+				v := klog.Level(2)
+				if CheckNetAdmin() == nil {
+					v = 0
+				}
+				klog.V(v).InfoS("Cannot read the host's rules of one iptables backend; choosing the backend without them", "command", save, "err", err)
 			}
 			saves[b][fam] = string(out)
 		}

@@ -626,7 +626,8 @@ func (sp *servicePort) extendProxyPort(role socketRole, port *uint16) error {
 			delete(sp.sockets, k)
 		}
 	}
-	sp.giveUp(&old)
+	gone := old
+	sp.giveUp(&gone)
 	klog.InfoS("Moved a proxy port: another program holds it in an IP family the service port now has",
 		"service", sp.name, "role", role, "oldProxyPort", old, "proxyPort", *port)
 	return nil
