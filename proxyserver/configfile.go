@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -140,6 +141,9 @@ func badField(v any, path []string) (string, error) {
 // repeated field, perhaps from a newer kube-proxy), leniently with a
 // warning. It also returns the legacy userspace mode's udpIdleTimeout,
 // which the type no longer has (0 if absent).
+// duplicateKey matches the YAML decoder's report of a key given twice.
+var duplicateKey = regexp.MustCompile(`line (\d+): key "([^"]*)" already set in map`)
+
 func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfiguration, time.Duration, error) {
 	var fields map[string]any
 	if err := yaml.Unmarshal(data, &fields); err != nil {
@@ -160,6 +164,11 @@ func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfigurati
 	}
 	var kp kubeproxyv1alpha1.KubeProxyConfiguration
 	if strictErr := yaml.UnmarshalStrict(data, &kp); strictErr != nil {
+		// A field given twice is refused, as kube-proxy's strict decoding
+		// refuses it: which of the two was meant cannot be told.
+		if m := duplicateKey.FindStringSubmatch(strictErr.Error()); m != nil {
+			return nil, 0, fmt.Errorf("line %s: %s is set twice", m[1], m[2])
+		}
 		kp = kubeproxyv1alpha1.KubeProxyConfiguration{}
 		if err := yaml.Unmarshal(data, &kp); err != nil {
 			if path, ferr := badField(fields, nil); path != "" {

@@ -107,7 +107,7 @@ func TestLoadConfigFile(t *testing.T) {
 	if got := inapplicable(mustDecode(t, kubeadmConfig)); len(got) != 0 {
 		t.Errorf("inapplicable = %v, want none", got)
 	}
-	if got := inapplicable(mustDecode(t, kubeadmConfig+"detectLocalMode: NodeCIDR\nipvs: {strictARP: true}\n")); !slices.Equal(got, []string{"detectLocalMode (only ClusterCIDR is supported)", "ipvs"}) {
+	if got := inapplicable(mustDecode(t, strings.Replace(kubeadmConfig, `detectLocalMode: ""`, "detectLocalMode: NodeCIDR", 1)+"ipvs: {strictARP: true}\n")); !slices.Equal(got, []string{"detectLocalMode (only ClusterCIDR is supported)", "ipvs"}) {
 		t.Errorf("inapplicable = %v", got)
 	}
 
@@ -147,6 +147,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"legacy UDP timeout", head + "udpIdleTimeout: -1s\n", "udpIdleTimeout: -1s is not a positive duration"},
 		{"one address for both servers", head + "healthzBindAddress: 127.0.0.1:10300\nmetricsBindAddress: 127.0.0.1:10300\n", "127.0.0.1:10300 is the health address too"},
 		{"cluster CIDR", head + "clusterCIDR: 10.244.0.0/16,nope\n", `clusterCIDR: "nope" is not a CIDR`},
+		{"a field twice", head + "mode: userspace\niptables: {syncPeriod: 30s}\nmode: iptables\n", "line 5: mode is set twice"},
 		{"unknown detectLocalMode", head + "detectLocalMode: Bogus\n", `detectLocalMode: "Bogus" is not a mode`},
 		{"blank host name", head + "hostnameOverride: \"  \"\n", `: hostnameOverride: "  " is blank`},
 		{"manifests too", head + "clientConnection: {kubeconfig: /k}\n", "--manifests and the --config file's clientConnection.kubeconfig"},
