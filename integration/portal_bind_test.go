@@ -169,6 +169,29 @@ func TestBinarySwitchingPortals(t *testing.T) {
 	}
 	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
 	expectReply(t, w.outside, "udp", nodeOutSide+":30053", "be1:ping")
+	stop(px)
+
+	// From bind to none: a proxy without a portal tried beside a running
+	// bind portal leaves its addresses, which that one serves; once it is
+	// gone, the next removes them (left, they would make load-balancer IPs
+	// the node's own).
+	px = startNodeProxy(t, w, file, "--portal=bind")
+	px.waitLog(0, `"Serving".*198.18.0.53:53`, 1, 30*time.Second)
+	addrs := serviceAddrsOn(t, w.node, dev)
+	beside = startNodeProxy(t, w, file, "--portal=none", "--healthz-bind-address=", "--metrics-bind-address=")
+	beside.waitLog(0, `"Leaving the bind portal's service addresses alone: a running proxy serves them"`, 1, 30*time.Second)
+	stop(beside)
+	if now := serviceAddrsOn(t, w.node, dev); !slices.Equal(now, addrs) {
+		t.Errorf("a proxy without a portal changed a running bind portal's addresses: %v, then %v", addrs, now)
+	}
+	checkServed(t, w, false)
+	stop(px)
+	px = startNodeProxy(t, w, file, "--portal=none")
+	px.waitLog(0, `"Removing the service addresses a previous run's bind portal left`, 1, 30*time.Second)
+	if left := serviceAddrsOn(t, w.node, dev); len(left) > 0 {
+		t.Errorf("service addresses left on %s under no portal: %v", dev, left)
+	}
+	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
 }
 
 // TestBinarySwitchingPortalsFindsTheBindInterface: the service addresses

@@ -221,6 +221,60 @@ func isOwnedAddr(ip netip.Addr, ones int, label string, flags int, ownLabel stri
 	return flags&ownIPv6Flags == ownIPv6Flags
 }
 
+// otherLinks names the interfaces other than our dummy one where a run
+// may have added service addresses: lo, the configured interface, and any
+// whose IPv4 addresses carry our label (a run with another
+// --bind-interface, or none).
+func (b *Bind) otherLinks() []string {
+	names := []string{"lo"}
+	if n := b.cfg.Interface; n != "" && n != "lo" && n != DefaultBindInterface {
+		names = append(names, n)
+	}
+	if links, err := b.h.LinkList(); err == nil {
+		for _, l := range links {
+			n := l.Attrs().Name
+			if slices.Contains(names, n) || ownLabel(n) == "" {
+				continue
+			}
+			if list, err := b.h.AddrList(l, netlink.FAMILY_V4); err == nil && slices.ContainsFunc(list, func(a netlink.Addr) bool { return a.Label == ownLabel(n) }) {
+				names = append(names, n)
+			}
+		}
+	}
+	return names
+}
+
+// Owned lists the service addresses a bind portal (this one, or a previous
+// run's) has on this host, on our dummy interface and on the others.
+func (b *Bind) Owned() ([]netip.Addr, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []netip.Addr
+	var errs *multierror.Error
+	add := func(name string, all bool) {
+		l, err := b.h.LinkByName(name)
+		if err != nil {
+			return
+		}
+		if all && l.Type() != "dummy" {
+			return // not ours
+		}
+		have, err := b.ownedAddrs(l, all)
+		if err != nil {
+			errs = multierror.Append(errs, err)
+		}
+		for ip := range have {
+			out = append(out, ip)
+		}
+	}
+	add(DefaultBindInterface, true)
+	for _, n := range b.otherLinks() {
+		add(n, false)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, errs.ErrorOrNil()
+}
+
 // Cleanup removes the addresses we added and our dummy interface.
 func (b *Bind) Cleanup(_ context.Context) error {
 	b.mu.Lock()
@@ -233,24 +287,7 @@ func (b *Bind) Cleanup(_ context.Context) error {
 			klog.InfoS("Deleted the bind portal's interface, with its service addresses", "interface", DefaultBindInterface)
 		}
 	}
-	names := []string{"lo"}
-	if n := b.cfg.Interface; n != "" && n != "lo" && n != DefaultBindInterface {
-		names = append(names, n)
-	}
-	// A run with another --bind-interface (or none) is found by the label
-	// of its IPv4 addresses, which names the interface.
-	if links, err := b.h.LinkList(); err == nil {
-		for _, l := range links {
-			n := l.Attrs().Name
-			if slices.Contains(names, n) || ownLabel(n) == "" {
-				continue
-			}
-			if list, err := b.h.AddrList(l, netlink.FAMILY_V4); err == nil && slices.ContainsFunc(list, func(a netlink.Addr) bool { return a.Label == ownLabel(n) }) {
-				names = append(names, n)
-			}
-		}
-	}
-	for _, n := range names {
+	for _, n := range b.otherLinks() {
 		l, err := b.h.LinkByName(n)
 		if err != nil {
 			continue

@@ -70,3 +70,10 @@ func (*Bind) Close() error { return nil }
 
 // Interface is empty: this portal adds addresses nowhere.
 func (*Bind) Interface() string { return "" }
+
+// Owned returns nothing: off Linux the bind portal adds no addresses.
+func (*Bind) Owned() ([]netip.Addr, error) { return nil, nil }
+
+// AddrsInUse returns nothing: off Linux no bind portal adds addresses a
+// proxy without a portal would remove.
+func AddrsInUse([]netip.Addr) ([]netip.Addr, error) { return nil, nil }

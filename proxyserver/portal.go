@@ -69,16 +69,18 @@ func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, e
 // proxy ports nobody serves now, and the bind portal's service addresses
 // would make load-balancer IPs this host's own. The iptables and bind
 // portals hold CAP_NET_ADMIN for it. With none, a proxy that holds it
-// removes the iptables rules when no running proxy serves them (one run as
-// root after a run with iptables); it leaves the bind portal's addresses,
-// which it cannot tell from a running bind portal's, and a proxy without
-// CAP_NET_ADMIN leaves the kernel alone, saying nothing.
+// removes both when no running proxy serves them (one run as root after a
+// run with another portal); a proxy without CAP_NET_ADMIN leaves the
+// kernel alone, saying nothing.
 func removeOtherPortal(ctx context.Context, mode string, cfg *Config) {
 	if mode == PortalNone && portal.CheckNetAdmin() != nil {
 		return
 	}
 	if mode != PortalIPTables {
 		removeIPTablesLeftovers(ctx, mode == PortalNone)
+	}
+	if mode == PortalNone {
+		removeBindLeftovers(ctx, cfg)
 	}
 	if mode == PortalIPTables {
 		b, err := portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface})
@@ -117,6 +119,35 @@ func proxyPortsServed(portals []portal.Portal) bool {
 		}
 	}
 	return false
+}
+
+// removeBindLeftovers removes the service addresses a bind portal left,
+// unless a socket is bound to one of them: then a bind portal's proxy runs
+// beside this one (a DaemonSet's, while someone tries this one out), and
+// removing them would cut its traffic.
+func removeBindLeftovers(ctx context.Context, cfg *Config) {
+	b, err := portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface})
+	if err != nil {
+		return
+	}
+	defer b.Close()
+	owned, err := b.Owned()
+	if err != nil || len(owned) == 0 {
+		return
+	}
+	inUse, err := portal.AddrsInUse(owned)
+	switch {
+	case err != nil:
+		klog.ErrorS(err, "Cannot tell whether a running proxy serves the service addresses a bind portal put on this host; leaving them (--cleanup removes them)", "addresses", len(owned))
+		return
+	case len(inUse) > 0:
+		klog.InfoS("Leaving the bind portal's service addresses alone: a running proxy serves them", "addresses", len(owned), "inUse", len(inUse))
+		return
+	}
+	klog.InfoS("Removing the service addresses a previous run's bind portal left: they would make load-balancer and external IPs this host's own", "addresses", len(owned))
+	if err := b.Cleanup(ctx); err != nil {
+		klog.ErrorS(err, "Could not remove every service address a previous run left; --cleanup removes them")
+	}
 }
 
 // removeIPTablesLeftovers removes the iptables portal's rules and chains;
