@@ -181,6 +181,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		l.sp.releaseUDP()
 		return nil
 	}
+	_ = s.rc.Control(func(fd uintptr) { growRcvBuf(int(fd)) }) // see frontendRcvBuf
 	s.setDst(dst)
 	s.lastActive.Store(time.Now().UnixNano())
 	s.tally.start()

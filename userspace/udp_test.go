@@ -158,6 +158,24 @@ func TestUDPServiceSocketBuffer(t *testing.T) {
 			t.Errorf("receive buffer %d bytes, want at least %d:\n%s", rb, 2*want, out)
 		}
 	}
+
+	// A session's socket to the endpoint too: a burst of replies waits
+	// there until the loop reads it.
+	c := dialUDP(t, proxyAddr(t, p, name))
+	if got, err := udpExchange(t, c, []byte("who")); err != nil || string(got) != "a" {
+		t.Fatalf("reply %q, %v", got, err)
+	}
+	out, err = exec.Command(ssPath, "-uanm", "dport", "=", fmt.Sprintf(":%d", be.addr().Port())).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ss: %v: %s", err, out)
+	}
+	rbs = regexp.MustCompile(`skmem:\(r\d+,rb(\d+),`).FindAllStringSubmatch(string(out), -1)
+	if len(rbs) != 1 {
+		t.Fatalf("ss shows %d sockets to the endpoint, want the session's:\n%s", len(rbs), out)
+	}
+	if rb, _ := strconv.Atoi(rbs[0][1]); rb < 2*want {
+		t.Errorf("the session's receive buffer is %d bytes, want at least %d:\n%s", rb, 2*want, out)
+	}
 }
 
 // TestUDPSlowFirstReply: an endpoint that answers after the idle timeout

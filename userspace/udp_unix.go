@@ -22,6 +22,9 @@ const maxDatagram = 65535
 // AAAA as a Deployment rolls out) overflows it while the proxy opens their
 // sessions; the datagrams lost there are lost silently. The buffer is a
 // limit, not an allocation: memory is used only while datagrams wait.
+// A session's socket to its endpoint asks for the same: a server that
+// answers in bursts (a QUIC-like stream, a GSO send of 64 datagrams)
+// would overflow the default as the loop gets round to it.
 const frontendRcvBuf = 4 << 20
 
 // maxUnanswered bounds a session's count of client datagrams without a

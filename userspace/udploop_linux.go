@@ -274,6 +274,7 @@ func dialEndpointUDP(ep netip.AddrPort) (int, error) {
 	if err != nil {
 		return -1, err
 	}
+	growRcvBuf(fd) // see frontendRcvBuf
 	if err := rawConnect(fd, f, ep); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("connect: %w", err)
