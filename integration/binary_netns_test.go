@@ -421,3 +421,19 @@ func TestBinaryNodePortAddressesFollowTheHost(t *testing.T) {
 	w.node.mustRun(t, "ip", "addr", "del", "198.18.77.1/32", "dev", "lo")
 	px.waitLog(from, `"Stopped serving".*198.18.77.1:30080`, 1, 5*time.Second)
 }
+
+// TestBinaryIPTablesPortalIgnoresTheBindAddress: with the iptables portal a
+// --bind-address (a kube-proxy ConfigMap's bindAddress, often the node's
+// IP) is ignored, as kube-proxy's binds nothing: REDIRECT delivers to the
+// address of the interface a packet came in on, so proxy ports listening
+// on one address only served nothing else, IPv6 least of all.
+func TestBinaryIPTablesPortalIgnoresTheBindAddress(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables", "--bind-address="+nodeBackSide)
+	px.waitLog(0, `"The bind address is ignored with the iptables portal`, 1, 30*time.Second)
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	checkServed(t, w, true)
+}

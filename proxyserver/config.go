@@ -289,8 +289,14 @@ func serverAddr(s string, port uint16) (string, error) {
 // proxierConfig turns the options into the data plane's Config for a
 // portal mode.
 func (c *Config) proxierConfig(portalMode string) userspace.Config {
+	bind := c.bindAddr
+	if portalMode == PortalIPTables {
+		// REDIRECT delivers to the address of the interface a packet came
+		// in on: the proxy ports listen on every address (see Run).
+		bind = netip.IPv4Unspecified()
+	}
 	return userspace.Config{
-		BindAddress: c.bindAddr,
+		BindAddress: bind,
 		PortRange:   c.portRange,
 		// iptables redirects node ports to the proxy ports; otherwise the
 		// data plane listens on them itself.

@@ -34,14 +34,21 @@ func Run(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
-	if cfg.Portal != PortalBind { // bind opens no proxy ports
-		if err := checkBindAddress(cfg.bindAddr, cfg.where("bind-address")); err != nil {
-			return err
-		}
-	}
 	pt, mode, err := choosePortal(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	switch {
+	case mode == PortalNone:
+		if err := checkBindAddress(cfg.bindAddr, cfg.where("bind-address")); err != nil {
+			return err
+		}
+	case mode == PortalIPTables && !cfg.bindAddr.IsUnspecified():
+		// REDIRECT delivers a packet to the address of the interface it
+		// came in on, so proxy ports must listen on every address (the
+		// portal's filter rules keep direct traffic to them out). As in
+		// kube-proxy, whose bindAddress binds nothing, it is ignored.
+		klog.InfoS("The bind address is ignored with the iptables portal: proxy ports listen on every address, where its redirects deliver", "bindAddress", cfg.bindAddr, "setBy", cfg.where("bind-address"))
 	}
 	removeOtherPortal(ctx, mode, cfg)
 	nodePortAddrs := "all"
