@@ -115,3 +115,21 @@ func TestBinaryDualStackKeepsFamilies(t *testing.T) {
 		})
 	}
 }
+
+// TestBinaryUDPNodePortFromLinkLocal: a client on the node's link sends to
+// the node's IPv6 link-local address and a dual-stack Service's UDP node
+// port; the reply must leave by that link, from that address. It never
+// came: the client's scope was lost, so the reply had no interface to go
+// by (TCP was fine). Both portals that serve node ports for clients off
+// the node.
+func TestBinaryUDPNodePortFromLinkLocal(t *testing.T) {
+	for _, mode := range []string{"iptables", "bind"} {
+		t.Run(mode, func(t *testing.T) {
+			w, _, _ := serveManifest(t, mode, dualStackManifest+dualStackIPv6Slice, `fd5e:b1b5::40\]:53`, "8080=be1", "8081=be6")
+			w.node.mustRun(t, "ip", "-6", "addr", "add", "fe80::11:1/64", "dev", "to-out", "nodad")
+			w.outside.mustRun(t, "ip", "-6", "addr", "add", "fe80::11:2/64", "dev", "eth0", "nodad")
+			expectReply(t, w.outside, "udp", "[fe80::11:1%eth0]:30096", "be6:ping")
+			expectReply(t, w.outside, "tcp", "[fe80::11:1%eth0]:30095", "be6:ping")
+		})
+	}
+}

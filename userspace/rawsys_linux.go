@@ -107,7 +107,7 @@ type rawSockaddr struct {
 func makeRawSockaddr(fam family, ap netip.AddrPort) rawSockaddr {
 	var r rawSockaddr
 	if fam == familyIPv6 {
-		r.sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: ap.Addr().As16()}
+		r.sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: ap.Addr().As16(), Scope_id: zoneIndex(ap.Addr().Zone())}
 		putPort(&r.sa.Port, ap.Port())
 		r.len = unix.SizeofSockaddrInet6
 		return r

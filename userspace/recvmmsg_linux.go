@@ -5,6 +5,7 @@ package userspace
 import (
 	"encoding/binary"
 	"net/netip"
+	"strconv"
 	"syscall"
 	"unsafe"
 
@@ -101,7 +102,13 @@ func parseSockaddr(sa *unix.RawSockaddrInet6) netip.AddrPort {
 		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
 		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), port)
 	case unix.AF_INET6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), port)
+		a := netip.AddrFrom16(sa.Addr).Unmap()
+		if sa.Scope_id != 0 {
+			// A link-local client: its reply must leave by the same
+			// interface (see zoneIndex).
+			a = a.WithZone(strconv.FormatUint(uint64(sa.Scope_id), 10))
+		}
+		return netip.AddrPortFrom(a, port)
 	}
 	return netip.AddrPort{}
 }

@@ -3,7 +3,9 @@
 package userspace
 
 import (
+	"net"
 	"net/netip"
+	"strconv"
 
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -33,9 +35,25 @@ const maxUnanswered = 1 << 20
 
 func sockaddr(f family, ap netip.AddrPort) unix.Sockaddr {
 	if f == familyIPv6 {
-		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16(), ZoneId: zoneIndex(ap.Addr().Zone())}
 	}
 	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
+}
+
+// zoneIndex is the interface index of an IPv6 zone, as a link-local
+// client's address carries it: a number (as the event loops read it) or
+// an interface name (as Go's net package gives it); 0 for none.
+func zoneIndex(zone string) uint32 {
+	if zone == "" {
+		return 0
+	}
+	if n, err := strconv.ParseUint(zone, 10, 32); err == nil {
+		return uint32(n)
+	}
+	if ifi, err := net.InterfaceByName(zone); err == nil {
+		return uint32(ifi.Index)
+	}
+	return 0
 }
 
 // pktinfoOOB builds the control message that makes a reply leave from src
