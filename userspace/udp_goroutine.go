@@ -36,7 +36,7 @@ type udpListener struct {
 	sessWG sync.WaitGroup // session goroutines
 
 	mu       sync.Mutex // guards the fields below
-	sessions map[netip.AddrPort]*udpSession
+	sessions map[sessionKey]*udpSession
 	closing  bool
 }
 
@@ -51,7 +51,7 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 		return nil, err
 	}
 	l := &udpListener{sp: sp, role: k.role, addr: k.addr.Addr(), fam: fam, conn: conn, done: make(chan struct{}),
-		sessions: make(map[netip.AddrPort]*udpSession)}
+		sessions: make(map[sessionKey]*udpSession)}
 	if l.rc, err = conn.SyscallConn(); err != nil {
 		conn.Close()
 		return nil, err
@@ -118,8 +118,8 @@ func (l *udpListener) dropStale() int {
 // datagram from its client opens a new session.
 func (l *udpListener) forget(s *udpSession) {
 	l.mu.Lock()
-	if l.sessions[s.client] == s {
-		delete(l.sessions, s.client)
+	if k := (sessionKey{s.client, s.dst}); l.sessions[k] == s {
+		delete(l.sessions, k)
 	}
 	l.mu.Unlock()
 }
@@ -146,7 +146,7 @@ func (l *udpListener) readLoop() {
 		for i := range b.dgrams[:n] {
 			d := &b.dgrams[i]
 			if s := l.session(d.from, d.to); s != nil {
-				s.send(d.buf[:d.n], d.to)
+				s.send(d.buf[:d.n])
 			}
 		}
 		b.release()
@@ -158,7 +158,7 @@ func (l *udpListener) readLoop() {
 func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession {
 	p := l.sp.p
 	l.mu.Lock()
-	s := l.sessions[client]
+	s := l.sessions[sessionKey{client, dst}]
 	l.mu.Unlock()
 	if s != nil {
 		return s
@@ -192,7 +192,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		l.sp.releaseUDP()
 		return nil
 	}
-	l.sessions[client] = s
+	l.sessions[sessionKey{client, dst}] = s
 	l.mu.Unlock()
 	p.stats.UDPSessionsOpened.Add(1)
 	l.sp.udpOpened.Add(1)
@@ -254,11 +254,8 @@ func (s *udpSession) replyOOB() []byte {
 
 // send forwards one client datagram to the endpoint without blocking: a
 // full socket buffer drops the datagram, as the network would.
-func (s *udpSession) send(b []byte, dst netip.Addr) {
+func (s *udpSession) send(b []byte) {
 	p := s.l.sp.p
-	if dst != s.dst {
-		s.setDst(dst)
-	}
 	s.lastActive.Store(time.Now().UnixNano())
 	if s.unanswered.Load() < maxUnanswered {
 		s.unanswered.Add(1)

@@ -380,6 +380,61 @@ func TestUDPReplyFromDeliveredAddress(t *testing.T) {
 	}
 }
 
+// TestUDPReplyFromEachDeliveredAddress: one client socket sends to two
+// addresses of the same wildcard proxy port, the first answer coming late:
+// each reply leaves from the address its datagram went to. (Sessions were
+// the client's alone, and the later address took over the earlier one's
+// replies.)
+func TestUDPReplyFromEachDeliveredAddress(t *testing.T) {
+	be, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	go func() {
+		buf := make([]byte, 100)
+		for {
+			n, from, err := be.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			msg := string(buf[:n])
+			go func() {
+				if msg == "slow" {
+					time.Sleep(300 * time.Millisecond)
+				}
+				be.WriteToUDPAddrPort([]byte(msg), from)
+			}()
+		}
+	}()
+	p := newTestProxier(t, Config{BindAddress: netip.IPv4Unspecified()})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.LocalAddr().(*net.UDPAddr).AddrPort())})
+	port := p.ProxyPort(name)
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	slowTo := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), port)
+	fastTo := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+	c.WriteToUDPAddrPort([]byte("slow"), slowTo)
+	time.Sleep(50 * time.Millisecond)
+	c.WriteToUDPAddrPort([]byte("fast"), fastTo)
+	want := map[string]netip.AddrPort{"slow": slowTo, "fast": fastTo}
+	buf := make([]byte, 100)
+	for range 2 {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg := string(buf[:n]); from != want[msg] {
+			t.Errorf("the reply to %q came from %s, want %s", msg, from, want[msg])
+		}
+	}
+}
+
 // TestUDPSessionMovesOffRemovedEndpoint: a client that keeps one source
 // port reaches a live endpoint as soon as its endpoint is removed, not
 // after its session idles out.

@@ -40,6 +40,15 @@ func sockaddr(f family, ap netip.AddrPort) unix.Sockaddr {
 	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
 }
 
+// sessionKey names a UDP session: its client, and the address the client
+// sent to. A proxy or node port listening on every address takes datagrams
+// to several, and each flow's replies must leave from its own, even when
+// one client socket uses two of them.
+type sessionKey struct {
+	client netip.AddrPort
+	dst    netip.Addr
+}
+
 // zoneIndex is the interface index of an IPv6 zone, as a link-local
 // client's address carries it: a number (as the event loops read it) or
 // an interface name (as Go's net package gives it); 0 for none.

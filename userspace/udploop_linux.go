@@ -25,7 +25,7 @@ type udpListener struct {
 	addr     netip.Addr // the address listened on
 	fam      family
 	fd       int
-	sessions map[netip.AddrPort]*udpSession // owned by the loop
+	sessions map[sessionKey]*udpSession // owned by the loop
 }
 
 // udpGroup serves one UDP service address: one socket per event loop, all
@@ -66,7 +66,7 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 	g := &udpGroup{}
 	for _, lp := range loops {
 		l := &udpListener{lp: lp, sp: sp, role: k.role, addr: k.addr.Addr(), fam: fam,
-			sessions: make(map[netip.AddrPort]*udpSession)}
+			sessions: make(map[sessionKey]*udpSession)}
 		if err := g.add(l, addr, shared); err != nil {
 			g.close()
 			return nil, err
@@ -222,7 +222,7 @@ func (l *udpListener) readable() {
 	for i := range b.dgrams[:n] {
 		d := &b.dgrams[i]
 		if s := l.session(d.from, d.to); s != nil {
-			s.send(d.buf[:d.n], d.to)
+			s.send(d.buf[:d.n])
 		}
 	}
 }
@@ -230,7 +230,7 @@ func (l *udpListener) readable() {
 // session returns client's session, creating it if needed; nil means the
 // datagram is dropped.
 func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession {
-	if s := l.sessions[client]; s != nil {
+	if s := l.sessions[sessionKey{client, dst}]; s != nil {
 		return s
 	}
 	p := l.sp.p
@@ -256,7 +256,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		l.sp.releaseUDP()
 		return nil
 	}
-	l.sessions[client] = s
+	l.sessions[sessionKey{client, dst}] = s
 	l.lp.schedule(&s.timer, s.expiry())
 	p.stats.UDPSessionsOpened.Add(1)
 	l.sp.udpOpened.Add(1)
@@ -329,11 +329,8 @@ func (s *udpSession) expiry() time.Time {
 
 // send forwards one client datagram to the endpoint without blocking: a
 // full socket buffer drops it, as the network would.
-func (s *udpSession) send(b []byte, dst netip.Addr) {
+func (s *udpSession) send(b []byte) {
 	p := s.l.sp.p
-	if dst != s.dst {
-		s.setDst(dst)
-	}
 	s.lastActive = time.Now()
 	s.unanswered = min(s.unanswered+1, maxUnanswered)
 	_, err := rawWrite(s.fd, b)
@@ -412,8 +409,8 @@ func (s *udpSession) close() {
 	l.lp.closeFD(s.fd)
 	s.fd = -1
 	l.lp.unschedule(&s.timer)
-	if l.sessions[s.client] == s {
-		delete(l.sessions, s.client)
+	if k := (sessionKey{s.client, s.dst}); l.sessions[k] == s {
+		delete(l.sessions, k)
 	}
 	l.sp.releaseUDP()
 	l.sp.p.stats.UDPSessionsActive.Add(-1)
