@@ -520,12 +520,14 @@ func (p *Proxier) ProxyPort(name state.ServicePortName) uint16 {
 // ExternalProxyPort returns the proxy port that redirected node-port,
 // external-IP and load-balancer traffic of name must go to: a port of its
 // own when a Local traffic policy gives that traffic other endpoints than
-// cluster traffic, else the ProxyPort. 0 if there is none.
+// cluster traffic, else the ProxyPort. 0 if there is none, also while the
+// port of its own could not be opened: the ProxyPort would send external
+// traffic to endpoints its policy keeps it from.
 func (p *Proxier) ExternalProxyPort(name state.ServicePortName) uint16 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if sp, ok := p.services[name]; ok {
-		if sp.extProxyPort != 0 {
+		if sp.separateExternal() {
 			return sp.extProxyPort
 		}
 		return sp.proxyPort

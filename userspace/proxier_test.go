@@ -255,6 +255,26 @@ func TestHealthCheckPortsAreNotProxyPorts(t *testing.T) {
 	}
 }
 
+// TestNoExternalProxyPortNoExternalRedirect: a Service whose Local policy
+// wants a proxy port of its own for external traffic, which the range
+// cannot give, has no external proxy port at all: redirecting its node
+// port to the proxy port would send outside clients to endpoints on other
+// nodes.
+func TestNoExternalProxyPortNoExternalRedirect(t *testing.T) {
+	a := startTCPBackend(t, "a")
+	base := freePort(t)
+	p := newTestProxier(t, Config{PortRange: PortRange{Base: base, Size: 1}})
+	name := spn("local", "", state.TCP)
+	err := p.Apply(state.NewSnapshot([]state.ServicePort{{Name: name, Port: 80, NodePort: 30080, ExternalLocal: true,
+		ClusterEndpoints: eps(a.addr())}}))
+	if !errors.Is(err, ErrPortRangeExhausted) {
+		t.Fatalf("two proxy ports from a one-port range: %v, want ErrPortRangeExhausted", err)
+	}
+	if pp, ext := p.ProxyPort(name), p.ExternalProxyPort(name); pp != base || ext != 0 {
+		t.Errorf("proxy port %d, external proxy port %d; want %d and none", pp, ext, base)
+	}
+}
+
 // TestNodePortSwap: two Services that swap node ports in one change are
 // both served at once; the second was refused its new port until the next
 // retry, because the first still held it.
