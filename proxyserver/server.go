@@ -171,10 +171,11 @@ func Run(ctx context.Context, cfg *Config) error {
 		src := &source.Manifests{
 			Path: cfg.Manifests,
 			Options: source.Options{
-				NodeName:         node,
-				AllowLoopback:    true, // the manifest's author owns this host
-				AllowNoClusterIP: true, // no cluster allocates ClusterIPs here
-				HostAddrs:        userspace.HostAddrs,
+				NodeName:          node,
+				AllowLoopback:     true, // the manifest's author owns this host
+				AllowNoClusterIP:  true, // no cluster allocates ClusterIPs here
+				HostAddrs:         userspace.HostAddrs,
+				NodePortAddresses: cfg.nodePorts,
 			},
 			Status: dv.sourceRead,
 		}
@@ -191,7 +192,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		}
 		dv.cluster = true
 		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod, NodeGoingAway: health.setEligible, Ignored: dv.clusterRead,
-			Options: source.Options{HostAddrs: userspace.HostAddrs}}
+			Options: source.Options{HostAddrs: userspace.HostAddrs, NodePortAddresses: cfg.nodePorts}}
 		if err := src.Run(ctx, loop.offer); err != nil {
 			return fmt.Errorf("cluster: %w", err)
 		}

@@ -127,14 +127,34 @@ func (b *builder) capturedBy(ports []state.ServicePort) func(name state.ServiceP
 		addr  netip.AddrPort
 	}
 	fronts := make(map[key]state.ServicePortName)
-	nodePorts := make(map[key]state.ServicePortName) // address left zero
+	// Node ports by protocol, family (the address stands for it:
+	// 0.0.0.0 or ::) and port.
+	nodePorts := make(map[key]state.ServicePortName)
 	for _, sp := range ports {
 		for _, f := range sp.Frontends() {
 			fronts[key{sp.Name.Protocol, netip.AddrPortFrom(f.Addr().Unmap(), f.Port())}] = sp.Name
 		}
-		if sp.NodePort != 0 {
-			nodePorts[key{sp.Name.Protocol, netip.AddrPortFrom(netip.Addr{}, sp.NodePort)}] = sp.Name
+		if sp.NodePort == 0 {
+			continue
 		}
+		v4, v6 := sp.Families()
+		if !v4 && !v6 {
+			v4 = true // a node port with no frontend family is served on IPv4
+		}
+		for _, fam := range []struct {
+			on  bool
+			any netip.Addr
+		}{{v4, netip.IPv4Unspecified()}, {v6, netip.IPv6Unspecified()}} {
+			if fam.on {
+				nodePorts[key{sp.Name.Protocol, netip.AddrPortFrom(fam.any, sp.NodePort)}] = sp.Name
+			}
+		}
+	}
+	anyOf := func(a netip.Addr) netip.Addr {
+		if a.Is4() {
+			return netip.IPv4Unspecified()
+		}
+		return netip.IPv6Unspecified()
 	}
 	var host map[netip.Addr]bool // read on first need
 	return func(name state.ServicePortName, ep netip.AddrPort) string {
@@ -145,9 +165,12 @@ func (b *builder) capturedBy(ports []state.ServicePort) func(name state.ServiceP
 			}
 			return "Service " + owner.String() + "'s frontend"
 		}
-		owner, ok := nodePorts[key{name.Protocol, netip.AddrPortFrom(netip.Addr{}, ep.Port())}]
+		owner, ok := nodePorts[key{name.Protocol, netip.AddrPortFrom(anyOf(ep.Addr()), ep.Port())}]
 		if !ok || b.opts.HostAddrs == nil {
 			return ""
+		}
+		if n := b.opts.NodePortAddresses; len(n) > 0 && !slices.ContainsFunc(n, func(p netip.Prefix) bool { return p.Contains(ep.Addr()) }) {
+			return "" // node ports are not served there
 		}
 		if host == nil {
 			host = make(map[netip.Addr]bool)
@@ -159,7 +182,7 @@ func (b *builder) capturedBy(ports []state.ServicePort) func(name state.ServiceP
 				host[a.Unmap()] = true
 			}
 		}
-		if host[ep.Addr()] {
+		if host[ep.Addr()] || ep.Addr().Is4() && ep.Addr().IsLoopback() { // all of 127/8 is this host's
 			return fmt.Sprintf("an address of this host with Service %s's node port", owner)
 		}
 		return ""

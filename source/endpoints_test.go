@@ -341,6 +341,41 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			},
 		},
 		{
+			// Any 127/8 address is this host's; a node port is captured only
+			// in the families of its Service.
+			name:    "a node port is captured on every loopback address, and only in its Service's families",
+			service: dualStack,
+			others: []*corev1.Service{service("db", func(s *corev1.Service) {
+				s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.20", []string{"10.96.0.20"}
+				s.Spec.Type = corev1.ServiceTypeNodePort
+				s.Spec.Ports = []corev1.ServicePort{{Name: "sql", Port: 5432, NodePort: 31888, Protocol: corev1.ProtocolTCP}}
+			})},
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-4", v4, eps{endpoint("127.0.0.5")}, func(s *discoveryv1.EndpointSlice) { s.Ports = []discoveryv1.EndpointPort{slicePort("http", 31888)} }),
+				endpointSlice("web-6", v6, eps{endpoint("fd00::9")}, func(s *discoveryv1.EndpointSlice) { s.Ports = []discoveryv1.EndpointPort{slicePort("http", 31888)} }),
+			},
+			opts: Options{AllowLoopback: true, HostAddrs: func() ([]netip.Addr, error) {
+				return []netip.Addr{netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("fd00::9")}, nil
+			}},
+			wantCluster:  []string{"[fd00::9]:31888"},
+			wantProblems: []string{"EndpointSlice demo/web-4: endpoints[0].addresses[0]: 127.0.0.5:31888 is an address of this host with Service demo/db:sql/TCP's node port"},
+		},
+		{
+			name: "a node port is not captured on an address --nodeport-addresses leaves out",
+			others: []*corev1.Service{service("db", func(s *corev1.Service) {
+				s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.20", []string{"10.96.0.20"}
+				s.Spec.Type = corev1.ServiceTypeNodePort
+				s.Spec.Ports = []corev1.ServicePort{{Name: "sql", Port: 5432, NodePort: 31888, Protocol: corev1.ProtocolTCP}}
+			})},
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("10.0.0.9"), endpoint("10.1.0.9")},
+				func(s *discoveryv1.EndpointSlice) { s.Ports = []discoveryv1.EndpointPort{slicePort("http", 31888)} })},
+			opts: Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}, HostAddrs: func() ([]netip.Addr, error) {
+				return []netip.Addr{netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("10.1.0.9")}, nil
+			}},
+			wantCluster:  []string{"10.0.0.9:31888"},
+			wantProblems: []string{"EndpointSlice demo/web-1: endpoints[1].addresses[0]: 10.1.0.9:31888 is an address of this host with Service demo/db:sql/TCP's node port"},
+		},
+		{
 			name:    "loopback allowed in manifest mode, IPv4-mapped normalised",
 			service: dualStack,
 			slices: []*discoveryv1.EndpointSlice{

@@ -54,10 +54,14 @@ type Options struct {
 	// either way.
 	AllowNoClusterIP bool
 	// HostAddrs, if set, lists this host's addresses: an endpoint at one of
-	// them on a port that is some Service's node port would be captured by
-	// the proxy's node port, and is ignored. Called only when an endpoint
-	// has such a port.
+	// them (or at any IPv4 loopback address) on a port that is some
+	// Service's node port, in its IP family, would be captured by the
+	// proxy's node port, and is ignored. Called only when an endpoint has
+	// such a port.
 	HostAddrs func() ([]netip.Addr, error)
+	// NodePortAddresses, with HostAddrs, narrows those addresses to the
+	// ones that serve node ports (--nodeport-addresses); empty means all.
+	NodePortAddresses []netip.Prefix
 }
 
 // zone returns this node's topology zone, or "".
