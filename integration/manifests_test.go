@@ -491,7 +491,7 @@ func TestBinaryHealthz(t *testing.T) {
 	view, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/debug/services", mp))
 	if err != nil || !strings.Contains(view, fmt.Sprintf("The last sync failed, and is retried: userspace: service e2e/other:http/TCP: listen on 127.0.0.1:%d (node-port)", busy)) ||
 		!strings.Contains(view, fmt.Sprintf("  health check: node port %d\n", hc)) ||
-		!strings.Contains(view, "  node & pods:  external traffic from this node or from pods") {
+		!strings.Contains(view, "  node & pods:  external traffic from this node goes to every endpoint (from pods too, given --cluster-cidr)") {
 		t.Errorf("/debug/services: %v\n%s", err, view)
 	}
 }

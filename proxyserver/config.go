@@ -175,6 +175,9 @@ func (c *Config) Validate() error {
 	if err := checkMode("--proxy-mode", c.ProxyMode); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.checkDetectLocalMode(); err != nil {
+		errs = append(errs, err)
+	}
 	switch c.Portal {
 	case PortalAuto, PortalIPTables, PortalBind, PortalNone:
 	default:

@@ -137,11 +137,11 @@ func TestKubeProxyFlags(t *testing.T) {
 		return c, c.Validate()
 	}
 	c, err := parse("--proxy-mode=userspace", "--feature-gates=Foo=true", "--conntrack-max-per-core=0", "--masquerade-all",
-		"--oom-score-adj=-998", "--logging-format=text", "--ipvs-exclude-cidrs=10.0.0.0/8,10.1.0.0/16", "--conntrack-tcp-timeout-established=24h")
+		"--oom-score-adj=-998", "--logging-format=text", "--ipvs-exclude-cidrs=10.0.0.0/8,10.1.0.0/16", "--conntrack-tcp-timeout-established=24h", "--detect-local-mode=ClusterCIDR", "--log-json-split-stream")
 	if err != nil {
 		t.Fatalf("kube-proxy's flags: %v", err)
 	}
-	want := []string{"--conntrack-max-per-core", "--conntrack-tcp-timeout-established", "--feature-gates", "--ipvs-exclude-cidrs", "--logging-format", "--masquerade-all", "--oom-score-adj"}
+	want := []string{"--conntrack-max-per-core", "--conntrack-tcp-timeout-established", "--detect-local-mode", "--feature-gates", "--ipvs-exclude-cidrs", "--log-json-split-stream", "--logging-format", "--masquerade-all", "--oom-score-adj"}
 	if got := c.ignoredKubeProxyFlags(); !slices.Equal(got, want) {
 		t.Errorf("ignored flags %v, want %v", got, want)
 	}
@@ -153,6 +153,7 @@ func TestKubeProxyFlags(t *testing.T) {
 		{"--proxy-mode=fast", `--proxy-mode: "fast" is not a mode`},
 		{"--conntrack-max-per-core=lots", "conntrack-max-per-core"},
 		{"--conntrack-udp-timeout=5", "conntrack-udp-timeout"},
+		{"--detect-local-mode=Bogus", `--detect-local-mode: "Bogus" is not a mode`},
 	} {
 		if _, err := parse(tc.arg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error with %q", tc.arg, err, tc.want)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,7 @@ type debugView struct {
 	portals func(state.Snapshot) []portal.Portal // the portals a snapshot gives; nil when no portal redirects
 	mode    string                               // the portal mode
 	cluster bool                                 // the source is an API server, not a manifest file
+	pods    []netip.Prefix                       // --cluster-cidr
 
 	last   atomic.Pointer[debugSnapshot]
 	source atomic.Pointer[sourceStatus]
@@ -161,7 +163,11 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 			line("external to", "%s", d.endpointList(sp, sp.ExternalEndpoints()))
 		}
 		if external && sp.ExternalLocal {
-			line("node & pods", "external traffic from this node or from pods (--cluster-cidr) goes to every endpoint: %s", d.endpointList(sp, sp.ClusterEndpoints))
+			if len(d.pods) > 0 {
+				line("node & pods", "external traffic from this node or from pods (%s) goes to every endpoint: %s", joinPrefixes(d.pods), d.endpointList(sp, sp.ClusterEndpoints))
+			} else {
+				line("node & pods", "external traffic from this node goes to every endpoint (from pods too, given --cluster-cidr): %s", d.endpointList(sp, sp.ClusterEndpoints))
+			}
 		}
 		if sp.HealthCheckNodePort != 0 {
 			line("health check", "node port %d", sp.HealthCheckNodePort)
@@ -191,14 +197,21 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 					s += " (refused: no " + pt.Family.String() + " endpoint)"
 				case pt.NoLocal && pt.Kind == portal.ClusterIP:
 					s += " (dropped: no " + pt.Family.String() + " endpoint on this node)"
-				case pt.NoLocal:
+				case pt.NoLocal && d.hasPods(pt.Family):
 					s += " (dropped but from this node and pods: no " + pt.Family.String() + " endpoint on this node)"
+				case pt.NoLocal:
+					s += " (dropped but from this node: no " + pt.Family.String() + " endpoint on this node)"
 				}
 				ps = append(ps, s)
 			}
 			line("redirects", "%s", orNone(ps))
 		}
 	}
+}
+
+// hasPods reports whether --cluster-cidr has a CIDR of family f.
+func (d *debugView) hasPods(f portal.Family) bool {
+	return slices.ContainsFunc(d.pods, func(p netip.Prefix) bool { return portal.FamilyOf(p.Addr()) == f })
 }
 
 // familyWithout names the IP family eps has none of, when it has some of

@@ -43,6 +43,8 @@ var kubeProxyOnlyFlags = []struct {
 	{"ipvs-tcpfin-timeout", addDuration},
 	{"ipvs-udp-timeout", addDuration},
 	{"log-flush-frequency", addDuration},
+	{"log-json-info-buffer-size", addString},
+	{"log-json-split-stream", addBool},
 	{"log-text-info-buffer-size", addString},
 	{"log-text-split-stream", addBool},
 	{"logging-format", addString},
@@ -88,6 +90,21 @@ func (c *Config) ignoredKubeProxyFlags() []string {
 		}
 	}
 	return out
+}
+
+// checkDetectLocalMode refuses a --detect-local-mode kube-proxy would
+// refuse; the ones it knows are accepted (and, but for ClusterCIDR, which
+// --cluster-cidr stands for, ignored).
+func (c *Config) checkDetectLocalMode() error {
+	if c.flags == nil || !c.flags.Changed("detect-local-mode") {
+		return nil
+	}
+	switch v, _ := c.flags.GetString("detect-local-mode"); v {
+	case "", "ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix":
+		return nil
+	default:
+		return fmt.Errorf("--detect-local-mode: %q is not a mode (ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix; this proxy supports ClusterCIDR)", v)
+	}
 }
 
 // checkMode refuses a mode (--proxy-mode, or the --config file's mode)

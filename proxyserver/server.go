@@ -105,7 +105,7 @@ func Run(ctx context.Context, cfg *Config) error {
 	health.families = hostFamilies()
 	m := newMetrics(p.Stats())
 	health.answered = m.answered
-	dv := &debugView{p: p, mode: mode}
+	dv := &debugView{p: p, mode: mode, pods: cfg.podCIDRs}
 	if mode == PortalIPTables {
 		dv.portals = func(s state.Snapshot) []portal.Portal { return redirectPortals(s, p) }
 	}
