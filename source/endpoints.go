@@ -138,16 +138,11 @@ func (b *builder) capturedBy(ports []state.ServicePort) func(name state.ServiceP
 			continue
 		}
 		v4, v6 := sp.Families()
-		if !v4 && !v6 {
-			v4 = true // a node port with no frontend family is served on IPv4
+		if v4 || !v6 { // a node port with no frontend family is served on IPv4
+			nodePorts[key{sp.Name.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), sp.NodePort)}] = sp.Name
 		}
-		for _, fam := range []struct {
-			on  bool
-			any netip.Addr
-		}{{v4, netip.IPv4Unspecified()}, {v6, netip.IPv6Unspecified()}} {
-			if fam.on {
-				nodePorts[key{sp.Name.Protocol, netip.AddrPortFrom(fam.any, sp.NodePort)}] = sp.Name
-			}
+		if v6 {
+			nodePorts[key{sp.Name.Protocol, netip.AddrPortFrom(netip.IPv6Unspecified(), sp.NodePort)}] = sp.Name
 		}
 	}
 	anyOf := func(a netip.Addr) netip.Addr {
