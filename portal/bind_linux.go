@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -244,35 +245,42 @@ func (b *Bind) otherLinks() []string {
 	return names
 }
 
+// eachOwned calls f with each interface a bind portal (this one, or a
+// previous run's) may have put service addresses on, and the addresses it
+// added there: our dummy interface (dummy true; all of its addresses),
+// then the others of otherLinks. Called with b.mu held.
+func (b *Bind) eachOwned(f func(l netlink.Link, dummy bool, have map[netip.Addr]*netlink.Addr)) error {
+	var errs *multierror.Error
+	visit := func(name string, dummy bool) {
+		l, err := b.h.LinkByName(name)
+		if err != nil || dummy && l.Type() != "dummy" {
+			return // absent, or not ours
+		}
+		have, err := b.ownedAddrs(l, dummy)
+		if err != nil {
+			errs = multierror.Append(errs, err)
+			return
+		}
+		f(l, dummy, have)
+	}
+	visit(DefaultBindInterface, true)
+	for _, n := range b.otherLinks() {
+		visit(n, false)
+	}
+	return errs.ErrorOrNil()
+}
+
 // Owned lists the service addresses a bind portal (this one, or a previous
 // run's) has on this host, on our dummy interface and on the others.
 func (b *Bind) Owned() ([]netip.Addr, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var out []netip.Addr
-	var errs *multierror.Error
-	add := func(name string, all bool) {
-		l, err := b.h.LinkByName(name)
-		if err != nil {
-			return
-		}
-		if all && l.Type() != "dummy" {
-			return // not ours
-		}
-		have, err := b.ownedAddrs(l, all)
-		if err != nil {
-			errs = multierror.Append(errs, err)
-		}
-		for ip := range have {
-			out = append(out, ip)
-		}
-	}
-	add(DefaultBindInterface, true)
-	for _, n := range b.otherLinks() {
-		add(n, false)
-	}
+	err := b.eachOwned(func(_ netlink.Link, _ bool, have map[netip.Addr]*netlink.Addr) {
+		out = append(out, slices.Collect(maps.Keys(have))...)
+	})
 	slices.SortFunc(out, netip.Addr.Compare)
-	return out, errs.ErrorOrNil()
+	return out, err
 }
 
 // Cleanup removes the addresses we added and our dummy interface.
@@ -280,22 +288,15 @@ func (b *Bind) Cleanup(_ context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var errs *multierror.Error
-	if l, err := b.h.LinkByName(DefaultBindInterface); err == nil && l.Type() == "dummy" {
-		if err := b.h.LinkDel(l); err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("portal: bind: delete %s: %w", DefaultBindInterface, err))
-		} else {
-			klog.InfoS("Deleted the bind portal's interface, with its service addresses", "interface", DefaultBindInterface)
-		}
-	}
-	for _, n := range b.otherLinks() {
-		l, err := b.h.LinkByName(n)
-		if err != nil {
-			continue
-		}
-		have, err := b.ownedAddrs(l, false)
-		if err != nil {
-			errs = multierror.Append(errs, err)
-			continue
+	err := b.eachOwned(func(l netlink.Link, dummy bool, have map[netip.Addr]*netlink.Addr) {
+		n := l.Attrs().Name
+		if dummy {
+			if err := b.h.LinkDel(l); err != nil {
+				errs = multierror.Append(errs, fmt.Errorf("portal: bind: delete %s: %w", n, err))
+			} else {
+				klog.InfoS("Deleted the bind portal's interface, with its service addresses", "interface", n)
+			}
+			return
 		}
 		removed := 0
 		for ip, a := range have {
@@ -308,6 +309,9 @@ func (b *Bind) Cleanup(_ context.Context) error {
 		if removed > 0 {
 			klog.InfoS("Removed the bind portal's service addresses", "interface", n, "addresses", removed)
 		}
+	})
+	if err != nil {
+		errs = multierror.Append(errs, err)
 	}
 	b.link = nil
 	return errs.ErrorOrNil()

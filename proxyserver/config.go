@@ -175,7 +175,7 @@ func (c *Config) Validate() error {
 	if err := checkMode("--proxy-mode", c.ProxyMode); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.checkDetectLocalMode(); err != nil {
+	if err := c.checkDetectLocalModeFlag(); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.Portal {

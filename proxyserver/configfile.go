@@ -232,13 +232,11 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	c.ConfigSyncPeriod = orDuration(kp.ConfigSyncPeriod.Duration, d.ConfigSyncPeriod)
 	c.ProxyPortRange = kp.PortRange
 	c.ClusterCIDR = ""
-	switch kp.DetectLocalMode {
-	case "", "ClusterCIDR": // checked by Validate, which names the field
-		c.ClusterCIDR = kp.ClusterCIDR
-	case "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix": // not supported; see inapplicable
-	default: // kube-proxy refuses it too
-		errs = append(errs, fmt.Errorf("detectLocalMode: %q is not a mode (ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix; this proxy supports ClusterCIDR)", kp.DetectLocalMode))
-	}
+	if err := checkDetectLocalMode("detectLocalMode", string(kp.DetectLocalMode)); err != nil {
+		errs = append(errs, err)
+	} else if kp.DetectLocalMode == "" || kp.DetectLocalMode == "ClusterCIDR" {
+		c.ClusterCIDR = kp.ClusterCIDR // checked by Validate, which names the field
+	} // else told apart by node CIDR or interface: not supported; see inapplicable
 	c.NodePortAddresses = nil
 	for i, a := range kp.NodePortAddresses {
 		switch a {

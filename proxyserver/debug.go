@@ -239,7 +239,7 @@ func familyWithout(eps []state.Endpoint) string {
 func (d *debugView) endpointList(sp *state.ServicePort, eps []state.Endpoint) string {
 	if len(eps) == 0 {
 		switch {
-		case len(sp.ClusterEndpoints) > 0 || len(sp.LocalEndpoints) > 0: // a Local policy's
+		case sp.HasEndpoints(): // none for a Local policy
 			if d.portals != nil {
 				return "none on this node: new connections are dropped (the portal's DROP rule), as kube-proxy drops them"
 			}

@@ -92,19 +92,26 @@ func (c *Config) ignoredKubeProxyFlags() []string {
 	return out
 }
 
-// checkDetectLocalMode refuses a --detect-local-mode kube-proxy would
+// checkDetectLocalModeFlag refuses a --detect-local-mode kube-proxy would
 // refuse; the ones it knows are accepted (and, but for ClusterCIDR, which
 // --cluster-cidr stands for, ignored).
-func (c *Config) checkDetectLocalMode() error {
+func (c *Config) checkDetectLocalModeFlag() error {
 	if c.flags == nil || !c.flags.Changed("detect-local-mode") {
 		return nil
 	}
-	switch v, _ := c.flags.GetString("detect-local-mode"); v {
+	v, _ := c.flags.GetString("detect-local-mode")
+	return checkDetectLocalMode("--detect-local-mode", v)
+}
+
+// checkDetectLocalMode refuses a detectLocalMode (--detect-local-mode, or
+// the --config file's field) that kube-proxy would refuse, naming where it
+// came from.
+func checkDetectLocalMode(where, mode string) error {
+	switch mode {
 	case "", "ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix":
 		return nil
-	default:
-		return fmt.Errorf("--detect-local-mode: %q is not a mode (ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix; this proxy supports ClusterCIDR)", v)
 	}
+	return fmt.Errorf("%s: %q is not a mode (ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix; this proxy supports ClusterCIDR)", where, mode)
 }
 
 // checkMode refuses a mode (--proxy-mode, or the --config file's mode)

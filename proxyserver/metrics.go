@@ -110,7 +110,7 @@ func (m *metrics) synced(snap state.Snapshot, took time.Duration, applied bool, 
 	// to zero) is refused, and counts in neither.
 	var internal, external int
 	for sp := range snap.All {
-		if len(sp.LocalEndpoints) == 0 && len(sp.ClusterEndpoints) > 0 {
+		if len(sp.LocalEndpoints) == 0 && sp.HasEndpoints() {
 			if sp.InternalLocal {
 				internal++
 			}

@@ -174,6 +174,12 @@ type ServicePort struct {
 	LocalEndpoints   []Endpoint
 }
 
+// HasEndpoints reports whether the port has any endpoint to send traffic
+// to, here or on another node; without one it refuses every client.
+func (sp *ServicePort) HasEndpoints() bool {
+	return len(sp.ClusterEndpoints) > 0 || len(sp.LocalEndpoints) > 0
+}
+
 // InternalEndpoints are the endpoints for traffic to ClusterIPs.
 func (sp *ServicePort) InternalEndpoints() []Endpoint {
 	if sp.InternalLocal {

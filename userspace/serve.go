@@ -34,7 +34,7 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 			}
 			if isResourceExhausted(err) {
 				shed := shed()
-				p.shed.shed(&p.stats, err, sp.name.String(), shed)
+				p.shed.report(&p.stats, err, sp.name.String(), shed)
 				if shed {
 					continue
 				}

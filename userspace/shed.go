@@ -82,10 +82,10 @@ func (s *shedder) retakeLocked() {
 	s.missing.Store(err != nil)
 }
 
-// shed counts and logs one connection shed for want of descriptors (err),
+// report counts and logs one connection shed for want of descriptors (err),
 // or, when none could be (shed false: no spare), says that new connections
 // wait; both at most once a second, with how many there were since.
-func (s *shedder) shed(stats *Stats, err error, service string, shed bool) {
+func (s *shedder) report(stats *Stats, err error, service string, shed bool) {
 	if !shed {
 		if n, ok := s.noSpare.note(time.Second); ok {
 			klog.ErrorS(err, "Out of file descriptors, without a spare one to shed a connection with; new connections wait until descriptors are free", "service", service, "timesSinceLastSaid", n)

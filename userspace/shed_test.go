@@ -29,7 +29,7 @@ func TestShedderTakesBackItsSpare(t *testing.T) {
 			}
 			return true // one connection accepted with the spare and reset
 		})
-		s.shed(&stats, syscall.EMFILE, "test/web", shed)
+		s.report(&stats, syscall.EMFILE, "test/web", shed)
 		return shed
 	}
 
@@ -44,7 +44,7 @@ func TestShedderTakesBackItsSpare(t *testing.T) {
 	if s.withSpare(func() bool { return false }) {
 		t.Fatal("shed without a spare")
 	}
-	s.shed(&stats, syscall.EMFILE, "test/web", false)
+	s.report(&stats, syscall.EMFILE, "test/web", false)
 	if n := stats.Shed.Load(); n != 1 {
 		t.Errorf("Shed = %d, want 1: only connections really shed count", n)
 	}

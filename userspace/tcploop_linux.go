@@ -190,7 +190,7 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 				resetFD(fd)
 				return true
 			})
-			p.shed.shed(&p.stats, err, l.sp.name.String(), shed)
+			p.shed.report(&p.stats, err, l.sp.name.String(), shed)
 			if !shed {
 				a.pause()
 				return

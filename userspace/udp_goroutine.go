@@ -175,14 +175,14 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		l.sp.udpDialFailed(ep, err)
 		return nil
 	}
-	s = &udpSession{l: l, b: b, client: client, endpoint: ep, conn: conn, clientSA: sockaddr(l.fam, client)}
+	s = &udpSession{l: l, b: b, client: client, endpoint: ep, conn: conn, clientSA: sockaddr(l.fam, client),
+		dst: dst, oob: pktinfoOOB(l.fam, dst)}
 	if s.rc, err = conn.SyscallConn(); err != nil {
 		conn.Close()
 		l.sp.releaseUDP()
 		return nil
 	}
 	_ = s.rc.Control(func(fd uintptr) { growRcvBuf(int(fd)) }) // see frontendRcvBuf
-	s.setDst(dst)
 	s.lastActive.Store(time.Now().UnixNano())
 	s.tally.start()
 	l.mu.Lock()
@@ -227,29 +227,8 @@ type udpSession struct {
 	refused    atomic.Bool
 	tally      udpTally
 
-	dstMu sync.Mutex // guards the fields below
-	dst   netip.Addr // where the client's datagrams arrive
-	oob   []byte     // control message that sends replies from dst
-}
-
-func (s *udpSession) setDst(dst netip.Addr) {
-	s.dstMu.Lock()
-	defer s.dstMu.Unlock()
-	if dst == s.dst && s.oob != nil {
-		return
-	}
-	s.dst = dst
-	if !dst.IsValid() {
-		s.oob = []byte{}
-		return
-	}
-	s.oob = pktinfoOOB(s.l.fam, dst)
-}
-
-func (s *udpSession) replyOOB() []byte {
-	s.dstMu.Lock()
-	defer s.dstMu.Unlock()
-	return s.oob
+	dst netip.Addr // where the client's datagrams arrive (part of its key)
+	oob []byte     // control message that sends replies from dst
 }
 
 // send forwards one client datagram to the endpoint without blocking: a
@@ -357,7 +336,7 @@ func (s *udpSession) replyLoop() {
 		}
 		s.lastActive.Store(time.Now().UnixNano())
 		s.answered()
-		if err := l.sendTo((*bp)[:n], s.replyOOB(), s.clientSA); err != nil {
+		if err := l.sendTo((*bp)[:n], s.oob, s.clientSA); err != nil {
 			p.stats.UDPDropped.Add(1)
 		} else {
 			p.stats.UDPDatagramsOut.Add(1)

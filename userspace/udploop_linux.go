@@ -247,10 +247,9 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		return nil
 	}
 	s := &udpSession{l: l, b: b, client: client, endpoint: ep, fd: fd,
-		clientSA: makeRawSockaddr(l.fam, client), lastActive: time.Now()}
+		clientSA: makeRawSockaddr(l.fam, client), dst: dst, oob: pktinfoOOB(l.fam, dst), lastActive: time.Now()}
 	s.timer = timerEntry{index: -1, owner: s}
 	s.tally.start()
-	s.setDst(dst)
 	if err := l.lp.register(fd, unix.EPOLLIN, s); err != nil {
 		unix.Close(fd)
 		l.sp.releaseUDP()
@@ -291,7 +290,7 @@ type udpSession struct {
 	endpoint netip.AddrPort
 	fd       int // connected to endpoint
 
-	dst        netip.Addr // where the client's datagrams arrive
+	dst        netip.Addr // where the client's datagrams arrive (part of its key)
 	oob        []byte     // control message that sends replies from dst
 	lastActive time.Time  // the last datagram either way
 	unanswered int        // client datagrams without a reply yet (each reply answers one)
@@ -308,11 +307,6 @@ func (s *udpSession) expired(now time.Time) time.Time {
 	}
 	s.close()
 	return time.Time{}
-}
-
-func (s *udpSession) setDst(dst netip.Addr) {
-	s.dst = dst
-	s.oob = pktinfoOOB(s.l.fam, dst)
 }
 
 // expiry is when the session ends if nothing more happens: the idle timeout
