@@ -270,6 +270,73 @@ func TestBinaryHelpVersionAndHangUp(t *testing.T) {
 	}
 }
 
+// exitCode is the exit code of a command that ended with err: 0 for nil,
+// -1 if it did not exit.
+func exitCode(err error) int {
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// TestBinaryVersionRaw: --version=raw prints the build field by field, as
+// kube-proxy's does; a version to report instead is refused, not taken as
+// a bool.
+func TestBinaryVersionRaw(t *testing.T) {
+	out, err := exec.Command(proxyBin, "--version=raw").Output()
+	if err != nil || !strings.HasPrefix(string(out), "version.Info{") || !strings.Contains(string(out), `Compiler:"gc"`) {
+		t.Fatalf("--version=raw: %v, %q; want version.Info{...} and exit 0", err, out)
+	}
+	out, err = exec.Command(proxyBin, "--version=v1.31.0").CombinedOutput()
+	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "--version=v1.31.0: want true, false or raw") {
+		t.Fatalf("--version=v1.31.0: exit %d, %q; want exit 2 and the reason", code, out)
+	}
+}
+
+// TestBinaryWriteConfigTo: --write-config-to writes the KubeProxyConfiguration
+// that stands for a command line and names the flags it cannot hold; the
+// proxy run with --config and those flags serves as the command line did.
+func TestBinaryWriteConfigTo(t *testing.T) {
+	a := httpBackend(t, "a")
+	np, hp, mp := freePort(t), freePort(t), freePort(t)
+	dir := t.TempDir()
+	services := filepath.Join(dir, "services.yaml")
+	writeFile(t, services, manifest(np, "None", []int{a}, nil))
+	config := filepath.Join(dir, "config.yaml")
+	out, err := exec.Command(proxyBin, "--write-config-to", config, "--manifests", services, "--portal=none",
+		"--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32", fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hp),
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp), "--udp-timeout=2s", "-v=2").CombinedOutput()
+	if err != nil {
+		t.Fatalf("--write-config-to: %v\n%s", err, out)
+	}
+	_, keep, ok := strings.Cut(strings.TrimSpace(string(out)), "the options it cannot hold: ")
+	if !ok || keep != "--manifests="+services+" --portal=none" {
+		t.Fatalf("--write-config-to said %q; want it to name --manifests and --portal, the flags the file cannot hold", out)
+	}
+	p := startProxy(t, append([]string{"--config", config}, strings.Fields(keep)...)...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+	if body, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/", np)); err != nil || body != "a" {
+		t.Fatalf("the node port: %v, %q; want backend a", err, body)
+	}
+	for _, url := range []string{fmt.Sprintf("http://127.0.0.1:%d/healthz", hp), fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)} {
+		if code, body := curlCode(t, url); code != "200" {
+			t.Fatalf("%s, the written address: %s %s", url, code, body)
+		}
+	}
+	if !strings.Contains(p.log(), `"Synced"`) { // logged at -v=2, which the file carries
+		t.Errorf("no -v=2 line: the file's logging.verbosity was not applied:\n%s", p.log())
+	}
+
+	// An option the file would read back as something else is refused.
+	out, err = exec.Command(proxyBin, "--write-config-to", filepath.Join(dir, "bad.yaml"), "--manifests", services, "--metrics-bind-address=").CombinedOutput()
+	if code := exitCode(err); code != 2 || !strings.Contains(string(out), `--metrics-bind-address="" cannot be written`) {
+		t.Fatalf("--metrics-bind-address= with --write-config-to: exit %d, %q; want exit 2 and the reason", code, out)
+	}
+}
+
 // TestBinaryCapsRepeatedMessages: a file with many problems logs the first
 // twenty of its warnings, and of a rejected edit's errors, and then how
 // many more there are, not hundreds of lines on every edit.
@@ -633,11 +700,7 @@ func TestBadInputFailsClearly(t *testing.T) {
 				<-done
 				t.Fatalf("still running after 20s; output:\n%s", out)
 			}
-			code := 0
-			if ee, ok := err.(*exec.ExitError); ok {
-				code = ee.ExitCode()
-			}
-			if code != tc.wantCode {
+			if code := exitCode(err); code != tc.wantCode {
 				t.Fatalf("exit code %d, want %d; output:\n%s", code, tc.wantCode, out)
 			}
 			for _, w := range tc.want {

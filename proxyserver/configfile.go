@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
@@ -178,9 +179,8 @@ func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfigurati
 		}
 		klog.InfoS("The --config file has a field this proxy does not know, maybe more; they are ignored", "first", decodeMessage(strictErr))
 	}
-	const apiVersion = "kubeproxy.config.k8s.io/v1alpha1"
-	if kp.APIVersion != apiVersion || kp.Kind != "KubeProxyConfiguration" {
-		return nil, 0, fmt.Errorf("apiVersion %q, kind %q: want apiVersion %s, kind KubeProxyConfiguration", kp.APIVersion, kp.Kind, apiVersion)
+	if kp.APIVersion != kubeProxyAPIVersion || kp.Kind != "KubeProxyConfiguration" {
+		return nil, 0, fmt.Errorf("apiVersion %q, kind %q: want apiVersion %s, kind KubeProxyConfiguration", kp.APIVersion, kp.Kind, kubeProxyAPIVersion)
 	}
 	return &kp, udpIdle, nil
 }
@@ -285,4 +285,155 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 	add(kp.WindowsRunAsService, "windowsRunAsService")
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// kubeProxyAPIVersion is the KubeProxyConfiguration version read and written.
+const kubeProxyAPIVersion = "kubeproxy.config.k8s.io/v1alpha1"
+
+// WriteConfigFile writes to c.WriteConfigTo the KubeProxyConfiguration
+// (mode userspace) that stands for c, with verbosity as logging.verbosity:
+// what LoadConfigFile reads back as the same options. A value the file
+// cannot hold is an error that names it: an empty --healthz-bind-address,
+// say, which the file would read as kube-proxy's default address. It
+// returns the flags given that the file does not hold (this proxy's own,
+// such as --portal), as "--name=value": they must still be given beside
+// --config. c must be valid (see Validate).
+func (c *Config) WriteConfigFile(verbosity int) ([]string, error) {
+	data, err := c.marshalKubeProxyConfig(verbosity)
+	if err != nil {
+		return nil, fmt.Errorf("--write-config-to: %w", err)
+	}
+	if err := c.readsBackAs(data, verbosity); err != nil {
+		return nil, fmt.Errorf("--write-config-to: %w", err)
+	}
+	if err := os.WriteFile(c.WriteConfigTo, data, 0o644); err != nil {
+		return nil, fmt.Errorf("--write-config-to: %w", err)
+	}
+	var keep []string
+	c.flagSet().Visit(func(f *pflag.Flag) {
+		switch {
+		case configFileFields[f.Name] != "", f.Name == "v", f.Name == "config", f.Name == "write-config-to":
+			return // in the file, or about the file
+		case isKubeProxyOnly(f.Name):
+			return // ignored either way
+		}
+		keep = append(keep, "--"+f.Name+"="+flagValue(f))
+	})
+	return keep, nil
+}
+
+// flagValue is f's value as a command line gives it: a list
+// comma-separated, and quoted when empty or when a shell would split it.
+func flagValue(f *pflag.Flag) string {
+	v := f.Value.String()
+	if sv, ok := f.Value.(pflag.SliceValue); ok {
+		v = strings.Join(sv.GetSlice(), ",")
+	}
+	if v == "" || strings.ContainsAny(v, " \t\"'$\\") {
+		v = fmt.Sprintf("%q", v)
+	}
+	return v
+}
+
+// flagSet returns the flags bound to c's fields, registering them if
+// AddFlags has not.
+func (c *Config) flagSet() *pflag.FlagSet {
+	if c.flags == nil {
+		c.AddFlags(pflag.NewFlagSet("kube-userspace-proxy", pflag.ContinueOnError))
+	}
+	return c.flags
+}
+
+// marshalKubeProxyConfig returns c as a KubeProxyConfiguration file: the
+// fields kube-proxy's flags stand for, leaving out those at their zero
+// value (which read back as kube-proxy's defaults, as if absent), and the
+// legacy userspace mode's udpIdleTimeout.
+func (c *Config) marshalKubeProxyConfig(verbosity int) ([]byte, error) {
+	kp := kubeproxyv1alpha1.KubeProxyConfiguration{
+		Mode:               ModeUserspace,
+		HostnameOverride:   c.HostnameOverride,
+		BindAddress:        c.BindAddress,
+		HealthzBindAddress: c.HealthzBindAddress,
+		MetricsBindAddress: c.MetricsBindAddress,
+		ClusterCIDR:        c.ClusterCIDR,
+		PortRange:          c.ProxyPortRange,
+		NodePortAddresses:  c.NodePortAddresses,
+	}
+	kp.APIVersion, kp.Kind = kubeProxyAPIVersion, "KubeProxyConfiguration"
+	kp.ClientConnection.Kubeconfig = c.Kubeconfig
+	kp.ClientConnection.QPS = c.KubeAPIQPS
+	kp.ClientConnection.Burst = int32(c.KubeAPIBurst)
+	kp.ClientConnection.ContentType = c.KubeAPIContentType
+	kp.ConfigSyncPeriod.Duration = c.ConfigSyncPeriod
+	kp.IPTables.SyncPeriod.Duration = c.SyncPeriod
+	kp.IPTables.MinSyncPeriod.Duration = c.MinSyncPeriod
+	kp.Logging.Verbosity = logsapi.VerbosityLevel(verbosity)
+	typed, err := yaml.Marshal(&kp)
+	if err != nil {
+		return nil, err
+	}
+	var fields map[string]any
+	if err := yaml.Unmarshal(typed, &fields); err != nil {
+		return nil, err
+	}
+	pruneZero(fields)
+	fields["udpIdleTimeout"] = c.UDPIdleTimeout.String()
+	data, err := yaml.Marshal(fields)
+	if err != nil {
+		return nil, err
+	}
+	header := "# Written by kube-userspace-proxy --write-config-to; run it with --config and this file.\n"
+	return append([]byte(header), data...), nil
+}
+
+// pruneZero deletes from m, recursively, the values that decode as if
+// absent: null, "", false, 0, "0" (a quantity), "0s" and what is left
+// empty.
+func pruneZero(m map[string]any) {
+	for k, v := range m {
+		if sub, ok := v.(map[string]any); ok {
+			pruneZero(sub)
+			if len(sub) == 0 {
+				delete(m, k)
+			}
+			continue
+		}
+		switch v {
+		case nil, "", false, float64(0), "0", "0s":
+			delete(m, k)
+			continue
+		}
+		if l, ok := v.([]any); ok && len(l) == 0 {
+			delete(m, k)
+		}
+	}
+}
+
+// readsBackAs checks that the file data reads back, as LoadConfigFile
+// reads it, as c's options and verbosity, and names each that does not.
+func (c *Config) readsBackAs(data []byte, verbosity int) error {
+	kp, udpIdle, err := decodeKubeProxyConfig(data)
+	if err != nil {
+		return err
+	}
+	back := NewConfig()
+	backFlags := back.flagSet()
+	back.fromFile = make(map[string]bool)
+	if err := back.fromKubeProxyConfig(kp, false); err != nil {
+		return err
+	}
+	if udpIdle != 0 {
+		back.UDPIdleTimeout = udpIdle
+	}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(configFileFields)) {
+		got, want := flagValue(backFlags.Lookup(name)), flagValue(c.flagSet().Lookup(name))
+		if got != want {
+			errs = append(errs, fmt.Errorf("--%s=%s cannot be written: a KubeProxyConfiguration's %s would read back as %s", name, want, configFileFields[name], got))
+		}
+	}
+	if int(kp.Logging.Verbosity) != verbosity {
+		errs = append(errs, fmt.Errorf("-v=%d cannot be written: logging.verbosity would read back as %d", verbosity, kp.Logging.Verbosity))
+	}
+	return errors.Join(errs...)
 }

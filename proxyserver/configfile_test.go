@@ -3,6 +3,7 @@ package proxyserver
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+	"sigs.k8s.io/yaml"
 )
 
 // loadConfig parses args, writes file (if not empty) for --config, and
@@ -217,5 +219,91 @@ func TestLoadConfigFileErrors(t *testing.T) {
 	}
 	if _, err := loadConfig(t, "", "--config=/nonexistent/kube-proxy.yaml"); err == nil || !strings.Contains(err.Error(), "--config: open /nonexistent/kube-proxy.yaml") {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// TestWriteConfigFile: --write-config-to writes a file that --config reads
+// back as the same options, names the flags it cannot hold, and refuses a
+// value the file would read back as something else.
+func TestWriteConfigFile(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"--kubeconfig=/etc/kup/kubeconfig", "--kube-api-qps=7.5", "--kube-api-burst=30", "--kube-api-content-type=application/json",
+			"--config-sync-period=10m", "--bind-address=::", "--healthz-bind-address=[::]:9000", "--metrics-bind-address=127.0.0.1",
+			"--nodeport-addresses=127.0.0.0/8,198.18.0.0/15", "--cluster-cidr=198.18.0.0/16,fd5e:b1b5::/48", "--iptables-sync-period=1m",
+			"--iptables-min-sync-period=0.5s", "--proxy-port-range=36000+99", "--udp-timeout=1s", "--hostname-override=node-a",
+			"--portal=iptables", "--udp-max-sessions=-1", "--master=https://192.0.2.1:6443"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			c, err := loadConfig(t, "", args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
+			keep, err := c.WriteConfigFile(3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(c.WriteConfigTo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Every field is one kube-proxy knows, but the legacy
+			// userspace mode's udpIdleTimeout.
+			var strict kubeproxyv1alpha1.KubeProxyConfiguration
+			if err := yaml.UnmarshalStrict([]byte(strings.Split(string(data), "udpIdleTimeout:")[0]), &strict); err != nil {
+				t.Fatalf("the file is not a strict KubeProxyConfiguration: %v\n%s", err, data)
+			}
+			back, err := loadConfig(t, string(data), keep...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := back.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			if back.LogVerbosity == nil || *back.LogVerbosity != 3 {
+				t.Errorf("verbosity read back as %v, want 3", back.LogVerbosity)
+			}
+			c.fromFile, back.fromFile = nil, nil
+			c.flags, back.flags = nil, nil
+			c.WriteConfigTo, back.ConfigFile, back.LogVerbosity = "", "", nil
+			if !reflect.DeepEqual(c, back) {
+				t.Errorf("read back as\n%+v\nwant\n%+v\nfile:\n%s", back, c, data)
+			}
+			var want []string
+			for _, a := range args {
+				if name := strings.SplitN(strings.TrimPrefix(a, "--"), "=", 2)[0]; configFileFields[name] == "" {
+					want = append(want, a)
+				}
+			}
+			slices.Sort(want)
+			if !slices.Equal(keep, want) {
+				t.Errorf("flags to keep = %q, want %q", keep, want)
+			}
+		})
+	}
+
+	c, err := loadConfig(t, "", "--healthz-bind-address=", "--config-sync-period=0", "--iptables-min-sync-period=1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
+	_, err = c.WriteConfigFile(0)
+	for _, want := range []string{
+		`--healthz-bind-address="" cannot be written: a KubeProxyConfiguration's healthzBindAddress would read back as 0.0.0.0:10256`,
+		`--config-sync-period=0s cannot be written: a KubeProxyConfiguration's configSyncPeriod would read back as 15m0s`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want it to say %s", err, want)
+		}
+	}
+	if _, serr := os.Stat(c.WriteConfigTo); serr == nil {
+		t.Error("a file that does not stand for the options was written")
 	}
 }

@@ -92,6 +92,16 @@ func (c *Config) ignoredKubeProxyFlags() []string {
 	return out
 }
 
+// isKubeProxyOnly says whether name is one of kubeProxyOnlyFlags.
+func isKubeProxyOnly(name string) bool {
+	for _, f := range kubeProxyOnlyFlags {
+		if f.name == name {
+			return true
+		}
+	}
+	return false
+}
+
 // checkDetectLocalModeFlag refuses a --detect-local-mode kube-proxy would
 // refuse; the ones it knows are accepted (and, but for ClusterCIDR, which
 // --cluster-cidr stands for, ignored).

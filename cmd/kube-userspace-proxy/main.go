@@ -11,9 +11,12 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
+	k8sversion "k8s.io/apimachinery/pkg/version"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxyserver"
@@ -24,7 +27,8 @@ func main() {
 	fs := pflag.NewFlagSet("kube-userspace-proxy", pflag.ContinueOnError)
 	fs.SetOutput(os.Stdout) // --help is asked for: it goes where `| less` reads
 	cfg.AddFlags(fs)
-	showVersion := fs.Bool("version", false, "Print the version and exit.")
+	showVersion := fs.String("version", "false", "Print the version and exit; --version=raw prints it field by field, as kube-proxy does.")
+	fs.Lookup("version").NoOptDefVal = "true"
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -43,9 +47,17 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kube-userspace-proxy:", err)
 		os.Exit(2)
 	}
-	if *showVersion {
+	switch *showVersion {
+	case "false":
+	case "true":
 		fmt.Println("kube-userspace-proxy", buildVersion())
 		os.Exit(0)
+	case "raw":
+		fmt.Printf("%#v\n", rawVersion())
+		os.Exit(0)
+	default:
+		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: --version=%s: want true, false or raw (this proxy cannot report another version, as kube-proxy's --version=vX.Y.Z does)\n", *showVersion)
+		os.Exit(2)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (every option is a flag)\n", fs.Args())
@@ -61,6 +73,20 @@ func main() {
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid options:\n%v\n", err)
 		os.Exit(2)
+	}
+	if cfg.WriteConfigTo != "" {
+		verbosity, _ := strconv.Atoi(klogFlags.Lookup("v").Value.String())
+		keep, err := cfg.WriteConfigFile(verbosity)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: %v\n", err)
+			os.Exit(2)
+		}
+		fmt.Printf("Wrote %s; run with --config %s", cfg.WriteConfigTo, cfg.WriteConfigTo)
+		if len(keep) > 0 {
+			fmt.Printf(" and the options it cannot hold: %s", strings.Join(keep, " "))
+		}
+		fmt.Println()
+		os.Exit(0)
 	}
 	// SIGHUP too: a closed terminal or a stray reload request ends the
 	// proxy as cleanly, and as visibly, as SIGTERM.
@@ -105,4 +131,27 @@ func buildVersion() string {
 		v += " commit " + rev[:min(12, len(rev))] + modified
 	}
 	return fmt.Sprintf("%s %s %s/%s", v, info.GoVersion, runtime.GOOS, runtime.GOARCH)
+}
+
+// rawVersion is the build as kube-proxy's --version=raw shows its own:
+// what buildVersion says, field by field.
+func rawVersion() k8sversion.Info {
+	info := k8sversion.Info{GitVersion: cmp.Or(version, "(devel)"), GoVersion: runtime.Version(),
+		Compiler: runtime.Compiler, Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if version == "" {
+			info.GitVersion = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				info.GitCommit = s.Value
+			case "vcs.modified":
+				info.GitTreeState = map[string]string{"true": "dirty", "false": "clean"}[s.Value]
+			case "vcs.time":
+				info.BuildDate = s.Value
+			}
+		}
+	}
+	return info
 }
