@@ -539,3 +539,32 @@ func TestClusterRefusesMetadataEndpoint(t *testing.T) {
 		t.Errorf("the API server serves %+v", got.Endpoints)
 	}
 }
+
+// TestClusterIgnoresEndpointsAtAnotherServicesFrontend: an endpoint at
+// another Service's cluster IP and port is ignored once that Service
+// exists, though the informer source builds each Service alone, and served
+// again once it is gone. Two such Services looped through the proxy until
+// its descriptors ran out.
+func TestClusterIgnoresEndpointsAtAnotherServicesFrontend(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	a := runCluster(t, c)
+	ns := testNamespace(t, c)
+	const otherIP = "198.18.250.77"
+	createService(t, c, newService(ns, "web"))
+	if _, err := c.DiscoveryV1().EndpointSlices(ns).Create(context.Background(),
+		newSlice(ns, "web", "web-1", readyEP("198.19.5.1"), readyEP(otherIP)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	web := svcPort(ns, "web")
+	i, _ := a.waitFor(t, 0, "both endpoints, before the other Service exists", waitApply, endpointsAre(web, clusterEPs, otherIP+":8080", "198.19.5.1:8080"))
+	createService(t, c, newService(ns, "other", func(s *corev1.Service) {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = otherIP, []string{otherIP}
+		s.Spec.Ports[0].Port = 8080
+	}))
+	i, _ = a.waitFor(t, i, "the endpoint at the other Service's frontend ignored", waitApply, endpointsAre(web, clusterEPs, "198.19.5.1:8080"))
+	if err := c.CoreV1().Services(ns).Delete(context.Background(), "other", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitFor(t, i, "the endpoint back once the other Service is gone", waitApply, endpointsAre(web, clusterEPs, otherIP+":8080", "198.19.5.1:8080"))
+}

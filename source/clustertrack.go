@@ -3,6 +3,7 @@ package source
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -333,11 +334,15 @@ func (v indexerView) objects(ref objectRef) ([]*corev1.Service, []*discoveryv1.E
 
 // served is what Run's loop last built: the service ports and problems of
 // every Service, each built by BuildSnapshot from that Service and its
-// slices alone. kube-proxy's semantics never relate two Services, so the
-// union equals what BuildSnapshot makes of every object at once.
+// slices alone. kube-proxy's semantics never relate two Services; only the
+// proxy's own capture check does (an endpoint at another Service's
+// frontend, or at a node port of this host, would loop through the
+// proxy), and index carries every Service's frontends to it, so the union
+// equals what BuildSnapshot makes of every object at once.
 type served struct {
 	ports    map[objectRef][]state.ServicePort
 	problems map[objectRef][]error
+	index    *frontIndex // of ports
 }
 
 func newServed() *served {
@@ -364,8 +369,79 @@ func (s *served) keys(v indexerView) map[objectRef]bool {
 }
 
 // update rebuilds the Services in refs and reports whether any of their
-// service ports changed.
+// service ports changed. Their endpoints are checked against the
+// frontends and node ports of every Service as they were; if the rebuild
+// changed those, the Services with an endpoint at a frontend or node port
+// that came, went or changed hands are rebuilt again (a Service's
+// frontends depend on the Service alone, so once is enough). That costs a
+// look at every endpoint, but only when frontends change, not endpoints.
 func (s *served) update(v indexerView, refs map[objectRef]bool, opts Options) (changed bool, err error) {
+	opts.others = s.index
+	if changed, err = s.rebuild(v, refs, opts); err != nil {
+		return changed, err
+	}
+	next := newFrontIndex()
+	for _, ports := range s.ports {
+		for i := range ports {
+			next.add(&ports[i])
+		}
+	}
+	moved := s.index.changed(next)
+	s.index = next
+	if moved.empty() {
+		return changed, nil
+	}
+	affected := v.endpointsAt(moved)
+	if len(affected) == 0 {
+		return changed, nil
+	}
+	opts.others = next
+	again, err := s.rebuild(v, affected, opts)
+	return changed || again, err
+}
+
+// endpointsAt returns the Services with an endpoint at a frontend of x, or
+// at a node port of x on any address of its family.
+func (v indexerView) endpointsAt(x *frontIndex) map[objectRef]bool {
+	out := make(map[objectRef]bool)
+	for _, obj := range v.slices.List() {
+		sl, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok {
+			continue
+		}
+		owner := sliceOwner(sl)
+		if owner.name == "" || out[owner] {
+			continue
+		}
+	slice:
+		for _, p := range sl.Ports {
+			if p.Port == nil {
+				continue
+			}
+			proto := state.TCP
+			if p.Protocol != nil {
+				proto = state.Protocol(*p.Protocol)
+			}
+			for _, ep := range sl.Endpoints {
+				for _, a := range ep.Addresses {
+					addr, err := netip.ParseAddr(a)
+					if err != nil || *p.Port < 1 || *p.Port > 65535 {
+						continue
+					}
+					if _, _, hit := x.lookup(frontKey{proto, netip.AddrPortFrom(addr.Unmap(), uint16(*p.Port))}); hit {
+						out[owner] = true
+						break slice
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// rebuild builds the Services in refs again and reports whether any of
+// their service ports changed.
+func (s *served) rebuild(v indexerView, refs map[objectRef]bool, opts Options) (changed bool, err error) {
 	for r := range refs {
 		svcs, eps, err := v.objects(r)
 		if err != nil {

@@ -117,51 +117,123 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 	}
 }
 
+// frontKey is a protocol and an address and port a connection can be made
+// to.
+type frontKey struct {
+	proto state.Protocol
+	addr  netip.AddrPort
+}
+
+// frontIndex is what of the proxy's own can capture a connection: the
+// frontends of service ports (cluster, external and load-balancer IPs and
+// ports), and their node ports (the address 0.0.0.0 or :: standing for
+// the family they are served in), each with its owner.
+type frontIndex struct {
+	fronts    map[frontKey]state.ServicePortName
+	nodePorts map[frontKey]state.ServicePortName
+}
+
+func newFrontIndex() *frontIndex {
+	return &frontIndex{fronts: make(map[frontKey]state.ServicePortName), nodePorts: make(map[frontKey]state.ServicePortName)}
+}
+
+// add indexes the frontends and node ports of sp.
+func (x *frontIndex) add(sp *state.ServicePort) {
+	for _, f := range sp.Frontends() {
+		x.fronts[frontKey{sp.Name.Protocol, netip.AddrPortFrom(f.Addr().Unmap(), f.Port())}] = sp.Name
+	}
+	if sp.NodePort == 0 {
+		return
+	}
+	v4, v6 := sp.Families()
+	if v4 || !v6 { // a node port with no frontend family is served on IPv4
+		x.nodePorts[frontKey{sp.Name.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), sp.NodePort)}] = sp.Name
+	}
+	if v6 {
+		x.nodePorts[frontKey{sp.Name.Protocol, netip.AddrPortFrom(netip.IPv6Unspecified(), sp.NodePort)}] = sp.Name
+	}
+}
+
+// lookup returns the owner of the frontend at k, or of the node port k
+// would reach on an address of this host, and which of the two it is.
+func (x *frontIndex) lookup(k frontKey) (owner state.ServicePortName, nodePort, ok bool) {
+	if x == nil {
+		return owner, false, false
+	}
+	if owner, ok = x.fronts[k]; ok {
+		return owner, false, true
+	}
+	owner, ok = x.nodePorts[frontKey{k.proto, netip.AddrPortFrom(familyAny(k.addr.Addr()), k.addr.Port())}]
+	return owner, ok, ok
+}
+
+// familyAny is the unspecified address of a's family.
+func familyAny(a netip.Addr) netip.Addr {
+	if a.Is4() {
+		return netip.IPv4Unspecified()
+	}
+	return netip.IPv6Unspecified()
+}
+
+// changed returns the keys whose owner differs between x and y (either may
+// be nil): frontends and node ports that came, went or changed hands.
+func (x *frontIndex) changed(y *frontIndex) *frontIndex {
+	out := newFrontIndex()
+	diff := func(dst, a, b map[frontKey]state.ServicePortName) {
+		for k, o := range a {
+			if p, ok := b[k]; !ok || p != o {
+				dst[k] = o
+			}
+		}
+	}
+	var xf, xn, yf, yn map[frontKey]state.ServicePortName
+	if x != nil {
+		xf, xn = x.fronts, x.nodePorts
+	}
+	if y != nil {
+		yf, yn = y.fronts, y.nodePorts
+	}
+	diff(out.fronts, xf, yf)
+	diff(out.fronts, yf, xf)
+	diff(out.nodePorts, xn, yn)
+	diff(out.nodePorts, yn, xn)
+	return out
+}
+
+func (x *frontIndex) empty() bool { return len(x.fronts) == 0 && len(x.nodePorts) == 0 }
+
 // capturedBy returns a function that says, for an endpoint of service
 // port name, what of the proxy's own would capture a connection to it: a
 // Service's frontend (cluster, external or load-balancer IP and port), or
-// a node port on an address of this host; "" if nothing would.
+// a node port on an address of this host; "" if nothing would. It looks
+// at ports and, when the caller builds one Service at a time (the
+// informer source), at every other Service's (Options.others).
 func (b *builder) capturedBy(ports []state.ServicePort) func(name state.ServicePortName, ep netip.AddrPort) string {
-	type key struct {
-		proto state.Protocol
-		addr  netip.AddrPort
-	}
-	fronts := make(map[key]state.ServicePortName)
-	// Node ports by protocol, family (the address stands for it:
-	// 0.0.0.0 or ::) and port.
-	nodePorts := make(map[key]state.ServicePortName)
-	for _, sp := range ports {
-		for _, f := range sp.Frontends() {
-			fronts[key{sp.Name.Protocol, netip.AddrPortFrom(f.Addr().Unmap(), f.Port())}] = sp.Name
-		}
-		if sp.NodePort == 0 {
-			continue
-		}
-		v4, v6 := sp.Families()
-		if v4 || !v6 { // a node port with no frontend family is served on IPv4
-			nodePorts[key{sp.Name.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), sp.NodePort)}] = sp.Name
-		}
-		if v6 {
-			nodePorts[key{sp.Name.Protocol, netip.AddrPortFrom(netip.IPv6Unspecified(), sp.NodePort)}] = sp.Name
-		}
-	}
-	anyOf := func(a netip.Addr) netip.Addr {
-		if a.Is4() {
-			return netip.IPv4Unspecified()
-		}
-		return netip.IPv6Unspecified()
+	own := newFrontIndex()
+	for i := range ports {
+		own.add(&ports[i])
 	}
 	var host map[netip.Addr]bool // read on first need
 	return func(name state.ServicePortName, ep netip.AddrPort) string {
-		ep = netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())
-		if owner, ok := fronts[key{name.Protocol, ep}]; ok {
+		k := frontKey{name.Protocol, netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())}
+		owner, nodePort, ok := own.lookup(k)
+		if !ok || nodePort {
+			// A frontend of another Service comes before a node port.
+			if o, np, found := b.opts.others.lookup(k); found && (!np || !ok) {
+				owner, nodePort, ok = o, np, true
+			}
+		}
+		if !ok {
+			return ""
+		}
+		if !nodePort {
 			if owner == name {
 				return "Service " + owner.String() + "'s own frontend"
 			}
 			return "Service " + owner.String() + "'s frontend"
 		}
-		owner, ok := nodePorts[key{name.Protocol, netip.AddrPortFrom(anyOf(ep.Addr()), ep.Port())}]
-		if !ok || b.opts.HostAddrs == nil {
+		ep = k.addr
+		if b.opts.HostAddrs == nil {
 			return ""
 		}
 		if n := b.opts.NodePortAddresses; len(n) > 0 && !slices.ContainsFunc(n, func(p netip.Prefix) bool { return p.Contains(ep.Addr()) }) {

@@ -62,6 +62,11 @@ type Options struct {
 	// NodePortAddresses, with HostAddrs, narrows those addresses to the
 	// ones that serve node ports (--nodeport-addresses); empty means all.
 	NodePortAddresses []netip.Prefix
+
+	// others indexes the frontends and node ports of every Service, for
+	// the capture check of endpoints when BuildSnapshot is given one
+	// Service at a time (see served.update); nil when it is given all.
+	others *frontIndex
 }
 
 // zone returns this node's topology zone, or "".
