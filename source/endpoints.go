@@ -112,8 +112,13 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 			eps = append(eps, e)
 		}
 		slices.SortFunc(eps, func(a, c endpointInfo) int { return a.Addr.Compare(c.Addr) })
-		ports[i].ClusterEndpoints = b.clusterEndpoints(eps)
-		ports[i].LocalEndpoints = localEndpoints(eps)
+		// kube-proxy runs a proxier per family, and each picks from its
+		// own family's endpoints: readiness fallback and hints are
+		// decided per family.
+		v4 := filter(eps, func(e *endpointInfo) bool { return e.Addr.Addr().Is4() })
+		v6 := filter(eps, func(e *endpointInfo) bool { return !e.Addr.Addr().Is4() })
+		ports[i].ClusterEndpoints = joinFamilies(b.clusterEndpoints(v4), b.clusterEndpoints(v6))
+		ports[i].LocalEndpoints = joinFamilies(localEndpoints(v4), localEndpoints(v6))
 	}
 }
 
@@ -406,6 +411,15 @@ func filter(eps []endpointInfo, keep func(*endpointInfo) bool) []endpointInfo {
 		}
 	}
 	return out
+}
+
+// joinFamilies returns the endpoints of both families, IPv4 first; nil
+// when there are none.
+func joinFamilies(v4, v6 []state.Endpoint) []state.Endpoint {
+	if len(v6) == 0 {
+		return v4
+	}
+	return append(v4, v6...)
 }
 
 // endpoints strips the hints; nil when there are none.

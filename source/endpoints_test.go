@@ -200,6 +200,43 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			wantCluster: []string{"10.0.0.1:8080", "[fd00::1]:8080", "[fd00::2]:8080"},
 		},
 		{
+			// kube-proxy runs a proxier per family: each falls back to
+			// serving, terminating endpoints, and honours hints, on its
+			// own family's endpoints alone.
+			name:    "dual stack: an IPv6 family with only terminating endpoints falls back by itself",
+			service: dualStack,
+			opts:    here,
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-v4", v4, eps{endpoint("10.0.0.1", onNode("node-a"))}),
+				endpointSlice("web-v6", v6, eps{endpoint("fd00::1", terminatingServing, onNode("node-a"))}),
+			},
+			wantCluster: []string{"10.0.0.1:8080", "[fd00::1]:8080"},
+			wantLocal:   []string{"10.0.0.1:8080", "[fd00::1]:8080"},
+		},
+		{
+			name:    "dual stack: hints are honoured per family",
+			service: dualStack,
+			opts:    here,
+			slices: []*discoveryv1.EndpointSlice{
+				// IPv4: every endpoint hinted, one for zone-a: only it.
+				endpointSlice("web-v4", v4, eps{endpoint("10.0.0.1", zoneHints("zone-a")), endpoint("10.0.0.2", zoneHints("zone-b"))}),
+				// IPv6: hinted for zone-b only: the hints do not name
+				// this zone, so they are ignored in this family.
+				endpointSlice("web-v6", v6, eps{endpoint("fd00::1", zoneHints("zone-b")), endpoint("fd00::2", zoneHints("zone-b"))}),
+			},
+			wantCluster: []string{"10.0.0.1:8080", "[fd00::1]:8080", "[fd00::2]:8080"},
+		},
+		{
+			name:    "dual stack: one family unhinted leaves the other's hints in force",
+			service: dualStack,
+			opts:    here,
+			slices: []*discoveryv1.EndpointSlice{
+				endpointSlice("web-v4", v4, eps{endpoint("10.0.0.1", zoneHints("zone-a")), endpoint("10.0.0.2", zoneHints("zone-b"))}),
+				endpointSlice("web-v6", v6, eps{endpoint("fd00::1"), endpoint("fd00::2")}),
+			},
+			wantCluster: []string{"10.0.0.1:8080", "[fd00::1]:8080", "[fd00::2]:8080"},
+		},
+		{
 			name: "a slice of a family the Service does not have is ignored, as kube-proxy does",
 			slices: []*discoveryv1.EndpointSlice{
 				endpointSlice("web-v6", v6, eps{endpoint("fd00::1")}),
