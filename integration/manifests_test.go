@@ -255,6 +255,12 @@ func TestBinaryHelpVersionAndHangUp(t *testing.T) {
 	if out, err := exec.Command(proxyBin, "--logtostderr=true", "--version").CombinedOutput(); err != nil {
 		t.Errorf("a hidden klog flag is refused: %v\n%s", err, out)
 	}
+	// Words are separated by - or _, as kube-proxy takes them.
+	for _, args := range [][]string{{"--skip-headers", "--log_file_max_size=10"}, {"--kube_api_qps=3", "--healthz_bind_address="}} {
+		if out, err := exec.Command(proxyBin, append(args, "--version")...).CombinedOutput(); err != nil {
+			t.Errorf("%v refused: %v\n%s", args, err, out)
+		}
+	}
 
 	a, ua := httpBackend(t, "a"), udpBackend(t, "ua")
 	np := freePort(t)

@@ -26,6 +26,11 @@ func main() {
 	cfg := proxyserver.NewConfig()
 	fs := pflag.NewFlagSet("kube-userspace-proxy", pflag.ContinueOnError)
 	fs.SetOutput(os.Stdout) // --help is asked for: it goes where `| less` reads
+	// As kube-proxy's: --log_dir and --log-dir, --kube_api_qps and
+	// --kube-api-qps are the same flag.
+	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
+	})
 	cfg.AddFlags(fs)
 	showVersion := fs.String("version", "false", "Print the version and exit; --version=raw prints it field by field, as kube-proxy does.")
 	fs.Lookup("version").NoOptDefVal = "true"
