@@ -339,6 +339,12 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 	switch {
 	case runtime.IsNotRegisteredError(err):
 		apiVersion, _ := apiVersionKind(data)
+		if want, ok := kindVersions[kind]; ok {
+			// A kind the proxy reads, at a version it does not: skipping
+			// it would drop the object, as a misspelt kind would.
+			m.errs = append(m.errs, problem("apiVersion", fmt.Errorf("%q is not a version of %s this proxy reads: want %s (kubectl refuses it too)", apiVersion, kind, want)))
+			return
+		}
 		if want := nearKind(kind); want != "" {
 			// A misspelt kind would silently drop the object: refuse
 			// the edit instead, so the last good state keeps serving.
@@ -512,6 +518,13 @@ func (m *manifest) check(at origin, kind, ns, name string, fs []finding) bool {
 		}
 	}
 	return ok
+}
+
+// kindVersions maps the kinds the proxy reads to the apiVersion it reads
+// them at.
+var kindVersions = map[string]string{
+	"Service": "v1", "ServiceList": "v1", "List": "v1",
+	"EndpointSlice": "discovery.k8s.io/v1", "EndpointSliceList": "discovery.k8s.io/v1",
 }
 
 // nearKind returns the kind the proxy reads that kind looks like a

@@ -385,6 +385,15 @@ func TestParseManifestsErrors(t *testing.T) {
 			},
 		},
 		{
+			name: "a kind the proxy reads at another apiVersion refuses the file, rather than drop the object",
+			data: strings.Replace(svcHead, "apiVersion: v1", "apiVersion: v2", 1) + "spec:\n  ports: [{port: 80}]\n" +
+				"---\n" + strings.Replace(sliceHead, "discovery.k8s.io/v1", "discovery.k8s.io/v1beta1", 1) + "addressType: IPv4\n",
+			want: []string{
+				`demo.yaml: document 1 (Service demo/web): apiVersion: "v2" is not a version of Service this proxy reads: want v1`,
+				`demo.yaml: document 2 (EndpointSlice demo/web-1): apiVersion: "discovery.k8s.io/v1beta1" is not a version of EndpointSlice this proxy reads: want discovery.k8s.io/v1`,
+			},
+		},
+		{
 			name: "unknown field (strict)",
 			data: svcHead + "spec:\n  ports: [{port: 80}]\n  prots: []\n",
 			want: []string{"demo.yaml: document 1 (Service demo/web): spec.prots: unknown field"},
