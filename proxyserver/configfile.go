@@ -177,7 +177,11 @@ func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfigurati
 			}
 			return nil, 0, errors.New(decodeMessage(err))
 		}
-		klog.InfoS("The --config file has a field this proxy does not know, maybe more; they are ignored", "first", decodeMessage(strictErr))
+		if unknown := unknownFields(fields, reflect.TypeOf(kp), ""); len(unknown) > 0 {
+			klog.InfoS("The --config file has fields this proxy does not know (perhaps a newer kube-proxy's, or misspelt); they are ignored", "fields", unknown)
+		} else {
+			klog.InfoS("The --config file has a field this proxy does not know, maybe more; they are ignored", "first", decodeMessage(strictErr))
+		}
 	}
 	if kp.APIVersion != kubeProxyAPIVersion || kp.Kind != "KubeProxyConfiguration" {
 		return nil, 0, fmt.Errorf("apiVersion %q, kind %q: want apiVersion %s, kind KubeProxyConfiguration", kp.APIVersion, kp.Kind, kubeProxyAPIVersion)
@@ -436,4 +440,42 @@ func (c *Config) readsBackAs(data []byte, verbosity int) error {
 		errs = append(errs, fmt.Errorf("-v=%d cannot be written: logging.verbosity would read back as %d", verbosity, kp.Logging.Verbosity))
 	}
 	return errors.Join(errs...)
+}
+
+// unknownFields returns the paths (iptables.syncPeriodd) of the keys in
+// fields, a decoded YAML object, that type t (a struct, as encoding/json
+// sees it) has no field for, in the order of the keys.
+func unknownFields(fields map[string]any, t reflect.Type, path string) []string {
+	known := make(map[string]reflect.Type)
+	var collect func(t reflect.Type)
+	collect = func(t reflect.Type) {
+		for f := range t.Fields() {
+			name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+			switch {
+			case name == "-" || !f.IsExported() && !f.Anonymous:
+			case name == "" && (f.Anonymous || strings.Contains(opts, "inline")) && f.Type.Kind() == reflect.Struct:
+				collect(f.Type)
+			case name == "":
+				known[f.Name] = f.Type
+			default:
+				known[name] = f.Type
+			}
+		}
+	}
+	collect(t)
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		ft, ok := known[k]
+		if !ok {
+			out = append(out, path+k)
+			continue
+		}
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if sub, isMap := fields[k].(map[string]any); isMap && ft.Kind() == reflect.Struct {
+			out = append(out, unknownFields(sub, ft, path+k+".")...)
+		}
+	}
+	return out
 }

@@ -307,3 +307,32 @@ func TestWriteConfigFile(t *testing.T) {
 		t.Error("a file that does not stand for the options was written")
 	}
 }
+
+// TestUnknownFields: every field the file has that a KubeProxyConfiguration
+// has not is named, with its path, not only the first; a kubeadm file has
+// none.
+func TestUnknownFields(t *testing.T) {
+	parse := func(s string) map[string]any {
+		var m map[string]any
+		if err := yaml.Unmarshal([]byte(s), &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	typ := reflect.TypeFor[kubeproxyv1alpha1.KubeProxyConfiguration]()
+	if got := unknownFields(parse(kubeadmConfig), typ, ""); len(got) != 0 {
+		t.Errorf("a kubeadm file has unknown fields %q", got)
+	}
+	got := unknownFields(parse(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: userspace
+foo: bar
+iptables: {syncPeriodd: 10s, minSyncPeriod: 1s}
+clientConnection: {qpss: 3}
+logging: {verbosity: 2, options: {text: {splitStream: true, bogus: 1}}}
+`), typ, "")
+	want := []string{"clientConnection.qpss", "foo", "iptables.syncPeriodd", "logging.options.text.bogus"}
+	if !slices.Equal(got, want) {
+		t.Errorf("unknown fields %q, want %q", got, want)
+	}
+}
