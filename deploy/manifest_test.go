@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -75,6 +76,10 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 				t.Fatalf("command %v", c.Command)
 			}
 			command = c.Command
+			if sc := c.SecurityContext; sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+				!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE"}) {
+				t.Errorf("security context %+v: want every capability dropped but NET_ADMIN, NET_RAW and NET_BIND_SERVICE", sc)
+			}
 		}
 	}
 	// Every flag the DaemonSet passes must exist, and with the ConfigMap's
