@@ -683,6 +683,7 @@ func TestBadInputFailsClearly(t *testing.T) {
 		{name: "missing file", args: []string{"--manifests", filepath.Join(dir, "absent.yaml")}, wantCode: 1, want: []string{"manifests: open ", "absent.yaml", "no such file"}},
 		{name: "bad manifest", args: []string{"--manifests", bad}, wantCode: 1, want: []string{"bad.yaml", "document 1", "spec.ports[1].protocol", "QUIC"}},
 		{name: "bind portal without CAP_NET_ADMIN", nobody: true, args: []string{"--manifests", good, "--portal=bind"}, wantCode: 1, want: []string{"--portal=bind", "CAP_NET_ADMIN"}},
+		{name: "iptables portal without CAP_NET_ADMIN", nobody: true, args: []string{"--manifests", good, "--portal=iptables"}, wantCode: 1, want: []string{"--portal=iptables: "}},
 		{name: "cleanup without CAP_NET_ADMIN", nobody: true, args: []string{"--cleanup"}, wantCode: 1, want: []string{"cleanup", "CAP_NET_ADMIN"}},
 	}
 	for _, tc := range tests {
@@ -715,7 +716,7 @@ func TestBadInputFailsClearly(t *testing.T) {
 				}
 			}
 			// Each layer names itself once: no "manifests: manifests:".
-			for _, word := range []string{"manifests: ", "kube-userspace-proxy: "} {
+			for _, word := range []string{"manifests: ", "kube-userspace-proxy: ", "bind: ", "iptables: "} {
 				if n := strings.Count(string(out), word); n > 1 {
 					t.Errorf("output says %q %d times:\n%s", word, n, out)
 				}

@@ -178,9 +178,9 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		}
 		line("listening", "%s", orNone(ls))
 		if a := activity[sp.Name]; sp.Name.Protocol == state.UDP {
-			line("carried", "%d UDP sessions, %d open", a.UDPSessions, a.OpenUDPSessions)
+			line("carried", "%s, %d open", count(a.UDPSessions, "UDP session"), a.OpenUDPSessions)
 		} else {
-			line("carried", "%d connections, %d open", a.Connections, a.OpenConnections)
+			line("carried", "%s, %d open", count(a.Connections, "connection"), a.OpenConnections)
 		}
 		if d.portals != nil {
 			var ps []string
@@ -280,4 +280,12 @@ func orNone(items []string) string {
 		return "none"
 	}
 	return strings.Join(items, ", ")
+}
+
+// count says how many of thing there are: "1 connection", "2 connections".
+func count[N int | int64 | uint64](n N, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }

@@ -33,13 +33,13 @@ func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, e
 	case PortalIPTables:
 		p, err := ipt()
 		if err != nil {
-			return nil, "", fmt.Errorf("--portal=iptables: %w", err)
+			return nil, "", portalError(PortalIPTables, err)
 		}
 		return p, PortalIPTables, nil
 	case PortalBind:
 		p, err := bind()
 		if err != nil {
-			return nil, "", fmt.Errorf("--portal=bind: %w", err)
+			return nil, "", portalError(PortalBind, err)
 		}
 		return p, PortalBind, nil
 	}
@@ -292,3 +292,18 @@ func oneLine(errs []error) string {
 
 // maxShownErrors is how many of a sync's errors its log line spells out.
 const maxShownErrors = 10
+
+// portalErr is an error of the portal --portal chose, named by the flag
+// rather than by the package ("portal: bind: ") as well.
+type portalErr struct {
+	mode string
+	err  error
+}
+
+func portalError(mode string, err error) error { return &portalErr{mode, err} }
+
+func (e *portalErr) Error() string {
+	return "--portal=" + e.mode + ": " + strings.TrimPrefix(e.err.Error(), "portal: "+e.mode+": ")
+}
+
+func (e *portalErr) Unwrap() error { return e.err }

@@ -474,7 +474,7 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 			errs = multierror.Append(errs, fmt.Errorf("userspace: service %s: listen on %s (%s): %w", sp.name, k.addr, k.role, err))
 			continue
 		}
-		klog.V(2).InfoS("Listening", "service", sp.name, "addr", k.addr, "role", k.role)
+		klog.V(3).InfoS("Listening", "service", sp.name, "addr", k.addr, "role", k.role)
 		sp.sockets[k] = s
 	}
 	sp.filterSockets()
@@ -563,7 +563,7 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 			for k, s := range opened {
 				sp.sockets[k] = s
 			}
-			klog.V(1).InfoS("Serving service port", "service", sp.name, "proxyPort", actual, "role", role)
+			klog.V(2).InfoS("Serving service port", "service", sp.name, "proxyPort", actual, "role", role)
 			return nil
 		}
 		lastErr = err
@@ -608,7 +608,7 @@ func (sp *servicePort) extendProxyPort(role socketRole, port *uint16) error {
 		if err != nil {
 			return fmt.Errorf("userspace: service %s: listen on %s (%s): %w", sp.name, k.addr, role, err)
 		}
-		klog.V(2).InfoS("Listening", "service", sp.name, "addr", k.addr, "role", role)
+		klog.V(3).InfoS("Listening", "service", sp.name, "addr", k.addr, "role", role)
 		sp.sockets[k] = s
 	}
 	if !taken {
