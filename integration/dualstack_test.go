@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -130,6 +131,45 @@ func TestBinaryUDPNodePortFromLinkLocal(t *testing.T) {
 			w.outside.mustRun(t, "ip", "-6", "addr", "add", "fe80::11:2/64", "dev", "eth0", "nodad")
 			expectReply(t, w.outside, "udp", "[fe80::11:1%eth0]:30096", "be6:ping")
 			expectReply(t, w.outside, "tcp", "[fe80::11:1%eth0]:30095", "be6:ping")
+		})
+	}
+}
+
+// TestBinaryUDPFromPodBehindLinkLocalGateway: a pod whose node side of the
+// veth has only a link-local IPv6 address (fe80::1, Calico's layout: the
+// pod's default route is via fe80::1, the node routes the pod's /128 to
+// the veth) sends to an IPv6 UDP cluster IP. ip6tables REDIRECT delivers
+// the datagram to fe80::1, so the reply must leave from fe80::1 by that
+// veth. It never came: the reply named fe80::1 as source but no interface,
+// the kernel refused to send it (EINVAL), and the proxy counted a drop.
+// Both builds, which read and write the control messages each their own
+// way.
+func TestBinaryUDPFromPodBehindLinkLocalGateway(t *testing.T) {
+	for _, build := range bothBuilds(t) {
+		t.Run(build.name, func(t *testing.T) {
+			w := newWorld(t)
+			w.node.mustRun(t, "ip", "-6", "addr", "flush", "dev", "to-pod")
+			w.node.mustRun(t, "ip", "-6", "addr", "add", "fe80::1/64", "dev", "to-pod", "nodad")
+			w.node.mustRun(t, "ip", "-6", "route", "add", "fd5e:b1b5:10::2/128", "dev", "to-pod")
+			w.pod.mustRun(t, "ip", "-6", "route", "replace", "default", "via", "fe80::1", "dev", "eth0")
+			if out := w.node.mustRun(t, "ip", "-6", "-o", "addr", "show", "dev", "to-pod"); strings.Count(out, "inet6") != 1 {
+				t.Fatalf("the node's side of the pod's veth should have fe80::1 only:\n%s", out)
+			}
+			startBackend(t, w.backend, "8080=be1", "8081=be6")
+			file := filepath.Join(t.TempDir(), "services.yaml")
+			writeFile(t, file, dualStackManifest+dualStackIPv6Slice)
+			px := startCommand(t, "ip", "netns", "exec", string(w.node), build.bin, "--manifests", file,
+				"--hostname-override=node", "-v=2", "--portal=iptables")
+			px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+
+			expectReply(t, w.pod, "tcp", "[fd5e:b1b5::40]:80", "be6:ping")
+			expectReply(t, w.pod, "udp", "[fd5e:b1b5::40]:53", "be6:ping")
+			code, metrics := curlCodeIn(t, w.node, "http://127.0.0.1:10249/metrics")
+			for _, l := range strings.Split(metrics, "\n") {
+				if strings.HasPrefix(l, "kube_userspace_proxy_udp_dropped_total") && !strings.HasSuffix(l, " 0") {
+					t.Errorf("/metrics (%s): %s", code, l)
+				}
+			}
 		})
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -105,12 +104,7 @@ func TestBinaryKeepsConnectionsWithoutSpareDescriptors(t *testing.T) {
 // a moment instead of spinning on it, and serves again once descriptors are
 // free. Both builds: the goroutine build spun at a full core before.
 func TestBinaryOutOfDescriptorsDoesNotSpin(t *testing.T) {
-	goroutines := filepath.Join(t.TempDir(), "kube-userspace-proxy-goroutines")
-	build := exec.Command("go", "build", "-tags", "goroutines", "-o", goroutines, "../cmd/kube-userspace-proxy")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the goroutine build: %v\n%s", err, out)
-	}
-	for _, tc := range []struct{ name, bin string }{{"event loops", proxyBin}, {"goroutines", goroutines}} {
+	for _, tc := range bothBuilds(t) {
 		t.Run(tc.name, func(t *testing.T) { outOfDescriptors(t, tc.bin) })
 	}
 }

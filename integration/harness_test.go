@@ -53,6 +53,19 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// bothBuilds returns the binary under test and its goroutine build
+// (-tags goroutines), built for this test, by name, for tests whose subject
+// the two builds do differently.
+func bothBuilds(t *testing.T) []struct{ name, bin string } {
+	t.Helper()
+	goroutines := filepath.Join(t.TempDir(), "kube-userspace-proxy-goroutines")
+	build := exec.Command("go", "build", "-tags", "goroutines", "-o", goroutines, "../cmd/kube-userspace-proxy")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the goroutine build: %v\n%s", err, out)
+	}
+	return []struct{ name, bin string }{{"event loops", proxyBin}, {"goroutines", goroutines}}
+}
+
 // requireTool skips when a client program is missing, except under CI,
 // where the test fails: `make test` installs it there.
 func requireTool(t *testing.T, name string) string {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
@@ -401,5 +402,22 @@ func TestClientResetDuringDialEndsIt(t *testing.T) {
 	})
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("the connection was freed %v after the client's reset; want at once", d)
+	}
+}
+
+// TestParsePktinfoKeepsLinkLocalInterface: the event loop reads a link-local
+// destination with its receiving interface (ipi6_ifindex) as zone, so the
+// reply built from it leaves by that interface; a global one has no zone.
+func TestParsePktinfoKeepsLinkLocalInterface(t *testing.T) {
+	for _, tc := range []struct{ sent, want string }{
+		{"fe80::1%7", "fe80::1%7"},
+		{"fd5e:b1b5::10", "fd5e:b1b5::10"},
+	} {
+		// An IPV6_PKTINFO control message as the kernel delivers it: the
+		// reply's has the same layout.
+		oob := (&ipv6.ControlMessage{Src: netip.MustParseAddr(tc.sent).WithZone("").AsSlice(), IfIndex: 7}).Marshal()
+		if got := parsePktinfo(oob); got.String() != tc.want {
+			t.Errorf("parsePktinfo(%s on interface 7) = %s; want %s", tc.sent, got, tc.want)
+		}
 	}
 }

@@ -379,7 +379,7 @@ func (p *Proxier) HostAddrs() []netip.Addr { return p.hostAddrList() }
 // this host (see frontendAddrs).
 func (p *Proxier) isFrontendAddr(a netip.Addr) bool {
 	set := p.frontendAddrs.Load()
-	return set != nil && (*set)[a.Unmap()]
+	return set != nil && (*set)[a.Unmap().WithZone("")]
 }
 
 // nodePortRefuses reports whether a connection or datagram that reached a

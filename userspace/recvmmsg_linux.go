@@ -114,7 +114,8 @@ func parseSockaddr(sa *unix.RawSockaddrInet6) netip.AddrPort {
 }
 
 // parsePktinfo returns the destination address from an IP_PKTINFO or
-// IPV6_PKTINFO control message.
+// IPV6_PKTINFO control message. A link-local IPv6 destination carries the
+// receiving interface as its zone (see pktinfoDst).
 func parsePktinfo(oob []byte) netip.Addr {
 	hdrLen := unix.CmsgLen(0)
 	for len(oob) >= hdrLen {
@@ -130,7 +131,7 @@ func parsePktinfo(oob []byte) netip.Addr {
 			return netip.AddrFrom4(pi.Addr)
 		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
 			pi := (*unix.Inet6Pktinfo)(unsafe.Pointer(&data[0]))
-			return netip.AddrFrom16(pi.Addr).Unmap()
+			return pktinfoDst(netip.AddrFrom16(pi.Addr).Unmap(), int(pi.Ifindex))
 		}
 		oob = oob[min(unix.CmsgSpace(l-hdrLen), len(oob)):]
 	}

@@ -4,6 +4,7 @@ package userspace
 
 import (
 	"net/netip"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/net/ipv4"
@@ -62,7 +63,13 @@ func readBatch(rc syscall.RawConn, b *recvBatch) (int, error) {
 	case *unix.SockaddrInet4:
 		d.from = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
 	case *unix.SockaddrInet6:
-		d.from = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+		a := netip.AddrFrom16(sa.Addr).Unmap()
+		if sa.ZoneId != 0 {
+			// A link-local client: its reply must leave by the same
+			// interface (see zoneIndex).
+			a = a.WithZone(strconv.FormatUint(uint64(sa.ZoneId), 10))
+		}
+		d.from = netip.AddrPortFrom(a, uint16(sa.Port))
 	}
 	d.to = netip.Addr{}
 	var cm4 ipv4.ControlMessage
@@ -72,6 +79,7 @@ func readBatch(rc syscall.RawConn, b *recvBatch) (int, error) {
 		var cm6 ipv6.ControlMessage
 		if cm6.Parse(b.oob[:oobn]) == nil && cm6.Dst != nil {
 			d.to, _ = netip.AddrFromSlice(cm6.Dst)
+			d.to = pktinfoDst(d.to.Unmap(), cm6.IfIndex)
 		}
 	}
 	d.to = d.to.Unmap()

@@ -65,15 +65,32 @@ func zoneIndex(zone string) uint32 {
 	return 0
 }
 
+// pktinfoDst is the address a datagram was delivered to, as IPV6_PKTINFO
+// gives it: dst, received on interface ifindex. A link-local dst keeps the
+// interface as its zone, as a link-local client's address does: the same
+// address can be on several interfaces, and a reply from it must leave by
+// the one the datagram came in on. On a node whose pod-facing veth has
+// only fe80::1 (Calico's layout), ip6tables REDIRECT delivers a pod's
+// datagrams to fe80::1.
+func pktinfoDst(dst netip.Addr, ifindex int) netip.Addr {
+	if dst.Is6() && dst.IsLinkLocalUnicast() && ifindex > 0 {
+		return dst.WithZone(strconv.Itoa(ifindex))
+	}
+	return dst
+}
+
 // pktinfoOOB builds the control message that makes a reply leave from src
 // (IP_PKTINFO's ipi_spec_dst, or IPV6_PKTINFO's address). An invalid src
-// lets the kernel choose.
+// lets the kernel choose. A zoned src (a link-local address, see
+// pktinfoDst) also names its interface (IPV6_PKTINFO's ipi6_ifindex): the
+// kernel refuses a link-local source without one (EINVAL from Linux's
+// ip6_datagram_send_ctl), and the reply would be lost.
 func pktinfoOOB(f family, src netip.Addr) []byte {
 	if !src.IsValid() {
 		return nil
 	}
 	if f == familyIPv6 {
-		return (&ipv6.ControlMessage{Src: src.AsSlice()}).Marshal()
+		return (&ipv6.ControlMessage{Src: src.WithZone("").AsSlice(), IfIndex: int(zoneIndex(src.Zone()))}).Marshal()
 	}
 	return (&ipv4.ControlMessage{Src: src.AsSlice()}).Marshal()
 }
