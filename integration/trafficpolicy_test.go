@@ -4,6 +4,7 @@ package integration
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -127,5 +128,78 @@ endpoints: [{addresses: ["198.18.12.2"], nodeName: other}]
 		if code != "200" || !strings.Contains(view, want) {
 			t.Errorf("/debug/services (%s) lacks %q:\n%s", code, want, view)
 		}
+	}
+}
+
+// hcDropManifest is a dual-stack LoadBalancer Service with
+// externalTrafficPolicy: Local, its endpoint on this node, and a
+// health-check node port.
+const hcDropManifest = `apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: e2e}
+spec:
+  type: LoadBalancer
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 198.18.0.60
+  clusterIPs: [198.18.0.60, "fd5e:b1b5::60"]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 30100
+  ports: [{name: http, protocol: TCP, port: 80, nodePort: 30061}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-4, namespace: e2e, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"], nodeName: node}]
+`
+
+// TestBinaryHealthCheckNodePortThroughDropPolicy: on a node whose INPUT
+// policy drops (only established traffic, loopback and ICMPv6 accepted),
+// a cloud load balancer's health checks reach the health-check node port
+// of an externalTrafficPolicy: Local Service from outside, in both
+// families, as kube-proxy's "health check node port" ACCEPT rules let
+// them: the iptables portal accepts the port in KUBE-NODEPORT-NON-LOCAL.
+// They timed out, while the node port itself (redirected, so accepted)
+// answered, and checks from the node itself worked.
+func TestBinaryHealthCheckNodePortThroughDropPolicy(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1")
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		w.node.mustRun(t, ipt, "-A", "INPUT", "-i", "lo", "-j", "ACCEPT")
+		w.node.mustRun(t, ipt, "-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+		w.node.mustRun(t, ipt, "-P", "INPUT", "DROP")
+	}
+	// Neighbour discovery, or IPv6 stops at the link.
+	w.node.mustRun(t, "ip6tables", "-A", "INPUT", "-p", "ipv6-icmp", "-j", "ACCEPT")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, hcDropManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	px.waitLog(0, `"Serving health check node port"`, 1, 30*time.Second)
+
+	expectReply(t, w.outside, "tcp", nodeOutSide+":30061", "be1:ping")
+	for _, url := range []string{"http://" + nodeOutSide + ":30100/", "http://[fd5e:b1b5:11::1]:30100/"} {
+		if code, body := curlCodeIn(t, w.outside, url); code != "200" || !strings.Contains(body, `"localEndpoints":1`) {
+			t.Errorf("health check %s from outside: %q %q; want 200 with one local endpoint", url, code, body)
+		}
+	}
+	var accepts []string
+	for _, r := range ourRules(t, w.node, "nft") {
+		if strings.Contains(r, "health check node port") {
+			accepts = append(accepts, r)
+		}
+	}
+	want := []string{
+		`ipt -A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment "e2e/lb health check node port" -m tcp --dport 30100 -j ACCEPT`,
+		`ip6 -A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment "e2e/lb health check node port" -m tcp --dport 30100 -j ACCEPT`,
+	}
+	if !slices.Equal(accepts, want) {
+		t.Errorf("health check rules as iptables-save prints them:\n%s\nwant\n%s", strings.Join(accepts, "\n"), strings.Join(want, "\n"))
+	}
+	if code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services"); code != "200" ||
+		!strings.Contains(view, "  health check: node port 30100 (accepted in KUBE-NODEPORT-NON-LOCAL)\n") {
+		t.Errorf("/debug/services (%s):\n%s", code, view)
 	}
 }

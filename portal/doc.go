@@ -10,7 +10,9 @@
 //     appended after them and entered only for local destinations
 //     ("-m addrtype --dst-type LOCAL"), for NodePorts; and filter
 //     KUBE-NODEPORT-NON-LOCAL (from INPUT) accepting new connections to
-//     the proxy ports. Every portal rule carries the comment "ns/svc:port";
+//     the proxy ports and, as kube-proxy does, TCP to each Service's
+//     health-check node port, which the proxy serves without a redirect,
+//     whatever the INPUT policy. Every portal rule carries the comment "ns/svc:port";
 //     the host chains hold one jump each into their container chains, as
 //     node traffic takes the same REDIRECTs, which halves the rules. IPv4
 //     through iptables, IPv6 through ip6tables, in the backend (nft or

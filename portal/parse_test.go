@@ -26,6 +26,7 @@ func TestSaveRoundTrip(t *testing.T) {
 			}
 			p.Reject, p.NoLocal = false, false // the nat rules do not say; only proxy ports are read back
 			p.SourceRanges = nil
+			p.HealthCheckNodePort = 0 // a filter rule
 			want = append(want, p)
 		}
 		slices.SortFunc(want, Portal.Compare)

@@ -99,6 +99,13 @@ type Portal struct {
 	// host and from pods (IPTablesConfig.ClusterCIDRs), which the proxy
 	// sends to every endpoint, as kube-proxy routes them.
 	NoLocal bool
+	// HealthCheckNodePort is the Service's health-check node port (see
+	// state.ServicePort.HealthCheckNodePort), or 0 for none. The proxy
+	// answers on it itself, without a redirect; the iptables portal
+	// accepts TCP to it in its filter chain, for hosts whose INPUT policy
+	// drops, as kube-proxy accepts it whether or not the node has local
+	// endpoints. Every portal of the Service in a family carries it.
+	HealthCheckNodePort uint16
 }
 
 // Protocol is the portal's transport protocol.
@@ -137,6 +144,9 @@ func (p Portal) Compare(o Portal) int {
 		return c
 	}
 	if c := compareBool(p.NoLocal, o.NoLocal); c != 0 {
+		return c
+	}
+	if c := int(p.HealthCheckNodePort) - int(o.HealthCheckNodePort); c != 0 {
 		return c
 	}
 	return slices.CompareFunc(p.SourceRanges, o.SourceRanges, comparePrefix)
@@ -184,7 +194,9 @@ func kindRank(k Kind) int {
 // gets one portal per IP family of the service's frontends (IPv4 when it
 // has none), as the data plane listens. hostAddrs are this host's
 // addresses, which decide whether a load-balancer IP may be the source of
-// its own traffic (see state.ServicePort.SourceRanges).
+// its own traffic (see state.ServicePort.SourceRanges). Each portal carries
+// its Service's health-check node port, so the families that serve the
+// Service accept it.
 func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uint16, hostAddrs []netip.Addr) []Portal {
 	var out []Portal
 	for sp := range snap.All {
@@ -196,7 +208,7 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 			for _, ip := range ips {
 				ip = ip.Unmap()
 				f := FamilyOf(ip)
-				p := Portal{Service: sp.Name, Kind: kind, Family: f, IP: ip, Port: sp.Port, ProxyPort: pp}
+				p := Portal{Service: sp.Name, Kind: kind, Family: f, IP: ip, Port: sp.Port, ProxyPort: pp, HealthCheckNodePort: sp.HealthCheckNodePort}
 				p.Reject, p.NoLocal = refusal(sp, kind, f)
 				if kind == LoadBalancerIP {
 					p.SourceRanges = sp.SourceRanges(ip, hostAddrs)
@@ -209,7 +221,7 @@ func FromSnapshot(snap state.Snapshot, proxyPort func(state.ServicePortName) uin
 		add(LoadBalancerIP, sp.LoadBalancerIPs)
 		if sp.NodePort != 0 {
 			for _, f := range families(sp) {
-				p := Portal{Service: sp.Name, Kind: NodePort, Family: f, Port: sp.NodePort, ProxyPort: pp}
+				p := Portal{Service: sp.Name, Kind: NodePort, Family: f, Port: sp.NodePort, ProxyPort: pp, HealthCheckNodePort: sp.HealthCheckNodePort}
 				p.Reject, p.NoLocal = refusal(sp, NodePort, f)
 				out = append(out, p)
 			}

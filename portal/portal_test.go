@@ -1,6 +1,7 @@
 package portal
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -37,9 +38,10 @@ func fixedSnapshot() state.Snapshot {
 		{Name: dnsUDP, Port: 53, ClusterIPs: addrs("198.18.0.53"), NodePort: 30053, ClusterEndpoints: ep},
 		{Name: sigSCTP, Port: 3868, ClusterIPs: addrs("198.18.0.99")},
 		{Name: v6Only, Port: 8080, ClusterIPs: addrs("fd5e:b1b5::80"), NodePort: 30081, ClusterEndpoints: ep6, LocalEndpoints: ep6},
-		// Local policies, and its only endpoint on another node.
+		// Local policies, and its only endpoint on another node; the
+		// external one has a health-check node port.
 		{Name: elsewhere, Port: 80, ClusterIPs: addrs("198.18.0.70", "fd5e:b1b5::70"), NodePort: 30070,
-			InternalLocal: true, ExternalLocal: true, ClusterEndpoints: slices.Concat(ep, ep6)},
+			InternalLocal: true, ExternalLocal: true, HealthCheckNodePort: 30071, ClusterEndpoints: slices.Concat(ep, ep6)},
 	})
 }
 
@@ -149,6 +151,19 @@ func TestFromSnapshot(t *testing.T) {
 			},
 		},
 		{
+			// Every portal of the Service carries it, so each family that
+			// serves the Service accepts it.
+			name: "health check node port on every portal",
+			ports: []state.ServicePort{{Name: webHTTP, Port: 80, ClusterIPs: addrs("198.18.0.10"), LoadBalancerIPs: addrs("198.19.1.1", "fd5e:b1b5:19::1"),
+				ExternalLocal: true, HealthCheckNodePort: 30071}},
+			proxy: map[state.ServicePortName]uint16{webHTTP: 41234},
+			want: []string{
+				"ClusterIP 198.18.0.10:80/TCP -> :41234 reject hc 30071",
+				"LoadBalancerIP 198.19.1.1:80/TCP -> :41234 reject hc 30071",
+				"LoadBalancerIP [fd5e:b1b5:19::1]:80/TCP -> :41234 reject hc 30071",
+			},
+		},
+		{
 			name:  "mapped IPv4 is unmapped, duplicates collapse",
 			ports: []state.ServicePort{{Name: dnsUDP, Port: 53, ClusterIPs: addrs("::ffff:198.18.0.53", "198.18.0.53")}},
 			proxy: map[state.ServicePortName]uint16{dnsUDP: 41235},
@@ -166,6 +181,9 @@ func TestFromSnapshot(t *testing.T) {
 				}
 				if p.NoLocal {
 					line += " drop"
+				}
+				if p.HealthCheckNodePort != 0 {
+					line += fmt.Sprintf(" hc %d", p.HealthCheckNodePort)
 				}
 				s = append(s, line)
 			}

@@ -122,15 +122,33 @@ type rules struct {
 
 // render writes the iptables-restore input of our chains for one family.
 // Portals of the other family, without a proxy port or invalid are left
-// out (Sync reports the invalid ones). Rules follow iptables-save's
-// argument order so that a save of our chains reads the same.
+// out (Sync reports the invalid ones); one without a proxy port still has
+// its health-check node port accepted, which the proxy serves without a
+// redirect. Rules follow iptables-save's argument order so that a save of
+// our chains reads the same.
 func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 	var chains [4]bytes.Buffer // natChains order
-	var filter, firewall bytes.Buffer
+	var filter, health, firewall bytes.Buffer
 	var r rules
 	accepted := make(map[string]bool)
 	for _, p := range portals {
-		if p.Family != fam || p.ProxyPort == 0 || p.validate() != nil {
+		if p.Family != fam || p.validate() != nil {
+			continue
+		}
+		if hc := p.HealthCheckNodePort; hc != 0 {
+			// The health-check node port is served by the proxy itself,
+			// whatever its proxy ports: a cloud load balancer's checks
+			// must get through an INPUT policy that drops, as kube-proxy
+			// accepts them ("ns/svc health check node port", whether or
+			// not the node has local endpoints).
+			comment := strings.TrimSuffix(quoteComment(p.Service.Namespace+"/"+p.Service.Name), `"`) + ` health check node port"`
+			if key := "hc/" + strconv.Itoa(int(hc)) + "/" + comment; !accepted[key] {
+				accepted[key] = true
+				fmt.Fprintf(&health, "-A %s -p tcp -m comment --comment %s -m tcp --dport %d -j ACCEPT\n", ChainNodePortNonLocal, comment, hc)
+				r.count++
+			}
+		}
+		if p.ProxyPort == 0 {
 			continue
 		}
 		proto := strings.ToLower(string(p.Protocol()))
@@ -251,7 +269,7 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 	nat.WriteString("COMMIT\n")
 	r.nat = nat.Bytes()
 	r.filter = slices.Concat([]byte("*filter\n:"+ChainNodePortNonLocal+" - [0:0]\n:"+ChainFirewall+" - [0:0]\n"),
-		filter.Bytes(), firewall.Bytes(), []byte("COMMIT\n"))
+		filter.Bytes(), health.Bytes(), firewall.Bytes(), []byte("COMMIT\n"))
 	return r
 }
 

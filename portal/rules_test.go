@@ -88,6 +88,44 @@ func TestRenderSkips(t *testing.T) {
 	}
 }
 
+// TestRenderHealthCheckNodePort: a Service's health-check node port is
+// accepted (TCP) in the filter chain of each family that serves the
+// Service, once however many portals carry it, whether or not the Service
+// has endpoints or a proxy port (the proxy answers on it itself), as
+// kube-proxy's "health check node port" rules accept it; a host whose
+// INPUT policy drops would otherwise fail every load balancer's check.
+func TestRenderHealthCheckNodePort(t *testing.T) {
+	const rule = `-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment "default/web health check node port" -m tcp --dport 30071 -j ACCEPT`
+	lb4 := Portal{Service: webHTTP, Kind: LoadBalancerIP, Family: IPv4, IP: netip.MustParseAddr("198.19.1.1"), Port: 80, ProxyPort: 41234, HealthCheckNodePort: 30071}
+	np4 := Portal{Service: webHTTP, Kind: NodePort, Family: IPv4, Port: 30080, ProxyPort: 41234, NoLocal: true, HealthCheckNodePort: 30071}
+	other := np4
+	other.Service.Port, other.Service.Protocol = "dns", "UDP" // another port of the Service
+	unserved := lb4
+	unserved.ProxyPort, unserved.Reject = 0, true
+	tests := []struct {
+		name    string
+		portals []Portal
+		fam     Family
+		want    int // times the rule is written
+	}{
+		{"once for the Service's portals and ports", []Portal{lb4, np4, other}, IPv4, 1},
+		{"not in a family that does not serve it", []Portal{lb4, np4}, IPv6, 0},
+		{"without a proxy port or endpoints", []Portal{unserved}, IPv4, 1},
+		{"none without one", []Portal{{Service: webHTTP, Kind: NodePort, Family: IPv4, Port: 30080, ProxyPort: 41234}}, IPv4, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := render(tc.portals, tc.fam, IPTablesConfig{})
+			if got := strings.Count(string(r.filter), rule+"\n"); got != tc.want {
+				t.Errorf("rule written %d times, want %d:\n%s", got, tc.want, r.filter)
+			}
+			if r.count != strings.Count(string(r.nat)+string(r.filter), "-A ") {
+				t.Errorf("count %d, but %d rules written:\n%s%s", r.count, strings.Count(string(r.nat)+string(r.filter), "-A "), r.nat, r.filter)
+			}
+		})
+	}
+}
+
 func TestQuoteComment(t *testing.T) {
 	tests := []struct{ in, want string }{
 		{"default/web:http", `"default/web:http"`},

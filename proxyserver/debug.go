@@ -170,7 +170,11 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 			}
 		}
 		if sp.HealthCheckNodePort != 0 {
-			line("health check", "node port %d", sp.HealthCheckNodePort)
+			if d.portals != nil {
+				line("health check", "node port %d (accepted in KUBE-NODEPORT-NON-LOCAL)", sp.HealthCheckNodePort)
+			} else {
+				line("health check", "node port %d", sp.HealthCheckNodePort)
+			}
 		}
 		var ls []string
 		for _, l := range listeners[sp.Name] {
