@@ -185,8 +185,8 @@ func TestBinaryFollowsCluster(t *testing.T) {
 		noFailure(t, func(r clientResult) bool { return strings.HasPrefix(r.Reply, "be2:") })
 		eventually(t, w.pod, "tcp", vip, "be1:")
 		code, body := curlCodeIn(t, w.node, "http://127.0.0.1:10249/metrics")
-		count := regexp.MustCompile(`\nkubeproxy_network_programming_duration_seconds_count (\d+)\n`).FindStringSubmatch(body)
-		sum := regexp.MustCompile(`\nkubeproxy_network_programming_duration_seconds_sum ([0-9.e+-]+)\n`).FindStringSubmatch(body)
+		count := regexp.MustCompile(`\nkubeproxy_network_programming_duration_seconds_count\{ip_family="IPv4"\} (\d+)\n`).FindStringSubmatch(body)
+		sum := regexp.MustCompile(`\nkubeproxy_network_programming_duration_seconds_sum\{ip_family="IPv4"\} ([0-9.e+-]+)\n`).FindStringSubmatch(body)
 		if code != "200" || count == nil || count[1] != "1" || sum == nil {
 			t.Fatalf("/metrics: %s, programming latency count %v, sum %v", code, count, sum)
 		}

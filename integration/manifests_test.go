@@ -614,16 +614,21 @@ func TestBinaryMetrics(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
 		}
 	}
+	// kube-proxy's sync metrics carry ip_family, as they do since 1.33;
+	// IPv4 is always served.
 	for _, name := range []string{
-		"kubeproxy_sync_proxy_rules_duration_seconds_count",
-		"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
+		`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`,
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"}`,
 		`kube_userspace_proxy_bytes_total{direction="to_client"}`,
 		"process_open_fds",
 	} {
 		if values[name] <= 0 {
 			t.Errorf("%s = %v, want it above 0", name, values[name])
 		}
+	}
+	if _, ok := values[`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"}`]; !ok {
+		t.Errorf("/metrics lacks no_local_endpoints_total by ip_family")
 	}
 	if body, err := curl(t, base+"/proxyMode"); err != nil || body != "userspace" {
 		t.Errorf("/proxyMode: %q, %v", body, err)

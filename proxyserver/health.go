@@ -23,9 +23,10 @@ type proxyHealth struct {
 	timeout  time.Duration
 	now      func() time.Time
 	answered func(withNode bool, code int) // counts answers; may be nil
-	// families are the IP families the report's status names: one sync
-	// serves them all, so they share its health (kube-proxy runs a
-	// proxier, with a health of its own, per family).
+	// families are the IP families the report's status names, and the
+	// sync metrics' ip_family label too: one sync serves them all, so they
+	// share its health (kube-proxy runs a proxier, with a health of its
+	// own, per family).
 	families []string
 
 	mu           sync.Mutex // guards the fields below

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -162,7 +163,7 @@ func TestSyncLoopTellsHealth(t *testing.T) {
 // and the service ports with a Local policy and no local endpoint.
 func TestMetricsCountHealthAnswers(t *testing.T) {
 	var stats userspace.Stats
-	m := newMetrics(&stats)
+	m := newMetrics(&stats, []string{"IPv4"})
 	h := newProxyHealth(time.Minute)
 	h.answered = m.answered
 	h.setEligible("its Node was deleted")
@@ -181,20 +182,171 @@ func TestMetricsCountHealthAnswers(t *testing.T) {
 		{Name: state.ServicePortName{Namespace: "ns", Name: "e", Protocol: state.TCP}, InternalLocal: true, ExternalLocal: true},
 	}), 3*time.Millisecond, false, failedPortal)
 	stats.TCPAccepted.Add(7)
-	rec := httptest.NewRecorder()
-	m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	for _, want := range []string{
-		`kubeproxy_proxy_healthz_total{code="503"} 2`,
-		`kubeproxy_proxy_livez_total{code="200"} 1`,
-		`kubeproxy_sync_proxy_rules_duration_seconds_count 1`,
-		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 1`,
-		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"} 2`,
-		`kube_userspace_proxy_sync_failures_total{cause="portal"} 1`,
-		`kube_userspace_proxy_sync_failures_total{cause="services"} 0`,
-		`kube_userspace_proxy_tcp_connections_accepted_total 7`,
+	got := scrapeMetrics(t, m)
+	for series, want := range map[string]string{
+		`kubeproxy_proxy_healthz_total{code="503"}`:                                                       "2",
+		`kubeproxy_proxy_livez_total{code="200"}`:                                                         "1",
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`:                             "1",
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"}`: "1",
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"}`: "2",
+		`kube_userspace_proxy_sync_failures_total{cause="portal"}`:                                        "1",
+		`kube_userspace_proxy_sync_failures_total{cause="services"}`:                                      "0",
+		`kube_userspace_proxy_tcp_connections_accepted_total`:                                             "7",
 	} {
-		if !strings.Contains(rec.Body.String(), want+"\n") {
-			t.Errorf("/metrics lacks %q", want)
+		if got[series] != want {
+			t.Errorf("%s = %q, want %q", series, got[series], want)
 		}
 	}
+}
+
+// TestMetricsPerIPFamily: as kube-proxy's proxier of each family does, the
+// sync metrics have a series per IP family the proxy serves, and only
+// those; one sync serves them all, so they have the same values, except
+// the service ports with a Local policy and no local endpoint, which each
+// family counts among the ports it serves, by their endpoints of that
+// family. The health answers are counted once each, with no family.
+func TestMetricsPerIPFamily(t *testing.T) {
+	ep := func(addr string, local bool) state.Endpoint {
+		return state.Endpoint{Addr: netip.MustParseAddrPort(addr), Local: local}
+	}
+	ips := func(s ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range s {
+			out = append(out, netip.MustParseAddr(a))
+		}
+		return out
+	}
+	port := func(name string) state.ServicePortName {
+		return state.ServicePortName{Namespace: "ns", Name: name, Port: "http", Protocol: state.TCP}
+	}
+	remote4, local4 := ep("198.18.3.1:80", false), ep("198.18.2.1:80", true)
+	remote6 := ep("[fd5e:b1b5::3:1]:80", false)
+	snap := state.NewSnapshot([]state.ServicePort{
+		// IPv4 only: Local both ways, endpoints elsewhere only.
+		{Name: port("v4"), ClusterIPs: ips("198.18.0.10"), InternalLocal: true, ExternalLocal: true, ClusterEndpoints: []state.Endpoint{remote4}},
+		// Dual-stack, external Local: a local IPv4 endpoint, IPv6 ones
+		// elsewhere only; IPv6 counts it.
+		{Name: port("dual-ext"), ClusterIPs: ips("198.18.0.11", "fd5e:b1b5::11"), ExternalLocal: true,
+			ClusterEndpoints: []state.Endpoint{local4, remote6}, LocalEndpoints: []state.Endpoint{local4}},
+		// Dual-stack, internal Local, IPv4 endpoints elsewhere and no IPv6
+		// one: IPv6 refuses its clients, and does not count it.
+		{Name: port("dual-int"), ClusterIPs: ips("198.18.0.12", "fd5e:b1b5::12"), InternalLocal: true, ClusterEndpoints: []state.Endpoint{remote4}},
+		// IPv6 only, internal Local, endpoints elsewhere.
+		{Name: port("v6"), ClusterIPs: ips("fd5e:b1b5::13"), InternalLocal: true, ClusterEndpoints: []state.Endpoint{remote6}},
+	})
+	for _, tc := range []struct {
+		name     string
+		families []string
+		noLocal  map[string][2]string // family → internal, external
+	}{
+		{name: "IPv4 only", families: []string{"IPv4"}, noLocal: map[string][2]string{"IPv4": {"2", "1"}}},
+		{name: "dual-stack", families: []string{"IPv4", "IPv6"}, noLocal: map[string][2]string{"IPv4": {"2", "1"}, "IPv6": {"1", "1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stats userspace.Stats
+			m := newMetrics(&stats, tc.families)
+			h := newProxyHealth(time.Minute)
+			h.families, h.answered = tc.families, m.answered
+			fresh := scrapeMetrics(t, m)
+			m.queued()
+			m.synced(snap, 3*time.Millisecond, true, "")
+			m.programmed([]time.Time{time.Now().Add(-time.Second)}, time.Now())
+			for _, path := range []string{"/healthz", "/healthz", "/livez"} {
+				h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil))
+			}
+			got := scrapeMetrics(t, m)
+
+			// The families are those /healthz's status names.
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+			var r healthReport
+			if err := json.Unmarshal(rec.Body.Bytes(), &r); err != nil || len(r.Status) != len(tc.families) {
+				t.Fatalf("/healthz: %v: %s", err, rec.Body)
+			}
+			sync := []string{
+				"kubeproxy_sync_proxy_rules_duration_seconds_count", "kubeproxy_sync_proxy_rules_duration_seconds_sum",
+				"kubeproxy_sync_proxy_rules_last_timestamp_seconds", "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+				"kubeproxy_network_programming_duration_seconds_count", "kubeproxy_network_programming_duration_seconds_sum",
+			}
+			first := map[string]string{}
+			for _, f := range tc.families {
+				if _, ok := r.Status[f]; !ok {
+					t.Errorf("/healthz's status lacks %s: %s", f, rec.Body)
+				}
+				for _, name := range sync {
+					series := name + `{ip_family="` + f + `"}`
+					if fresh[series] == "" {
+						t.Errorf("before any sync, %s is missing", series)
+					}
+					v := got[series]
+					if v == "" || v == "0" {
+						t.Errorf("%s = %q, want a value", series, v)
+					}
+					if first[name] == "" {
+						first[name] = v
+					} else if v != first[name] {
+						t.Errorf("%s = %s, but %s in %s: one sync serves every family", series, v, first[name], tc.families[0])
+					}
+				}
+				for i, policy := range []string{"internal", "external"} {
+					series := `kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="` + f + `",traffic_policy="` + policy + `"}`
+					if want := tc.noLocal[f][i]; got[series] != want {
+						t.Errorf("%s = %q, want %q", series, got[series], want)
+					}
+				}
+			}
+			for _, c := range []string{"kubeproxy_sync_proxy_rules_duration_seconds_count", "kubeproxy_network_programming_duration_seconds_count"} {
+				if first[c] != "1" {
+					t.Errorf("%s = %s per family, want 1", c, first[c])
+				}
+			}
+			// One answer, one count, whatever the families.
+			for series, want := range map[string]string{
+				`kubeproxy_proxy_healthz_total{code="200"}`: "2",
+				`kubeproxy_proxy_livez_total{code="200"}`:   "1",
+			} {
+				if got[series] != want {
+					t.Errorf("%s = %q, want %q", series, got[series], want)
+				}
+			}
+			for series := range got {
+				f, ok := seriesFamily(series)
+				if !ok && strings.HasPrefix(series, "kubeproxy_") && !strings.HasPrefix(series, "kubeproxy_proxy_") {
+					t.Errorf("%s has no ip_family", series)
+				}
+				if ok && !slices.Contains(tc.families, f) {
+					t.Errorf("%s: a family the proxy does not serve", series)
+				}
+			}
+		})
+	}
+}
+
+// scrapeMetrics reads the real /metrics handler of m: each series (name
+// and labels, as printed) and its value.
+func scrapeMetrics(t *testing.T, m *metrics) map[string]string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("/metrics: %d: %s", rec.Code, rec.Body)
+	}
+	out := map[string]string{}
+	for line := range strings.SplitSeq(rec.Body.String(), "\n") {
+		if i := strings.LastIndexByte(line, ' '); i > 0 && !strings.HasPrefix(line, "#") {
+			out[line[:i]] = line[i+1:]
+		}
+	}
+	return out
+}
+
+// seriesFamily returns the ip_family label of a series as scrapeMetrics
+// names it.
+func seriesFamily(series string) (string, bool) {
+	_, rest, ok := strings.Cut(series, `ip_family="`)
+	if !ok {
+		return "", false
+	}
+	f, _, _ := strings.Cut(rest, `"`)
+	return f, true
 }

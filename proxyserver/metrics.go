@@ -3,6 +3,7 @@ package proxyserver
 import (
 	"context"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"time"
@@ -16,21 +17,33 @@ import (
 )
 
 // metrics are what /metrics serves: kube-proxy's core sync metrics, under
-// their names, so its dashboards and alerts apply, and the data plane's
-// counters under kube_userspace_proxy_.
+// their names and labels, so its dashboards and alerts apply, and the data
+// plane's counters under kube_userspace_proxy_.
+//
+// kube-proxy runs a proxier per IP family, and since 1.33 its sync metrics
+// have an ip_family label, a series per family. One sync serves every
+// family here, so each family's series of the sync metrics has the same
+// values; no_local_endpoints_total alone differs by family.
 type metrics struct {
 	reg   *prometheus.Registry
 	debug http.Handler // /debug/services; may be nil
+	// families are the IP families the sync metrics have series for:
+	// those /healthz's status names (proxyHealth.families).
+	families []string
 
-	syncDuration  prometheus.Histogram
-	lastSynced    prometheus.Gauge
-	lastQueued    prometheus.Gauge
+	syncDuration  *prometheus.HistogramVec // by ip_family
+	lastSynced    *prometheus.GaugeVec     // by ip_family
+	lastQueued    *prometheus.GaugeVec     // by ip_family
 	healthzAnswer *prometheus.CounterVec
 	livezAnswer   *prometheus.CounterVec
-	noLocal       *prometheus.GaugeVec
+	noLocal       *prometheus.GaugeVec // by ip_family and traffic_policy
 	syncFailures  *prometheus.CounterVec
-	programming   prometheus.Histogram
+	programming   *prometheus.HistogramVec // by ip_family
 }
+
+// ipFamilyLabel is kube-proxy's label for the IP family of a series,
+// "IPv4" or "IPv6".
+const ipFamilyLabel = "ip_family"
 
 // The causes of kube_userspace_proxy_sync_failures_total.
 const (
@@ -42,41 +55,48 @@ const (
 	failedServices = "services"
 )
 
-func newMetrics(stats *userspace.Stats) *metrics {
+// newMetrics returns the metrics of a proxy that serves the IP families
+// families ("IPv4", "IPv6"), with the data plane's counters read from
+// stats.
+func newMetrics(stats *userspace.Stats, families []string) *metrics {
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
-		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		reg:      prometheus.NewRegistry(),
+		families: families,
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "duration_seconds",
-			Help:    "How long a sync took: listeners, portal rules and health-check ports.",
+			Help:    "How long a sync took: listeners, portal rules and health-check ports. One sync serves every IP family, and is observed in each.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-		}),
-		lastSynced: prometheus.NewGauge(prometheus.GaugeOpts{
+		}, []string{ipFamilyLabel}),
+		lastSynced: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "last_timestamp_seconds",
-			Help: "When the last sync that applied every change offered ended (Unix time).",
-		}),
-		lastQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Help: "When the last sync that applied every change offered ended (Unix time); the same in every IP family, which one sync serves.",
+		}, []string{ipFamilyLabel}),
+		lastQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "last_queued_timestamp_seconds",
-			Help: "When the last change was offered to the sync loop (Unix time); far past last_timestamp_seconds means the proxy is not keeping up.",
-		}),
+			Help: "When the last change was offered to the sync loop (Unix time), the same in every IP family; far past last_timestamp_seconds means the proxy is not keeping up.",
+		}, []string{ipFamilyLabel}),
+		// As kube-proxy's: one answer per request, by code alone. Its
+		// /healthz answers for every family at once, so a series per
+		// family would count each answer twice.
 		healthzAnswer: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kubeproxy", Subsystem: "proxy", Name: "healthz_total",
-			Help: "/healthz answers, by HTTP status.",
+			Help: "/healthz answers, by HTTP status; one per request, for every IP family at once.",
 		}, []string{"code"}),
 		livezAnswer: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kubeproxy", Subsystem: "proxy", Name: "livez_total",
-			Help: "/livez answers, by HTTP status.",
+			Help: "/livez answers, by HTTP status; one per request, for every IP family at once.",
 		}, []string{"code"}),
 		noLocal: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "no_local_endpoints_total",
-			Help: "Service ports whose traffic policy (internal or external) is Local and that have endpoints on other nodes but none on this one, at the last sync.",
-		}, []string{"traffic_policy"}),
-		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Help: "Service ports served in the IP family whose traffic policy (internal or external) is Local and that have endpoints of that family on other nodes but none on this one, at the last sync.",
+		}, []string{ipFamilyLabel, "traffic_policy"}),
+		programming: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kubeproxy", Name: "network_programming_duration_seconds",
-			Help: "From an EndpointSlice change (its endpoints.kubernetes.io/last-change-trigger-time) to the end of the sync that applied it.",
+			Help: "From an EndpointSlice change (its endpoints.kubernetes.io/last-change-trigger-time) to the end of the sync that applied it. One sync serves every IP family, and each change is observed in each.",
 			// kube-proxy's buckets: 0.25 s to 5 min.
 			Buckets: slices.Concat(prometheus.LinearBuckets(0.25, 0.25, 2), prometheus.LinearBuckets(1, 1, 59),
 				prometheus.LinearBuckets(60, 5, 12), prometheus.LinearBuckets(120, 30, 7)),
-		}),
+		}, []string{ipFamilyLabel}),
 		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kube_userspace_proxy", Name: "sync_failures_total",
 			Help: "Syncs that failed and are retried, by cause: portal (the kernel's rules or addresses; the proxy turns unhealthy) or services (some Service could not be served).",
@@ -85,8 +105,16 @@ func newMetrics(stats *userspace.Stats) *metrics {
 	for _, c := range []string{failedPortal, failedServices} {
 		m.syncFailures.WithLabelValues(c)
 	}
-	for _, p := range []string{"internal", "external"} {
-		m.noLocal.WithLabelValues(p)
+	// Every family's series exist from the start, as a plain metric's
+	// would, at zero.
+	for _, f := range families {
+		m.syncDuration.WithLabelValues(f)
+		m.lastSynced.WithLabelValues(f)
+		m.lastQueued.WithLabelValues(f)
+		m.programming.WithLabelValues(f)
+		for _, p := range []string{"internal", "external"} {
+			m.noLocal.WithLabelValues(f, p)
+		}
 	}
 	m.reg.MustRegister(m.syncDuration, m.lastSynced, m.lastQueued, m.healthzAnswer, m.livezAnswer, m.noLocal, m.syncFailures, m.programming,
 		statsCollector{stats},
@@ -98,30 +126,57 @@ func newMetrics(stats *userspace.Stats) *metrics {
 // its failure, or "" when it succeeded; applied says whether it applied
 // everything health counts (see syncLoop.run).
 func (m *metrics) synced(snap state.Snapshot, took time.Duration, applied bool, failed string) {
-	m.syncDuration.Observe(took.Seconds())
-	if applied {
-		m.lastSynced.SetToCurrentTime()
+	now := unixSeconds(time.Now())
+	for _, f := range m.families {
+		m.syncDuration.WithLabelValues(f).Observe(took.Seconds())
+		if applied {
+			m.lastSynced.WithLabelValues(f).Set(now)
+		}
+		internal, external := noLocalEndpoints(snap, state.IPFamily(f))
+		m.noLocal.WithLabelValues(f, "internal").Set(float64(internal))
+		m.noLocal.WithLabelValues(f, "external").Set(float64(external))
 	}
 	if failed != "" {
 		m.syncFailures.WithLabelValues(failed).Inc()
 	}
-	// As kube-proxy counts them: a Local policy without a local endpoint
-	// while other nodes have endpoints. A Service with none anywhere (scaled
-	// to zero) is refused, and counts in neither.
-	var internal, external int
+}
+
+// noLocalEndpoints counts the service ports of snap served in family fam
+// whose internal (external) traffic policy is Local and that have no local
+// endpoint of fam while other nodes have some, as kube-proxy's proxier of
+// fam counts them: it sees only fam's endpoints, as fam's clients here do
+// (a dual-stack Service's IPv4 clients go to its IPv4 endpoints). A port
+// with no endpoint of fam anywhere (scaled to zero) refuses fam's clients,
+// and counts in neither.
+func noLocalEndpoints(snap state.Snapshot, fam state.IPFamily) (internal, external int) {
 	for sp := range snap.All {
-		if len(sp.LocalEndpoints) == 0 && sp.HasEndpoints() {
-			if sp.InternalLocal {
-				internal++
-			}
-			if sp.ExternalLocal {
-				external++
-			}
+		if has4, has6 := sp.Families(); !(fam == state.IPv4 && has4 || fam == state.IPv6 && has6) {
+			continue
+		}
+		if slices.ContainsFunc(sp.LocalEndpoints, func(ep state.Endpoint) bool { return familyOf(ep.Addr.Addr()) == fam }) ||
+			!slices.ContainsFunc(sp.ClusterEndpoints, func(ep state.Endpoint) bool { return familyOf(ep.Addr.Addr()) == fam }) {
+			continue
+		}
+		if sp.InternalLocal {
+			internal++
+		}
+		if sp.ExternalLocal {
+			external++
 		}
 	}
-	m.noLocal.WithLabelValues("internal").Set(float64(internal))
-	m.noLocal.WithLabelValues("external").Set(float64(external))
+	return internal, external
 }
+
+// familyOf is a's IP family; an IPv4-mapped IPv6 address is IPv4.
+func familyOf(a netip.Addr) state.IPFamily {
+	if a.Unmap().Is4() {
+		return state.IPv4
+	}
+	return state.IPv6
+}
+
+// unixSeconds is t as the Unix time in seconds that timestamp gauges hold.
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
 // programmed records, at now, the network programming latency of changes
 // triggered at triggers, which a sync has just applied. A trigger time
@@ -130,13 +185,20 @@ func (m *metrics) synced(snap state.Snapshot, took time.Duration, applied bool, 
 func (m *metrics) programmed(triggers []time.Time, now time.Time) {
 	for _, t := range triggers {
 		if d := now.Sub(t); d >= 0 {
-			m.programming.Observe(d.Seconds())
+			for _, f := range m.families {
+				m.programming.WithLabelValues(f).Observe(d.Seconds())
+			}
 		}
 	}
 }
 
 // queued records a change offered to the sync loop.
-func (m *metrics) queued() { m.lastQueued.SetToCurrentTime() }
+func (m *metrics) queued() {
+	now := unixSeconds(time.Now())
+	for _, f := range m.families {
+		m.lastQueued.WithLabelValues(f).Set(now)
+	}
+}
 
 // answered counts a /healthz (withNode) or /livez answer.
 func (m *metrics) answered(withNode bool, code int) {

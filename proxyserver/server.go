@@ -102,8 +102,9 @@ func Run(ctx context.Context, cfg *Config) error {
 	// kube-proxy's rule: unhealthy once a change waits twice the resync
 	// period.
 	health := newProxyHealth(2 * cfg.SyncPeriod)
+	// /healthz's status and the sync metrics name the same families.
 	health.families = hostFamilies()
-	m := newMetrics(p.Stats())
+	m := newMetrics(p.Stats(), health.families)
 	health.answered = m.answered
 	dv := &debugView{p: p, mode: mode, pods: cfg.podCIDRs}
 	if mode == PortalIPTables {

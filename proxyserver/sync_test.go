@@ -99,7 +99,7 @@ func TestJoinErrorsStaysShort(t *testing.T) {
 // a sync succeeds.
 func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 	var stats userspace.Stats
-	m := newMetrics(&stats)
+	m := newMetrics(&stats, []string{"IPv4", "IPv6"})
 	results := make(chan error)
 	applied := make(chan struct{})
 	l := newSyncLoop(func(state.Snapshot) error { err := <-results; applied <- struct{}{}; return err }, 10*time.Millisecond, time.Hour)
@@ -126,7 +126,7 @@ func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 		}
 		return got
 	}
-	const count = "kubeproxy_network_programming_duration_seconds_count"
+	const count = `kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`
 
 	snap := func(ago ...time.Duration) state.Snapshot {
 		s := snapOf(1)
@@ -150,5 +150,9 @@ func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 	<-applied
 	if c := value(count, "3"); c != "3" {
 		t.Fatalf("after the sync that applied them: %s observations, want 3", c)
+	}
+	// One sync serves both families: each observes them.
+	if c := value(`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv6"}`, "3"); c != "3" {
+		t.Fatalf("after the sync that applied them: %s IPv6 observations, want 3", c)
 	}
 }
