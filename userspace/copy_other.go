@@ -3,24 +3,49 @@
 package userspace
 
 import (
+	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"time"
 )
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
+// stallCheck is how long a write that cannot go on (the destination
+// takes nothing) waits before it looks at the source for a failure: a
+// source that was reset while its data waited would otherwise be noticed
+// only once the destination reads again, which a stalled one may never do.
+const stallCheck = 5 * time.Second
+
+// errSourceFailed is the failure of the source a stalled write found.
+type errSourceFailed struct{ err error }
+
+func (e errSourceFailed) Error() string { return e.err.Error() }
+func (e errSourceFailed) Unwrap() error { return e.err }
+
 type progressWriter struct {
-	w        io.Writer
+	w, src   *net.TCPConn
 	progress func(int)
 }
 
 func (pw progressWriter) Write(b []byte) (int, error) {
-	n, err := pw.w.Write(b)
-	if n > 0 {
-		pw.progress(n)
+	written := 0
+	for {
+		_ = pw.w.SetWriteDeadline(time.Now().Add(stallCheck))
+		n, err := pw.w.Write(b[written:])
+		if n > 0 {
+			pw.progress(n)
+			written += n
+		}
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return written, err
+		}
+		if serr := socketError(pw.src); serr != nil {
+			return written, errSourceFailed{serr}
+		}
 	}
-	return n, err
 }
 
 // copyStream copies from src to dst until src reaches EOF (nil error) or
@@ -28,6 +53,6 @@ func (pw progressWriter) Write(b []byte) (int, error) {
 func copyStream(dst, src *net.TCPConn, progress func(int)) error {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
-	_, err := io.CopyBuffer(progressWriter{dst, progress}, struct{ io.Reader }{src}, *bp)
+	_, err := io.CopyBuffer(progressWriter{dst, src, progress}, struct{ io.Reader }{src}, *bp)
 	return err
 }

@@ -203,7 +203,10 @@ func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) {
 	}
 	var ne net.Error
 	var oe *net.OpError
+	var sf errSourceFailed
 	switch {
+	case errors.As(err, &sf):
+		t.abortBecause(sideFailed(from, true, sf.err))
 	case errors.As(err, &ne) && ne.Timeout():
 		t.p.stats.HalfCloseTimeouts.Add(1)
 		t.abortBecause(whyHalfCloseSilent)

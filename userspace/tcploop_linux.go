@@ -328,6 +328,29 @@ func (s *connSide) event(ev uint32) {
 		return // client data waits until the endpoint is connected
 	}
 	c.pump()
+	if ev&unix.EPOLLERR != 0 && !c.closed {
+		// The socket failed (a reset, a keep-alive timeout) while what it
+		// had sent waited for the other side to take it, so the pump did
+		// not read it to find out: pass the failure on now, or the other
+		// side, stalled, would keep the connection for ever.
+		soErr, err := rawGetsockoptInt(c.socket(i), unix.SOL_SOCKET, unix.SO_ERROR)
+		if err == nil && soErr != 0 {
+			err = unix.Errno(soErr)
+		}
+		from := "client"
+		if s.backend {
+			from = "endpoint"
+		}
+		c.abortBecause(sideFailed(from, true, err))
+	}
+}
+
+// socket returns the socket that is the source of direction i.
+func (c *tcpConn) socket(i int) int {
+	if i == 1 {
+		return c.bfd
+	}
+	return c.cfd
 }
 
 func (s *connSide) shut() { s.c.abort() }
