@@ -106,3 +106,23 @@ func compareFilters(a, b Filter) int {
 	}
 	return int(a.ReplySrcPort) - int(b.ReplySrcPort)
 }
+
+// RetargetedUDP returns the filters of the UDP conntrack entries of every
+// portal of family f that redirects (has a proxy port): what a change of
+// where the portal sends its traffic (REDIRECT, or DNAT to another node
+// address) leaves on the old mapping, which may no longer be this host's.
+func RetargetedUDP(portals []portal.Portal, f portal.Family) []Filter {
+	var out []Filter
+	for _, p := range portals {
+		if p.Protocol() != state.UDP || p.Family != f || p.ProxyPort == 0 {
+			continue
+		}
+		flt := Filter{Family: f, OrigDstPort: p.Port}
+		if p.Kind != portal.NodePort {
+			flt.OrigDst = p.IP.Unmap()
+		}
+		out = append(out, flt)
+	}
+	slices.SortFunc(out, compareFilters)
+	return slices.Compact(out)
+}

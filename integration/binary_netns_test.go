@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -422,18 +423,73 @@ func TestBinaryNodePortAddressesFollowTheHost(t *testing.T) {
 	px.waitLog(from, `"Stopped serving".*198.18.77.1:30080`, 1, 5*time.Second)
 }
 
-// TestBinaryIPTablesPortalIgnoresTheBindAddress: with the iptables portal a
+// TestBinaryIPTablesPortalDNATsToTheBindAddress: with the iptables portal a
 // --bind-address (a kube-proxy ConfigMap's bindAddress, often the node's
-// IP) is ignored, as kube-proxy's binds nothing: REDIRECT delivers to the
-// address of the interface a packet came in on, so proxy ports listening
-// on one address only served nothing else, IPv6 least of all.
-func TestBinaryIPTablesPortalIgnoresTheBindAddress(t *testing.T) {
+// IP) is where the portal DNATs, as the legacy proxier did, while the
+// proxy ports listen on every address. (Listening on that address alone,
+// behind REDIRECT, which delivers to the address of the interface a packet
+// came in on, served nothing else, IPv6 least of all.)
+func TestBinaryIPTablesPortalDNATsToTheBindAddress(t *testing.T) {
 	w := newWorld(t)
 	startBackend(t, w.backend, "8080=be1", "8081=be6")
 	file := filepath.Join(t.TempDir(), "services.yaml")
 	writeFile(t, file, netnsManifest)
 	px := startNodeProxy(t, w, file, "--portal=iptables", "--bind-address="+nodeBackSide)
-	px.waitLog(0, `"The bind address is ignored with the iptables portal`, 1, 30*time.Second)
+	px.waitLog(0, `"Portals DNAT to a node address instead of REDIRECT" IPv4="`+nodeBackSide+`".*why="portals DNAT to the bind address"`, 1, 30*time.Second)
 	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	if rules := w.node.mustRun(t, "iptables", "-t", "nat", "-S", "KUBE-PORTALS-CONTAINER"); !strings.Contains(rules, "-j DNAT --to-destination "+nodeBackSide+":") {
+		t.Fatalf("the portal rules do not DNAT to the bind address:\n%s", rules)
+	}
+	checkServed(t, w, true)
+}
+
+// TestBinaryIPTablesPortalServesPodsBehindAddresslessInterfaces: Calico's
+// pods reach the node through a veth whose node side has no IPv4 address
+// (proxy ARP answers for their gateway, 169.254.1.1). REDIRECT sends a
+// packet to the first address of the interface it came in on, and drops
+// it when there is none, so every Service was black-holed for those pods.
+// The portal now DNATs to a node address while such interfaces carry IPv4
+// routes, and REDIRECTs again once they are gone.
+func TestBinaryIPTablesPortalServesPodsBehindAddresslessInterfaces(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	if strings.Contains(px.log(), `"Portals DNAT to a node address`) {
+		t.Fatalf("the portal DNATs before any interface needs it:\n%s", px.log())
+	}
+
+	// A pod the Calico way: a veth without an IPv4 address on the node,
+	// a /32 route to the pod, proxy ARP for its gateway.
+	cali := newNetns(t, "cali")
+	const caliPod = "198.18.20.2"
+	from := px.lineCount()
+	w.node.mustRun(t, "ip", "link", "add", "cali0", "type", "veth", "peer", "name", "eth0", "netns", string(cali))
+	w.node.mustRun(t, "sysctl", "-qw", "net.ipv4.conf.cali0.proxy_arp=1", "net.ipv4.ip_forward=1")
+	w.node.mustRun(t, "ip", "link", "set", "cali0", "up")
+	w.node.mustRun(t, "ip", "route", "add", caliPod+"/32", "dev", "cali0")
+	cali.mustRun(t, "ip", "addr", "add", caliPod+"/32", "dev", "eth0")
+	cali.mustRun(t, "ip", "link", "set", "eth0", "up")
+	cali.mustRun(t, "ip", "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link")
+	cali.mustRun(t, "ip", "route", "add", "default", "via", "169.254.1.1", "dev", "eth0")
+	px.waitLog(from, `"Portals DNAT to a node address instead of REDIRECT" IPv4="[0-9.]+".*interfaces cali0 carry IPv4 routes but have no IPv4 address`, 1, 10*time.Second)
+	px.waitLog(from, `"Portals synced"`, 1, 10*time.Second)
+	expectReply(t, cali, "tcp", "198.18.0.10:80", "be1:ping")
+	expectReply(t, cali, "udp", "198.18.0.53:53", "be1:ping")
+	if view := w.node.mustRun(t, "curl", "-s", "http://127.0.0.1:10249/debug/services"); !regexp.MustCompile(`198\.18\.0\.10:80/TCP -> [0-9.]+:[0-9]+ \(DNAT\)`).MatchString(view) {
+		t.Errorf("/debug/services does not show the DNAT:\n%s", view)
+	}
+	// Everyone else is still served, the node's own traffic too.
+	checkServed(t, w, true)
+
+	from = px.lineCount()
+	w.node.mustRun(t, "ip", "link", "del", "cali0")
+	px.waitLog(from, `"Portals REDIRECT to the proxy ports"`, 1, 10*time.Second)
+	px.waitLog(from, `"Portals synced"`, 1, 10*time.Second)
+	if rules := w.node.mustRun(t, "iptables", "-t", "nat", "-S", "KUBE-PORTALS-CONTAINER"); strings.Contains(rules, "DNAT") {
+		t.Fatalf("the portal still DNATs once no interface needs it:\n%s", rules)
+	}
 	checkServed(t, w, true)
 }

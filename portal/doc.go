@@ -4,7 +4,8 @@
 //
 // Implementations of Interface:
 //   - IPTables (Linux): nat REDIRECT rules to each service port's proxy
-//     port, in the legacy userspace chains: KUBE-PORTALS-CONTAINER (from
+//     port (or DNAT to a node address and the proxy port, for a family
+//     IPTablesConfig.DNAT names one in), in the legacy userspace chains: KUBE-PORTALS-CONTAINER (from
 //     PREROUTING) and KUBE-PORTALS-HOST (from OUTPUT), both prepended, for
 //     address portals; KUBE-NODEPORT-CONTAINER and KUBE-NODEPORT-HOST,
 //     appended after them and entered only for local destinations

@@ -16,6 +16,8 @@ type Fake struct {
 	// ClusterCIDRs is passed to the rule renderer, as
 	// IPTablesConfig.ClusterCIDRs.
 	ClusterCIDRs []netip.Prefix
+	// DNAT is passed to the rule renderer, as IPTablesConfig.DNAT.
+	DNAT func(Family) netip.Addr
 
 	mu       sync.Mutex // guards the fields below
 	portals  []Portal
@@ -82,7 +84,7 @@ func (f *Fake) Cleanups() int {
 func (f *Fake) Rules(fam Family) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Render(f.portals, fam, IPTablesConfig{NodePortAddresses: f.NodePortAddresses, ClusterCIDRs: f.ClusterCIDRs})
+	return Render(f.portals, fam, IPTablesConfig{NodePortAddresses: f.NodePortAddresses, ClusterCIDRs: f.ClusterCIDRs, DNAT: f.DNAT})
 }
 
 // Lookup returns the proxy port traffic of proto from src to dst goes to,

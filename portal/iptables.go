@@ -12,6 +12,13 @@ type IPTablesConfig struct {
 	// that drops new connections for want of a local endpoint
 	// (Portal.NoLocal) still takes theirs to external frontends.
 	ClusterCIDRs []netip.Prefix
+	// DNAT, if set, is asked at every Sync for the node address of each
+	// family that portals DNAT to (to that address and the proxy port)
+	// instead of REDIRECTing: REDIRECT sends a packet to the first
+	// address of the interface it came in on, and drops it when that
+	// interface has no address of its family (Calico's pod interfaces).
+	// The zero Addr means REDIRECT.
+	DNAT func(Family) netip.Addr
 	// Backend forces the iptables backend. If empty, the backend holding
 	// the host's existing rules is detected.
 	Backend Backend

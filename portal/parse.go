@@ -128,7 +128,7 @@ func parseRule(chain, args string) (Portal, error) {
 	vals := make(map[string]string)
 	for i := 0; i < len(words); i++ {
 		switch w := words[i]; w {
-		case "-d", "-p", "--comment", "--dport", "--to-ports":
+		case "-d", "-p", "--comment", "--dport", "--to-ports", "--to-destination":
 			if i+1 >= len(words) {
 				return Portal{}, fmt.Errorf("%s without a value", w)
 			}
@@ -138,6 +138,14 @@ func parseRule(chain, args string) (Portal, error) {
 	}
 	var p Portal
 	dst := vals["-d"]
+	if to, ok := vals["--to-destination"]; ok {
+		// A DNAT to a node address (IPTablesConfig.DNAT) and the proxy port.
+		ap, err := netip.ParseAddrPort(to)
+		if err != nil {
+			return Portal{}, fmt.Errorf("bad --to-destination %q", to)
+		}
+		vals["--to-ports"] = strconv.Itoa(int(ap.Port()))
+	}
 	for _, f := range []struct {
 		flag string
 		to   *uint16

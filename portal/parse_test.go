@@ -1,14 +1,26 @@
 package portal
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 )
 
 func TestSaveRoundTrip(t *testing.T) {
-	for _, fam := range []Family{IPv4, IPv6} {
-		tables, err := parseSave(Render(fixedPortals(), fam, IPTablesConfig{}))
+	// REDIRECT rules, and DNAT rules to a node address, read back alike.
+	dnat := func(f Family) netip.Addr {
+		if f == IPv4 {
+			return netip.MustParseAddr("198.18.2.1")
+		}
+		return netip.MustParseAddr("fd5e:b1b5:2::1")
+	}
+	for _, tc := range []struct {
+		fam Family
+		cfg IPTablesConfig
+	}{{IPv4, IPTablesConfig{}}, {IPv6, IPTablesConfig{}}, {IPv4, IPTablesConfig{DNAT: dnat}}, {IPv6, IPTablesConfig{DNAT: dnat}}} {
+		fam := tc.fam
+		tables, err := parseSave(Render(fixedPortals(), fam, tc.cfg))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -127,6 +127,12 @@ type rules struct {
 // redirect. Rules follow iptables-save's argument order so that a save of
 // our chains reads the same.
 func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
+	var dnat netip.Addr
+	if cfg.DNAT != nil {
+		if a := cfg.DNAT(fam); a.IsValid() && FamilyOf(a) == fam {
+			dnat = a
+		}
+	}
 	var chains [4]bytes.Buffer // natChains order
 	var filter, health, firewall bytes.Buffer
 	var r rules
@@ -154,6 +160,9 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 		proto := strings.ToLower(string(p.Protocol()))
 		comment := quoteComment(p.Service.Comment())
 		target := "-j REDIRECT --to-ports " + strconv.Itoa(int(p.ProxyPort))
+		if dnat.IsValid() {
+			target = "-j DNAT --to-destination " + netip.AddrPortFrom(dnat, p.ProxyPort).String()
+		}
 		match := func(src, dst string) string {
 			s := ""
 			if src != "" {

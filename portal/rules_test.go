@@ -37,21 +37,36 @@ func TestRenderGolden(t *testing.T) {
 		fam       Family
 		nodePorts []netip.Prefix
 		pods      []netip.Prefix
+		dnat      netip.Addr // IPTablesConfig.DNAT's answer for every family
 	}{
-		{"ipv4", IPv4, nil, nil},
-		{"ipv6", IPv6, nil, nil},
-		{"ipv4-nodeport-addresses", IPv4, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("fd5e:b1b5:1::/64")}, nil},
-		{"ipv6-nodeport-addresses", IPv6, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}, nil},
-		{"ipv4-cluster-cidrs", IPv4, nil, pods},
-		{"ipv6-cluster-cidrs", IPv6, nil, pods},
+		{"ipv4", IPv4, nil, nil, netip.Addr{}},
+		{"ipv6", IPv6, nil, nil, netip.Addr{}},
+		{"ipv4-nodeport-addresses", IPv4, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("fd5e:b1b5:1::/64")}, nil, netip.Addr{}},
+		{"ipv6-nodeport-addresses", IPv6, []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}, nil, netip.Addr{}},
+		{"ipv4-cluster-cidrs", IPv4, nil, pods, netip.Addr{}},
+		{"ipv6-cluster-cidrs", IPv6, nil, pods, netip.Addr{}},
+		{"ipv4-dnat", IPv4, nil, nil, netip.MustParseAddr("198.18.2.1")},
+		{"ipv6-dnat", IPv6, nil, nil, netip.MustParseAddr("fd5e:b1b5:2::1")},
+		// An address of the other family is never a target: REDIRECT.
+		{"ipv4-dnat-wrong-family", IPv4, nil, nil, netip.MustParseAddr("fd5e:b1b5:2::1")},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Render(fixedPortals(), tc.fam, IPTablesConfig{NodePortAddresses: tc.nodePorts, ClusterCIDRs: tc.pods})
+			cfg := IPTablesConfig{NodePortAddresses: tc.nodePorts, ClusterCIDRs: tc.pods}
+			if tc.dnat.IsValid() {
+				cfg.DNAT = func(Family) netip.Addr { return tc.dnat }
+			}
+			got := Render(fixedPortals(), tc.fam, cfg)
+			if tc.name == "ipv4-dnat-wrong-family" {
+				if want := Render(fixedPortals(), tc.fam, IPTablesConfig{}); got != want {
+					t.Errorf("an IPv6 target changed the IPv4 rules:\n%s", got)
+				}
+				return
+			}
 			golden(t, tc.name, got)
 
 			// The fake renders the same text for the same snapshot.
-			f := &Fake{NodePortAddresses: tc.nodePorts, ClusterCIDRs: tc.pods}
+			f := &Fake{NodePortAddresses: tc.nodePorts, ClusterCIDRs: tc.pods, DNAT: cfg.DNAT}
 			if err := f.Sync(context.Background(), fixedPortals()); err != nil {
 				t.Fatal(err)
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -13,14 +14,20 @@ import (
 
 // watchAddresses calls changed whenever an address is added to or removed
 // from an interface of this host (rtnetlink RTM_NEWADDR and RTM_DELADDR),
-// until ctx ends. It returns once the subscription is in place, so no
-// change after it returns is missed.
-func watchAddresses(ctx context.Context, changed func()) error {
+// and with routes too an IPv4 route or a link (RTM_NEWROUTE and the like:
+// the kernel removes a link's routes without telling), until
+// ctx ends. It returns once the subscription is in place, so no change
+// after it returns is missed.
+func watchAddresses(ctx context.Context, routes bool, changed func()) error {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("watch addresses: %w", os.NewSyscallError("socket", err))
 	}
-	sa := &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: unix.RTMGRP_IPV4_IFADDR | unix.RTMGRP_IPV6_IFADDR}
+	groups := uint32(unix.RTMGRP_IPV4_IFADDR | unix.RTMGRP_IPV6_IFADDR)
+	if routes {
+		groups |= unix.RTMGRP_IPV4_ROUTE | unix.RTMGRP_LINK
+	}
+	sa := &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: groups}
 	if err := unix.Bind(fd, sa); err != nil {
 		unix.Close(fd)
 		return fmt.Errorf("watch addresses: %w", os.NewSyscallError("bind", err))
@@ -49,11 +56,14 @@ func watchAddresses(ctx context.Context, changed func()) error {
 			if err != nil {
 				continue
 			}
-			for _, m := range msgs {
-				if m.Header.Type == unix.RTM_NEWADDR || m.Header.Type == unix.RTM_DELADDR {
-					changed()
-					break
+			if slices.ContainsFunc(msgs, func(m syscall.NetlinkMessage) bool {
+				switch m.Header.Type {
+				case unix.RTM_NEWADDR, unix.RTM_DELADDR, unix.RTM_NEWROUTE, unix.RTM_DELROUTE, unix.RTM_NEWLINK, unix.RTM_DELLINK:
+					return true
 				}
+				return false
+			}) {
+				changed()
 			}
 		}
 	}()

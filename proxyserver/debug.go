@@ -22,6 +22,7 @@ import (
 type debugView struct {
 	p       *userspace.Proxier
 	portals func(state.Snapshot) []portal.Portal // the portals a snapshot gives; nil when no portal redirects
+	dnat    func(portal.Family) netip.Addr       // the iptables portal's DNAT target (see dnatTargets); nil for others
 	mode    string                               // the portal mode
 	cluster bool                                 // the source is an API server, not a manifest file
 	pods    []netip.Prefix                       // --cluster-cidr
@@ -193,6 +194,11 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 					continue // no proxy port to redirect to: no rule
 				}
 				s := pt.String()
+				if d.dnat != nil {
+					if a := d.dnat(pt.Family); a.IsValid() {
+						s = strings.Replace(s, fmt.Sprintf(" -> :%d", pt.ProxyPort), " -> "+netip.AddrPortFrom(a, pt.ProxyPort).String()+" (DNAT)", 1)
+					}
+				}
 				if pt.SourceRanges != nil {
 					s += " from " + joinPrefixes(pt.SourceRanges)
 				}

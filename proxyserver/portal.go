@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,9 +21,10 @@ import (
 
 // choosePortal builds the portal for mode; auto picks iptables when it can
 // be used, else bind when we may change addresses, else none, and says why.
-func choosePortal(ctx context.Context, cfg *Config) (portal.Interface, string, error) {
+// dnat is where the iptables portal sends traffic (IPTablesConfig.DNAT).
+func choosePortal(ctx context.Context, cfg *Config, dnat func(portal.Family) netip.Addr) (portal.Interface, string, error) {
 	ipt := func() (portal.Interface, error) {
-		return portal.NewIPTables(ctx, portal.IPTablesConfig{NodePortAddresses: cfg.nodePorts, ClusterCIDRs: cfg.podCIDRs})
+		return portal.NewIPTables(ctx, portal.IPTablesConfig{NodePortAddresses: cfg.nodePorts, ClusterCIDRs: cfg.podCIDRs, DNAT: dnat})
 	}
 	bind := func() (portal.Interface, error) {
 		return portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface})
@@ -195,7 +197,9 @@ type kernelSync struct {
 	minPeriod time.Duration
 	resync    time.Duration
 
-	last     []portal.Portal // nil before the first sync: a restart clears every UDP frontend
+	last     []portal.Portal              // nil before the first sync: a restart clears every UDP frontend
+	dnat     *dnatTargets                 // where the iptables portal sends traffic; nil for other portals
+	targets  map[portal.Family]netip.Addr // dnat's decision at the last sync
 	lastTime time.Time
 	synced   bool
 	stale    []conntrack.Filter // conntrack entries still to delete
@@ -203,7 +207,11 @@ type kernelSync struct {
 
 func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	now := time.Now()
-	same := k.synced && slices.EqualFunc(portals, k.last, portal.Portal.Equal)
+	var targets map[portal.Family]netip.Addr
+	if k.dnat != nil {
+		targets = k.dnat.decide(now)
+	}
+	same := k.synced && slices.EqualFunc(portals, k.last, portal.Portal.Equal) && sameTargets(targets, k.targets)
 	if same && now.Sub(k.lastTime) < k.resync {
 		return nil
 	}
@@ -218,8 +226,15 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	}
 	if k.ct != nil {
 		k.stale = append(k.stale, conntrack.StaleUDP(k.last, portals)...)
+		if k.last != nil {
+			// A flow's entry keeps the old mapping, whose address may be
+			// gone from this host.
+			for _, f := range movedFamilies(k.targets, targets) {
+				k.stale = append(k.stale, conntrack.RetargetedUDP(portals, f)...)
+			}
+		}
 	}
-	k.last, k.lastTime, k.synced = portals, now, true
+	k.last, k.targets, k.lastTime, k.synced = portals, targets, now, true
 	klog.V(2).InfoS("Portals synced", "portals", len(portals), "took", time.Since(start))
 	return k.clearStale(ctx)
 }

@@ -34,7 +34,8 @@ func Run(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
-	pt, mode, err := choosePortal(ctx, cfg)
+	dnat := newDNATTargets(cfg.bindAddr)
+	pt, mode, err := choosePortal(ctx, cfg, dnat.target)
 	if err != nil {
 		return err
 	}
@@ -43,12 +44,17 @@ func Run(ctx context.Context, cfg *Config) error {
 		if err := checkBindAddress(cfg.bindAddr, cfg.where("bind-address")); err != nil {
 			return err
 		}
+	case mode == PortalIPTables && cfg.bindAddr.IsLoopback():
+		// Proxy ports listen on every address, where REDIRECT delivers
+		// (the portal's filter rules keep direct traffic to them out); a
+		// DNAT to loopback would drop what comes from other hosts.
+		klog.InfoS("The bind address is ignored with the iptables portal: a loopback address cannot take traffic from other hosts; proxy ports listen on every address", "bindAddress", cfg.bindAddr, "setBy", cfg.where("bind-address"))
 	case mode == PortalIPTables && !cfg.bindAddr.IsUnspecified():
-		// REDIRECT delivers a packet to the address of the interface it
-		// came in on, so proxy ports must listen on every address (the
-		// portal's filter rules keep direct traffic to them out). As in
-		// kube-proxy, whose bindAddress binds nothing, it is ignored.
-		klog.InfoS("The bind address is ignored with the iptables portal: proxy ports listen on every address, where its redirects deliver", "bindAddress", cfg.bindAddr, "setBy", cfg.where("bind-address"))
+		// As in the legacy proxier, the portal DNATs to the bind address;
+		// proxy ports still listen on every address.
+		if err := checkBindAddress(cfg.bindAddr, cfg.where("bind-address")); err != nil {
+			return err
+		}
 	}
 	removeOtherPortal(ctx, mode, cfg)
 	nodePortAddrs := "all"
@@ -91,6 +97,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		ks.minPeriod = 0
 	}
 	if mode == PortalIPTables {
+		ks.dnat = dnat
 		// REDIRECTed UDP flows live in conntrack; clear them when their
 		// portal goes or moves to another proxy port.
 		if ks.ct, err = conntrack.New(); err != nil {
@@ -108,6 +115,7 @@ func Run(ctx context.Context, cfg *Config) error {
 	health.answered = m.answered
 	dv := &debugView{p: p, mode: mode, pods: cfg.podCIDRs}
 	if mode == PortalIPTables {
+		dv.dnat = dnat.target
 		dv.portals = func(s state.Snapshot) []portal.Portal { return redirectPortals(s, p) }
 	}
 	m.debug = dv
@@ -159,11 +167,17 @@ func Run(ctx context.Context, cfg *Config) error {
 		cancel()
 		wg.Wait()
 	}()
-	if len(pcfg.NodePortAddresses) > 0 {
+	if len(pcfg.NodePortAddresses) > 0 || mode == PortalIPTables {
 		// Node ports (and health-check node ports) listen on the local
-		// addresses --nodeport-addresses selects: follow the host's
-		// addresses as they come and go.
-		if err := watchAddresses(ctx, loop.poke); err != nil {
+		// addresses --nodeport-addresses selects, and the iptables portal
+		// may DNAT to a node address when interfaces without one carry
+		// routes (see dnatTargets): follow the host's addresses, and for
+		// the portal its routes, as they come and go.
+		changed := func() {
+			dnat.changed()
+			loop.poke()
+		}
+		if err := watchAddresses(ctx, mode == PortalIPTables, changed); err != nil {
 			klog.ErrorS(err, "New node addresses will be served from the next resync")
 		}
 	}

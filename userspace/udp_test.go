@@ -116,7 +116,6 @@ func TestUDPSessionEndIsLogged(t *testing.T) {
 	})
 }
 
-
 // TestUDPSlowFirstReply: an endpoint that answers after the idle timeout
 // still reaches the client, because an unanswered datagram gets the longer
 // reply timeout (the legacy 250 ms idle timeout lost slow DNS answers).
