@@ -81,6 +81,47 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 	}
 }
 
+// TestBinaryListWithoutWatchSaysSo: RBAC that lets the proxy list
+// EndpointSlices but not watch them still serves them, from lists client-go
+// repeats; the proxy says that, where it said nothing was served.
+func TestBinaryListWithoutWatchSaysSo(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	ctx := context.Background()
+	name := fmt.Sprintf("kup-rbac-list-%d", time.Now().UnixNano())
+	read := []string{"get", "list", "watch"}
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"services", "nodes"}, Verbs: read},
+		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list"}},
+	}}
+	if _, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: limitedUser}},
+	}
+	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
+		c.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	kubeconfig := filepath.Join(t.TempDir(), "limited.kubeconfig")
+	if err := api.kubeconfigFor(limitedToken, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
+		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2", "--healthz-bind-address=", "--metrics-bind-address=")
+	px.waitLog(0, `"The API server lets the proxy list but not watch.*resource="endpointslices"`, 1, 30*time.Second)
+	px.waitLog(0, `"Synced"`, 1, 30*time.Second)
+	if strings.Contains(px.log(), "forbids reading") {
+		t.Errorf("the proxy says reading is forbidden though it lists:\n%s", px.log())
+	}
+}
+
 // TestBinaryNamesMissingNode: a --hostname-override (or host name) that no
 // Node carries leaves the proxy with no local endpoints, without a word
 // from the API server. The proxy says so once its caches have synced, and

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -318,9 +319,16 @@ const nodeSyncWait = 10 * time.Second
 // or credential is picked up without a restart. Other errors go to
 // client-go's handler.
 func reportForbidden(inf cache.SharedIndexInformer, resource, group, meanwhile string, badCredentials *sync.Once) error {
-	var once sync.Once
+	var once, onceWatch sync.Once
 	err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
 		switch {
+		case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "cannot watch"):
+			// The list worked: client-go lists again and again, which
+			// serves what each list sees.
+			onceWatch.Do(func() {
+				klog.ErrorS(err, "The API server lets the proxy list but not watch; what is served follows lists repeated every few seconds, so changes come late and cost the API server more, until RBAC allows watch (deploy/kube-userspace-proxy.yaml has the ClusterRole)",
+					"resource", resource, "apiGroup", group, "verbs", "get,list,watch")
+			})
 		case apierrors.IsForbidden(err):
 			once.Do(func() {
 				klog.ErrorS(err, "The API server forbids reading what the proxy needs; "+meanwhile+" until RBAC allows it (deploy/kube-userspace-proxy.yaml has the ClusterRole)",
