@@ -17,7 +17,12 @@
 //     the host chains hold one jump each into their container chains, as
 //     node traffic takes the same REDIRECTs, which halves the rules. IPv4
 //     through iptables, IPv6 through ip6tables, in the backend (nft or
-//     legacy) that holds the host's existing rules. Each Sync rewrites our
+//     legacy) that holds the host's existing rules. The kernel runs the
+//     rules of both backends, so our chains that an earlier run left in
+//     the other one (it chose that backend, and another tool's rules have
+//     since tipped the choice) would keep catching frontends that are gone:
+//     Sync removes them, with their jumps, and logs how many; a failure is
+//     logged and retried at the next Sync. Each Sync rewrites our
 //     chains with one iptables-restore --noflush per table and family, so
 //     stale rules disappear atomically and nothing else is touched; nothing
 //     is flushed at start, so a restarted proxy keeps serving until its

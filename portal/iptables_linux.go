@@ -41,6 +41,7 @@ type famTables struct {
 	bin     string // iptables binary
 	restore string // iptables-restore binary
 	save    string // iptables-save binary
+	failed  string // the last failure to remove leftovers, logged once
 }
 
 // IPTables is the iptables portal: nat REDIRECT rules to the proxy ports in
@@ -54,14 +55,15 @@ type IPTables struct {
 
 	mu       sync.Mutex   // serializes Sync and Cleanup; guards the fields below
 	fams     []*famTables // the chosen backend, one per family
-	leftover []*famTables // the other backend, where our chains were found
+	leftover []*famTables // the other backend, where our chains are still to remove
 }
 
 var _ Interface = (*IPTables)(nil)
 
 // NewIPTables detects the iptables backend and returns the portal. It
 // changes nothing in the kernel: the first Sync reconciles whatever an
-// earlier run left, so a restart keeps serving until then.
+// earlier run left, so a restart keeps serving until then, and removes our
+// chains from the other backend where an earlier run left them.
 func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 	if cfg.LockWaitSeconds <= 0 {
 		cfg.LockWaitSeconds = 5
@@ -78,10 +80,21 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 	p := &IPTables{cfg: cfg, run: execRun, lookPath: exec.LookPath}
 	backend, reason, leftovers := p.detect(ctx)
 	p.backend = backend
+	other := BackendNFT
+	if backend == BackendNFT {
+		other = BackendLegacy
+	}
 	var errs []error // one line each, without multierror's header
 	var families []Family
 	var noIPv6 error // said only once IPv4 is known to work
 	for _, fam := range cfg.Families {
+		if leftovers[fam] {
+			// Even where this family of the chosen backend is unusable:
+			// the kernel still runs the other's rules.
+			if ot, err := p.newFamTables(other, fam); err == nil && strings.HasSuffix(ot.bin, "-"+string(other)) {
+				p.leftover = append(p.leftover, ot)
+			}
+		}
 		ft, err := p.newFamTables(backend, fam)
 		if err == nil {
 			// Usable means we may read the nat table: no netfilter, no
@@ -100,15 +113,6 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 		}
 		p.fams = append(p.fams, ft)
 		families = append(families, fam)
-		if leftovers[fam] {
-			other := BackendNFT
-			if backend == BackendNFT {
-				other = BackendLegacy
-			}
-			if ot, err := p.newFamTables(other, fam); err == nil {
-				p.leftover = append(p.leftover, ot)
-			}
-		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("portal: iptables: %w", err)
@@ -121,8 +125,8 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 		return p, nil
 	}
 	klog.InfoS("Using iptables portal", "backend", backend, "reason", reason, "families", families)
-	if len(p.leftover) > 0 {
-		klog.InfoS("Found portal chains in the other iptables backend; --cleanup removes them", "command", p.leftover[0].bin)
+	for _, ot := range p.leftover {
+		klog.InfoS("Found the portal's chains in the other iptables backend, where the kernel still runs them; the first sync removes them", "command", ot.bin)
 	}
 	return p, nil
 }
@@ -230,7 +234,9 @@ func execRun(ctx context.Context, stdin []byte, name string, args ...string) ([]
 // Sync writes our chains so they hold exactly the rules of portals: one
 // iptables-restore --noflush per table and family, which replaces our
 // chains atomically and touches nothing else, then makes sure the jumps
-// into them are in place. Invalid portals are reported and left out.
+// into them are in place. Invalid portals are reported and left out. Our
+// chains in the other backend, where an earlier run left them, go too
+// (see removeLeftovers).
 func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -264,7 +270,41 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 			klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
 		}
 	}
+	p.removeLeftovers()
 	return errs.ErrorOrNil()
+}
+
+// removeLeftovers removes our jumps and chains from the other backend,
+// where NewIPTables found them (an earlier run chose that backend, and
+// another tool's rules have since tipped the choice). Both backends'
+// rules run in the kernel, so theirs would keep redirecting frontends
+// that are gone to proxy ports nobody serves, and keep dropping or
+// accepting for old proxy ports. The chain names are ours alone (an old
+// kube-proxy in userspace mode used them too; it is long gone). A failure
+// is logged, not returned: our rules in the chosen backend are in place,
+// and a sync error would make the proxy unhealthy. It is tried again at
+// the next Sync.
+func (p *IPTables) removeLeftovers() {
+	kept := p.leftover[:0]
+	for _, ot := range p.leftover {
+		jumps, chains, err := cleanupFamily(ot.ipt)
+		if jumps+chains > 0 {
+			klog.InfoS("Removed the portal's chains from the other iptables backend", "command", ot.bin, "jumps", jumps, "chains", chains)
+		}
+		if err == nil {
+			continue
+		}
+		kept = append(kept, ot)
+		v := klog.Level(0)
+		if msg := err.Error(); msg == ot.failed {
+			v = 2 // said already
+		} else {
+			ot.failed = msg
+		}
+		klog.V(v).ErrorS(err, "Could not remove the portal's chains from the other iptables backend, where the kernel still runs them and they may catch removed frontends; retrying at the next sync (--cleanup removes them too)", "command", ot.bin)
+	}
+	clear(p.leftover[len(kept):])
+	p.leftover = kept
 }
 
 func (p *IPTables) restore(ctx context.Context, ft *famTables, data []byte) error {

@@ -309,3 +309,92 @@ func TestHasRule(t *testing.T) {
 		t.Error("a jump with another comment counts as ours")
 	}
 }
+
+// failingIPT is a fakeIPT whose chain deletions fail while fail is set.
+type failingIPT struct {
+	*fakeIPT
+	fail bool
+}
+
+func (f *failingIPT) ClearAndDeleteChain(table, chain string) error {
+	if f.fail {
+		return errors.New("exit status 4: iptables: Resource temporarily unavailable")
+	}
+	return f.fakeIPT.ClearAndDeleteChain(table, chain)
+}
+
+// TestIPTablesSyncRemovesLeftovers: our chains in the other backend, where
+// an earlier run left them, go at the first Sync (the kernel runs both
+// backends' rules); a failure there does not fail the Sync and is retried
+// by the next one, which then leaves the other backend alone.
+func TestIPTablesSyncRemovesLeftovers(t *testing.T) {
+	p, _, _ := newTestIPTables(IPTablesConfig{})
+	ctx := t.Context()
+	// The earlier run's rules, written into both legacy families by a
+	// portal of their own, and another tool's rule beside them.
+	stale := map[Family]*failingIPT{}
+	for _, fam := range []Family{IPv4, IPv6} {
+		old, rl, fakes := newTestIPTables(IPTablesConfig{})
+		old.fams = slices.DeleteFunc(old.fams, func(ft *famTables) bool { return ft.fam != fam })
+		if err := old.Sync(ctx, fixedPortals()); err != nil {
+			t.Fatal(err)
+		}
+		if len(rl.inputs) == 0 {
+			t.Fatal("the earlier run wrote nothing")
+		}
+		fakes[fam].Append(tableNAT, "PREROUTING", "-j", "SOMEONE-ELSE")
+		stale[fam] = &failingIPT{fakeIPT: fakes[fam], fail: fam == IPv6}
+		p.leftover = append(p.leftover, &famTables{fam: fam, ipt: stale[fam], bin: map[Family]string{IPv4: "iptables-legacy", IPv6: "ip6tables-legacy"}[fam]})
+	}
+	ours := func(f *fakeIPT) []string {
+		var out []string
+		for k, rules := range f.chains {
+			if strings.Contains(k, "KUBE-") {
+				out = append(out, k)
+			}
+			for _, r := range rules {
+				if strings.Contains(r, "KUBE-") {
+					out = append(out, k+": "+r)
+				}
+			}
+		}
+		return out
+	}
+	if len(ours(stale[IPv4].fakeIPT)) == 0 || len(ours(stale[IPv6].fakeIPT)) == 0 {
+		t.Fatal("no stale chains to remove")
+	}
+
+	if err := p.Sync(ctx, fixedPortals()); err != nil {
+		t.Fatalf("Sync failed for the other backend's leftovers: %v", err)
+	}
+	if left := ours(stale[IPv4].fakeIPT); len(left) > 0 {
+		t.Errorf("IPv4 legacy keeps ours after the first sync: %q", left)
+	}
+	if got := stale[IPv4].chains["nat/PREROUTING"]; !slices.Equal(got, []string{"-j SOMEONE-ELSE"}) {
+		t.Errorf("IPv4 legacy PREROUTING = %q, want only the other tool's rule", got)
+	}
+	if len(p.leftover) != 1 || p.leftover[0].fam != IPv6 {
+		t.Fatalf("leftovers still to remove = %v, want IPv6 only", p.leftover)
+	}
+
+	// The next sync retries what failed.
+	stale[IPv6].fail = false
+	if err := p.Sync(ctx, fixedPortals()); err != nil {
+		t.Fatal(err)
+	}
+	if left := ours(stale[IPv6].fakeIPT); len(left) > 0 {
+		t.Errorf("IPv6 legacy keeps ours after the retry: %q", left)
+	}
+	if len(p.leftover) != 0 {
+		t.Errorf("leftovers still to remove = %d, want none", len(p.leftover))
+	}
+
+	// Done: later syncs leave the other backend alone.
+	stale[IPv4].calls = nil
+	if err := p.Sync(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(stale[IPv4].calls) > 0 {
+		t.Errorf("a later sync touched the other backend: %q", stale[IPv4].calls)
+	}
+}
