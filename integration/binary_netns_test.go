@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -492,4 +493,48 @@ func TestBinaryIPTablesPortalServesPodsBehindAddresslessInterfaces(t *testing.T)
 		t.Fatalf("the portal still DNATs once no interface needs it:\n%s", rules)
 	}
 	checkServed(t, w, true)
+}
+
+// TestBinaryIPTablesPortalRewrittenByAnotherProxy: a second proxy on the
+// node (a debugging run, a systemd unit beside the DaemonSet) rewrites the
+// portal's rules to its own proxy ports. At its next resync the first
+// proxy says so, writes its rules again, and clears the UDP conntrack
+// entries the other's rules made: a client that keeps its source port,
+// whose flow the other proxy took before it died, is served again (it
+// was black-holed for good, its entry pointing at a dead port).
+func TestBinaryIPTablesPortalRewrittenByAnotherProxy(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	a := startNodeProxy(t, w, file, "--portal=iptables", "--proxy-port-range=40000-40099", "--iptables-sync-period=5s")
+	a.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	expectReply(t, w.pod, "udp", "198.18.0.53:53", "be1:ping")
+
+	b := startNodeProxy(t, w, file, "--portal=iptables", "--proxy-port-range=41000-41099",
+		"--healthz-bind-address=127.0.0.1:20256", "--metrics-bind-address=127.0.0.1:20249")
+	b.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	from := a.lineCount()
+	// A flow from a fixed port, made while the other proxy's rules are in
+	// place, goes to it; then it dies, its rules left behind.
+	const srcPort = 40555
+	if r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", srcPort); !strings.HasPrefix(r.Reply, "be1:") {
+		t.Fatalf("through the second proxy: reply %q, err %q", r.Reply, r.Err)
+	}
+	if _, ok := b.stop(syscall.SIGKILL, 5*time.Second); !ok {
+		t.Fatal("the second proxy did not die")
+	}
+	a.waitLog(from, `"The portal's rules were rewritten by something else since the last sync`, 1, 15*time.Second)
+	a.waitLog(from, `"Deleted stale UDP conntrack entries"`, 1, 5*time.Second)
+	if rules := w.node.mustRun(t, "iptables", "-t", "nat", "-S", "KUBE-PORTALS-CONTAINER"); strings.Contains(rules, "--to-ports 410") {
+		t.Fatalf("the second proxy's rules are still there:\n%s", rules)
+	}
+	if r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", srcPort); !strings.HasPrefix(r.Reply, "be1:") {
+		t.Fatalf("the fixed-port client after the first proxy took its rules back: reply %q, err %q", r.Reply, r.Err)
+	}
+	// The next resync finds its own rules, and says nothing.
+	a.waitLog(a.lineCount(), `"Synced iptables portals"`, 1, 15*time.Second)
+	if n := strings.Count(a.log(), "rewritten by something else"); n != 1 {
+		t.Errorf("said %d times that the rules were rewritten, want once (they are its own again)", n)
+	}
 }

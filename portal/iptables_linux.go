@@ -42,6 +42,9 @@ type famTables struct {
 	restore string // iptables-restore binary
 	save    string // iptables-save binary
 	failed  string // the last failure to remove leftovers, logged once
+	// wrote is what the last successful Sync wrote to our nat chains,
+	// read back as Existing reads the kernel's (see Drift); nil before.
+	wrote []Portal
 }
 
 // IPTables is the iptables portal: nat REDIRECT rules to the proxy ports in
@@ -268,6 +271,13 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 		}
 		if !failed { // a failure is the caller's to report
 			klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
+			ft.wrote = nil
+			if tables, err := parseSave(string(r.nat)); err == nil {
+				ft.wrote, _ = portalsInSave(tables, ft.fam)
+				ft.wrote = sortedPortals(ft.wrote)
+			}
+		} else {
+			ft.wrote = nil
 		}
 	}
 	p.removeLeftovers()
@@ -458,6 +468,38 @@ func isNotExist(err error) bool {
 func (p *IPTables) Existing(ctx context.Context) ([]Portal, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.existing(ctx)
+}
+
+// Drift reads our nat chains back and reports whether they still redirect
+// what the last Sync wrote in every family it wrote; if not, something else
+// rewrote them (another kube-userspace-proxy on this host, say), and held
+// is what they redirect now, as Existing reads it.
+func (p *IPTables) Drift(ctx context.Context) (held []Portal, drifted bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var wrote []Portal
+	for _, ft := range p.fams {
+		if ft.wrote == nil {
+			return nil, false, nil // nothing to compare with
+		}
+		wrote = append(wrote, ft.wrote...)
+	}
+	if held, err = p.existing(ctx); err != nil {
+		return nil, false, err
+	}
+	return held, !slices.EqualFunc(sortedPortals(held), sortedPortals(wrote), Portal.Equal), nil
+}
+
+// sortedPortals returns ps sorted, without duplicates (a node port has a
+// rule per --nodeport-addresses prefix).
+func sortedPortals(ps []Portal) []Portal {
+	out := slices.Clone(ps)
+	slices.SortFunc(out, Portal.Compare)
+	return slices.CompactFunc(out, Portal.Equal)
+}
+
+func (p *IPTables) existing(ctx context.Context) ([]Portal, error) {
 	var out []Portal
 	var errs *multierror.Error
 	for _, ft := range p.fams {

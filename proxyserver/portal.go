@@ -215,6 +215,14 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	if same && now.Sub(k.lastTime) < k.resync {
 		return nil
 	}
+	var held []portal.Portal // what the rules held, when something else rewrote them
+	if d, ok := k.pt.(drifter); ok && same {
+		// A full resync: first see whether the rules are still ours.
+		if h, drifted, err := d.Drift(ctx); err == nil && drifted {
+			held = h
+			klog.ErrorS(nil, "The portal's rules were rewritten by something else since the last sync (another kube-userspace-proxy on this host?); writing this proxy's again", "redirects", len(h), "wrote", len(portals))
+		}
+	}
 	if wait := k.minPeriod - now.Sub(k.lastTime); k.synced && wait > 0 {
 		return errDeferred{after: wait}
 	}
@@ -226,6 +234,10 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	}
 	if k.ct != nil {
 		k.stale = append(k.stale, conntrack.StaleUDP(k.last, portals)...)
+		if held != nil {
+			// UDP flows the other rules redirected keep that mapping.
+			k.stale = append(k.stale, conntrack.StaleUDP(held, portals)...)
+		}
 		if k.last != nil {
 			// A flow's entry keeps the old mapping, whose address may be
 			// gone from this host.
@@ -253,6 +265,12 @@ func (k *kernelSync) clearStale(ctx context.Context) error {
 	klog.V(2).InfoS("Deleted stale UDP conntrack entries", "entries", n, "filters", len(k.stale))
 	k.stale = nil
 	return nil
+}
+
+// drifter is a portal that can tell whether its rules are still as it
+// wrote them (portal.IPTables).
+type drifter interface {
+	Drift(ctx context.Context) (held []portal.Portal, drifted bool, err error)
 }
 
 // kernelError is a failure to program the kernel's redirection: the proxy
