@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -211,11 +212,155 @@ func outOfDescriptors(t *testing.T, bin string) {
 	}
 }
 
+// TestBinaryOutOfDescriptorsShedsNewClients: a client that connects while
+// the proxy is out of file descriptors is reset at once (shed, with the
+// proxy's spare descriptor) rather than left waiting, and counted in
+// shed_total; the proxy serves again once descriptors are free. Clients
+// come one at a time, each echoed or reset before the next, first with
+// descriptors for a few connections (the tester's case), then with none
+// free at all. The goroutine build gave up its spare while no client
+// waited and a dial took it, so the next client waited for ever.
+func TestBinaryOutOfDescriptorsShedsNewClients(t *testing.T) {
+	for _, tc := range bothBuilds(t) {
+		t.Run(tc.name, func(t *testing.T) { outOfDescriptorsSheds(t, tc.bin) })
+	}
+}
+
+func outOfDescriptorsSheds(t *testing.T, bin string) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	mp := freePort(t)
+	p, np, _ := proxyWithFewDescriptors(t, bin, ln.Addr().(*net.TCPAddr).Port, 20, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))
+	pid := p.cmd.Process.Pid
+	addr := fmt.Sprintf("127.0.0.1:%d", np)
+
+	var kept []net.Conn // echoed clients, held open so their descriptors stay taken
+	defer func() {
+		for _, c := range kept {
+			c.Close()
+		}
+	}()
+	resets := 0
+	// try connects one client and says whether it was echoed (and is
+	// kept); a client that is neither echoed nor reset within 3s fails the
+	// test.
+	try := func(what string) bool {
+		t.Helper()
+		// A reset may come before connect has returned.
+		c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(3 * time.Second))
+			buf := make([]byte, 4)
+			if _, err = c.Write([]byte("ping")); err == nil {
+				_, err = io.ReadFull(c, buf)
+			}
+			if err == nil {
+				kept = append(kept, c)
+				return true
+			}
+			c.Close()
+		}
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatalf("%s: neither served nor reset within 3s: the client waits while the proxy is out of descriptors\nproxy log:\n%s", what, p.log())
+		}
+		resets++
+		return false
+	}
+
+	// Descriptors for about ten connections: clients are echoed until
+	// they run out, and then each is reset.
+	i := 0
+	for ; i < 40 && try(fmt.Sprintf("client %d", i)); i++ {
+	}
+	if resets == 0 {
+		t.Fatalf("40 clients served with descriptors for about 10")
+	}
+	for j := range 3 {
+		if try(fmt.Sprintf("client %d, after the first reset", i+1+j)) {
+			t.Errorf("client %d served after the first reset, while no descriptor was freed", i+1+j)
+		}
+	}
+
+	// No descriptor free at all, not even one for accept: the limit is the
+	// lowest free descriptor, so the proxy's spare is below it and every
+	// other one up to it is open.
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := map[int]bool{}
+	for _, e := range entries {
+		n, _ := strconv.Atoi(e.Name())
+		open[n] = true
+	}
+	lowest := 0
+	for open[lowest] {
+		lowest++
+	}
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(lowest), Max: uint64(lowest)}, nil); err != nil {
+		t.Fatalf("prlimit: %v", err)
+	}
+	for j := range 3 {
+		if try(fmt.Sprintf("client %d, with no descriptor free", j)) {
+			t.Errorf("client %d served with no descriptor free", j)
+		}
+	}
+	if strings.Contains(p.log(), "without a spare one to shed a connection with") {
+		t.Errorf("the proxy lost its spare descriptor while clients came one at a time:\n%s", p.log())
+	}
+
+	// Descriptors come back: the proxy serves again, and counted every
+	// reset client as shed.
+	for _, c := range kept {
+		c.Close()
+	}
+	kept = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for !try("a client once descriptors are free") {
+		if time.Now().After(deadline) {
+			t.Fatalf("not served again once descriptors were free:\n%s", p.log())
+		}
+		resets--
+		time.Sleep(100 * time.Millisecond)
+	}
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", mp))
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
+	}
+	var shed float64 = -1
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "kube_userspace_proxy_shed_total "); ok {
+			shed, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if shed < float64(resets) {
+		t.Errorf("kube_userspace_proxy_shed_total = %v, want at least the %d clients reset", shed, resets)
+	}
+	t.Logf("%d clients echoed, %d reset, shed_total %v", i, resets, shed)
+}
+
 // proxyWithFewDescriptors starts bin on a NodePort Service whose endpoint
 // is 127.0.0.1:endpointPort and, once it serves, limits its open files to
 // those it holds and spare more. It returns the proxy, the node port and
 // the limit.
-func proxyWithFewDescriptors(t *testing.T, bin string, endpointPort, spare int) (*proxyProc, int, uint64) {
+func proxyWithFewDescriptors(t *testing.T, bin string, endpointPort, spare int, args ...string) (*proxyProc, int, uint64) {
 	t.Helper()
 	np := freePort(t)
 	file := filepath.Join(t.TempDir(), "services.yaml")
@@ -233,7 +378,7 @@ addressType: IPv4
 ports: [{name: tcp, port: %d}]
 endpoints: [{addresses: ["127.0.0.1"]}]
 `, np, endpointPort))
-	p := startCommand(t, bin, proxyArgs(file)...)
+	p := startCommand(t, bin, append(proxyArgs(file), args...)...)
 	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
 	pid := p.cmd.Process.Pid
 	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))

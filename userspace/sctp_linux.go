@@ -78,15 +78,10 @@ func (l *sctpListener) close() {
 func (l *sctpListener) acceptLoop() {
 	defer l.sp.p.wg.Done()
 	defer close(l.done)
-	shed := func() bool {
-		return l.sp.p.shed.withSpare(func() bool {
-			c, err := l.ln.Accept()
-			if err != nil {
-				return false
-			}
-			c.Abort()
-			return true
-		})
+	shed := func() shedResult { return shedNone }
+	if rc, err := l.ln.SyscallConn(); err == nil {
+		// A reset (SO_LINGER 0) aborts an SCTP association too.
+		shed = func() shedResult { return l.sp.p.shed.shedFrom(rc) }
 	}
 	acceptLoop(l.sp, &l.sp.p.stats.SCTPAccepted, l.ln.Accept, shed, l.serve)
 }
@@ -161,6 +156,7 @@ func (c *sctpConn) relayToClient() {
 
 func (c *sctpConn) directionDone() {
 	if c.pending.Add(-1) == 0 {
+		c.p.shed.retake() // descriptors are free: the spare may have been missing
 		c.p.assocs.remove(c)
 		c.sp.connClosed(&c.p.stats.SCTPActive)
 	}

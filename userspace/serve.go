@@ -19,11 +19,14 @@ import (
 
 // acceptLoop accepts with accept until the listener is closed, and hands
 // each connection to serve on a goroutine of its own; serve must call
-// sp.p.wg.Done. Running out of file descriptors sheds one pending
-// connection (shed, which reports whether it could); a shed that failed,
-// and other errors, rare and usually transient, back off so a persistent
-// one cannot spin.
-func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (C, error), shed func() bool, serve func(C)) {
+// sp.p.wg.Done. Running out of file descriptors sheds one waiting
+// connection (shed, which must not wait, says what came of it); nothing
+// wakes the loop when a client comes or descriptors are free again (on
+// Linux accept fails so with no client waiting, and Go's poller waits only
+// after EAGAIN), so it looks again within outOfDescriptorsRetry. Other
+// errors, rare and usually transient, back off so a persistent one cannot
+// spin.
+func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (C, error), shed func() shedResult, serve func(C)) {
 	p := sp.p
 	var backoff time.Duration
 	for {
@@ -32,16 +35,20 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			limit := time.Second
 			if isResourceExhausted(err) {
-				shed := shed()
-				p.shed.report(&p.stats, err, sp.name.String(), shed)
-				if shed {
+				switch shed() {
+				case shedOne:
+					p.shed.report(&p.stats, err, sp.name.String(), true)
 					continue
+				case shedFailed:
+					p.shed.report(&p.stats, err, sp.name.String(), false)
 				}
+				limit = outOfDescriptorsRetry
 			} else {
 				p.stats.AcceptErrors.Add(1)
 			}
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			backoff = min(max(2*backoff, 5*time.Millisecond), limit)
 			klog.V(2).InfoS("Accept failed; retrying", "service", sp.name, "err", err, "backoff", backoff)
 			select {
 			case <-time.After(backoff):
@@ -57,6 +64,11 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 		go serve(c)
 	}
 }
+
+// outOfDescriptorsRetry bounds how long a goroutine accept loop that is
+// out of descriptors waits before it accepts again, or sheds: about how
+// long a client that comes meanwhile waits for its reset.
+const outOfDescriptorsRetry = 250 * time.Millisecond
 
 // dialCounters are the counters of a protocol's dials.
 type dialCounters struct {

@@ -60,6 +60,22 @@ func (s *shedder) withSpare(f func() bool) bool {
 	return shed
 }
 
+// shedResult is what an attempt to shed a connection came to.
+type shedResult int
+
+const (
+	// shedNone: no connection was waiting, so none was shed and the spare
+	// stayed in hand. On Linux accept fails with EMFILE whether or not one
+	// waits: the kernel takes the new descriptor before it looks at the
+	// queue.
+	shedNone shedResult = iota
+	// shedOne: one waiting connection was accepted with the spare and reset.
+	shedOne
+	// shedFailed: a connection waits but could not be accepted: the spare
+	// was missing, or another goroutine took the descriptor it freed.
+	shedFailed
+)
+
 // retake takes the spare back if it is missing. Callers call it after
 // accepting a connection: a descriptor was free then, and the check costs
 // one atomic load while the spare is in hand.

@@ -58,7 +58,11 @@ func (l *tcpListener) close() {
 func (l *tcpListener) acceptLoop() {
 	defer l.sp.p.wg.Done()
 	defer close(l.done)
-	acceptLoop(l.sp, &l.sp.p.stats.TCPAccepted, l.ln.AcceptTCP, func() bool { return l.sp.p.shed.shedTCP(l.ln) }, l.serveConn)
+	shed := func() shedResult { return shedNone }
+	if rc, err := l.ln.SyscallConn(); err == nil {
+		shed = func() shedResult { return l.sp.p.shed.shedFrom(rc) }
+	}
+	acceptLoop(l.sp, &l.sp.p.stats.TCPAccepted, l.ln.AcceptTCP, shed, l.serveConn)
 }
 
 // serveConn dials an endpoint for c, with failover, and proxies between the
@@ -152,6 +156,7 @@ func (t *tcpConn) directionDone() {
 	if t.pending.Add(-1) == 0 {
 		t.client.Close()
 		t.backend.Close()
+		t.p.shed.retake() // descriptors are free: the spare may have been missing
 		t.p.conns.remove(t)
 		t.sp.connClosed(&t.p.stats.TCPActive)
 		if klog.V(4).Enabled() {
@@ -240,19 +245,6 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
 	return netip.AddrPort{}
-}
-
-// shedTCP accepts and resets one pending connection from ln, using the
-// shedder's spare descriptor; false means it could not (see withSpare).
-func (s *shedder) shedTCP(ln *net.TCPListener) bool {
-	return s.withSpare(func() bool {
-		c, err := ln.AcceptTCP()
-		if err != nil {
-			return false
-		}
-		resetTCP(c)
-		return true
-	})
 }
 
 // resetTCP closes c with SO_LINGER 0, so the peer gets a RST instead of a

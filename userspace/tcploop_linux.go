@@ -182,14 +182,19 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 		case err == unix.EINTR || err == unix.ECONNABORTED:
 			continue
 		case isResourceExhausted(err):
+			none := false
 			shed := p.shed.withSpare(func() bool {
 				fd, _, err := rawAccept4(l.fd, unix.SOCK_CLOEXEC)
 				if err != nil {
+					none = err == unix.EAGAIN
 					return false
 				}
 				resetFD(fd)
 				return true
 			})
+			if none {
+				return // another loop took the connection: none waits
+			}
 			p.shed.report(&p.stats, err, l.sp.name.String(), shed)
 			if !shed {
 				a.pause()

@@ -167,6 +167,10 @@ func withFD(c *net.TCPConn, f func(fd int)) error {
 	return rc.Control(func(fd uintptr) { f(int(fd)) })
 }
 
+// SyscallConn returns the listening socket's raw connection; only its
+// Control works, as for a net.TCPListener.
+func (l *Listener) SyscallConn() (syscall.RawConn, error) { return l.ln.SyscallConn() }
+
 // Addr returns the address the listener is bound to.
 func (l *Listener) Addr() netip.AddrPort { return l.addr }
 
