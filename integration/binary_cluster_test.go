@@ -141,6 +141,35 @@ func eventuallyNot(t *testing.T, ns netns, proto, addr string) {
 	t.Fatalf("%s %s from %s still answers %q after 15s", proto, addr, ns, r.Reply)
 }
 
+// changeCounts are kube-proxy's change totals as /metrics shows them.
+type changeCounts struct{ services, endpoints int }
+
+// waitChangesSynced waits, bounded, until the proxy's /metrics in ns
+// counts at least least changes and none pending, and returns the totals.
+func waitChangesSynced(t *testing.T, ns netns, least changeCounts) changeCounts {
+	t.Helper()
+	value := func(body, name string) int {
+		m := regexp.MustCompile(`\nkubeproxy_sync_proxy_rules_` + name + ` (\d+)\n`).FindStringSubmatch(body)
+		if m == nil {
+			return -1
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	var body string
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		_, body = curlCodeIn(t, ns, "http://127.0.0.1:10249/metrics")
+		got := changeCounts{value(body, "service_changes_total"), value(body, "endpoint_changes_total")}
+		if got.services >= least.services && got.endpoints >= least.endpoints &&
+			value(body, "service_changes_pending") == 0 && value(body, "endpoint_changes_pending") == 0 {
+			return got
+		}
+	}
+	t.Fatalf("/metrics: want at least %d Service and %d endpoint changes and none pending within 15s; got\n%s",
+		least.services, least.endpoints, regexp.MustCompile(`(?m)^kubeproxy_sync_proxy_rules_\w+_changes_\w+ .*$`).FindAllString(body, -1))
+	return changeCounts{}
+}
+
 func TestBinaryFollowsCluster(t *testing.T) {
 	api := requireAPIServer(t)
 	w := newWorld(t)
@@ -152,11 +181,15 @@ func TestBinaryFollowsCluster(t *testing.T) {
 	px := startCommand(t, "ip", "netns", "exec", string(w.node), proxyBin, "--kubeconfig", kubeconfig,
 		"--portal=iptables", "--hostname-override=node", "-v=2")
 	px.waitLog(0, `"Portals synced"`, 1, 60*time.Second)
+	before := waitChangesSynced(t, w.node, changeCounts{})
 
 	const vip = "198.18.0.60:80"
 	createService(t, c, newService(ns, "web", func(s *corev1.Service) { s.Spec.ClusterIP = "198.18.0.60" }))
 	putSlice(t, c, newSlice(ns, "web", "web-1", readyEP("198.18.12.2")))
 	t.Run("a new service answers", func(t *testing.T) { eventually(t, w.pod, "tcp", vip, "be1:") })
+	// kube-proxy's change counts: the new Service is a Service change
+	// and an endpoint change, synced.
+	afterCreate := waitChangesSynced(t, w.node, changeCounts{before.services + 1, before.endpoints + 1})
 
 	// No connection may fail while endpoints come and go: a removed
 	// endpoint's backend is still up, so a failure would be the proxy's.
@@ -211,6 +244,13 @@ func TestBinaryFollowsCluster(t *testing.T) {
 				t.Fatalf("affinity: %q then %q", first, r.Reply)
 			}
 		}
+	})
+
+	t.Run("the changes are counted and synced", func(t *testing.T) {
+		// Since the create: a slice added (scaling up), an endpoint
+		// change; affinity set, a Service change.
+		got := waitChangesSynced(t, w.node, changeCounts{afterCreate.services + 1, afterCreate.endpoints + 1})
+		t.Logf("change totals (Services, endpoints): %v at start, %v after the create, %v now; none pending", before, afterCreate, got)
 	})
 
 	t.Run("the affinity timeout follows the service", func(t *testing.T) {

@@ -592,9 +592,18 @@ func TestBinaryMetrics(t *testing.T) {
 		}
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", mp)
-	metrics, err := curl(t, base+"/metrics")
-	if err != nil {
-		t.Fatalf("/metrics: %v: %s", err, metrics)
+	// Traffic may flow a moment before the sync that opened it is
+	// recorded: wait (bounded) for its changes to be applied.
+	var metrics string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		if metrics, err = curl(t, base+"/metrics"); err != nil {
+			t.Fatalf("/metrics: %v: %s", err, metrics)
+		}
+		if strings.Contains(metrics, "\nkubeproxy_sync_proxy_rules_service_changes_pending 0\n") &&
+			strings.Contains(metrics, "\nkubeproxy_sync_proxy_rules_endpoint_changes_pending 0\n") || time.Now().After(deadline) {
+			break
+		}
 	}
 	values := map[string]float64{}
 	for _, line := range strings.Split(metrics, "\n") {
@@ -609,6 +618,12 @@ func TestBinaryMetrics(t *testing.T) {
 		`kube_userspace_proxy_udp_datagrams_total{direction="to_endpoint"}`: 3,
 		`kube_userspace_proxy_udp_datagrams_total{direction="to_client"}`:   3,
 		"kube_userspace_proxy_tcp_no_endpoints_total":                       0,
+		// The file's one Service, with endpoints, is a Service change
+		// and an endpoint change, which the first sync applied.
+		"kubeproxy_sync_proxy_rules_service_changes_total":    1,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total":   1,
+		"kubeproxy_sync_proxy_rules_service_changes_pending":  0,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending": 0,
 	} {
 		if got, ok := values[name]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)

@@ -39,6 +39,12 @@ type metrics struct {
 	noLocal       *prometheus.GaugeVec // by ip_family and traffic_policy
 	syncFailures  *prometheus.CounterVec
 	programming   *prometheus.HistogramVec // by ip_family
+	// The change counts have no ip_family, as kube-proxy's have none
+	// (1.36): one series, whatever the families.
+	serviceChanges  prometheus.Counter
+	servicePending  prometheus.Gauge
+	endpointChanges prometheus.Counter
+	endpointPending prometheus.Gauge
 }
 
 // ipFamilyLabel is kube-proxy's label for the IP family of a series,
@@ -97,6 +103,22 @@ func newMetrics(stats *userspace.Stats, families []string) *metrics {
 			Buckets: slices.Concat(prometheus.LinearBuckets(0.25, 0.25, 2), prometheus.LinearBuckets(1, 1, 59),
 				prometheus.LinearBuckets(60, 5, 12), prometheus.LinearBuckets(120, 30, 7)),
 		}, []string{ipFamilyLabel}),
+		serviceChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "service_changes_total",
+			Help: "Service changes: each Service whose Service changed what is served (its ports, frontends, node ports, affinity or traffic policies), counted once in each new desired state offered to the sync loop; every Service served counts at start.",
+		}),
+		servicePending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "service_changes_pending",
+			Help: "Services whose Service changed what is served and that no sync has applied yet.",
+		}),
+		endpointChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "endpoint_changes_total",
+			Help: "Endpoint changes: each Service whose endpoints (EndpointSlices) changed what is served, counted once in each new desired state offered to the sync loop; every Service with endpoints counts at start.",
+		}),
+		endpointPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "endpoint_changes_pending",
+			Help: "Services whose endpoints changed what is served and that no sync has applied yet.",
+		}),
 		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kube_userspace_proxy", Name: "sync_failures_total",
 			Help: "Syncs that failed and are retried, by cause: portal (the kernel's rules or addresses; the proxy turns unhealthy) or services (some Service could not be served).",
@@ -117,6 +139,7 @@ func newMetrics(stats *userspace.Stats, families []string) *metrics {
 		}
 	}
 	m.reg.MustRegister(m.syncDuration, m.lastSynced, m.lastQueued, m.healthzAnswer, m.livezAnswer, m.noLocal, m.syncFailures, m.programming,
+		m.serviceChanges, m.servicePending, m.endpointChanges, m.endpointPending,
 		statsCollector{stats},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -192,12 +215,22 @@ func (m *metrics) programmed(triggers []time.Time, now time.Time) {
 	}
 }
 
-// queued records a change offered to the sync loop.
-func (m *metrics) queued() {
+// queued records a new desired state offered to the sync loop, which
+// brings the changes c.
+func (m *metrics) queued(c state.Changes) {
 	now := unixSeconds(time.Now())
 	for _, f := range m.families {
 		m.lastQueued.WithLabelValues(f).Set(now)
 	}
+	m.serviceChanges.Add(float64(len(c.Services)))
+	m.endpointChanges.Add(float64(len(c.Endpoints)))
+}
+
+// pending records how many Services have a Service change (services) and
+// an endpoint change (endpoints) that no sync has applied yet.
+func (m *metrics) pending(services, endpoints int) {
+	m.servicePending.Set(float64(services))
+	m.endpointPending.Set(float64(endpoints))
 }
 
 // answered counts a /healthz (withNode) or /livez answer.

@@ -3,6 +3,7 @@ package proxyserver
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
 	"time"
 
@@ -30,6 +31,10 @@ type syncLoop struct {
 	have     bool
 	version  uint64           // bumped by every offer
 	triggers []offeredTrigger // change trigger times offered and not yet applied
+	// changedServices (changedEndpoints) are the Services with a Service
+	// (endpoint) change offered and not yet applied, each with the
+	// version of the last offer that brought one.
+	changedServices, changedEndpoints map[state.ServiceName]uint64
 }
 
 // offeredTrigger is a change trigger time, and the version of the offer
@@ -43,7 +48,8 @@ type offeredTrigger struct {
 const maxOfferedTriggers = 10000
 
 func newSyncLoop(apply func(state.Snapshot) error, retryMin, resync time.Duration) *syncLoop {
-	return &syncLoop{apply: apply, retryMin: max(retryMin, 100*time.Millisecond), resync: resync, kick: make(chan struct{}, 1)}
+	return &syncLoop{apply: apply, retryMin: max(retryMin, 100*time.Millisecond), resync: resync, kick: make(chan struct{}, 1),
+		changedServices: make(map[state.ServiceName]uint64), changedEndpoints: make(map[state.ServiceName]uint64)}
 }
 
 // offer hands the loop a new desired state. It never blocks.
@@ -56,12 +62,19 @@ func (l *syncLoop) offer(s state.Snapshot) {
 			l.triggers = append(l.triggers, offeredTrigger{l.version, at})
 		}
 	}
+	for _, n := range s.Changes.Services {
+		l.changedServices[n] = l.version
+	}
+	for _, n := range s.Changes.Endpoints {
+		l.changedEndpoints[n] = l.version
+	}
+	if l.metrics != nil {
+		l.metrics.queued(s.Changes)
+		l.reportPending()
+	}
 	l.mu.Unlock()
 	if l.health != nil {
 		l.health.queued()
-	}
-	if l.metrics != nil {
-		l.metrics.queued()
 	}
 	l.poke()
 }
@@ -76,11 +89,17 @@ func (l *syncLoop) poke() {
 	}
 }
 
-// appliedTriggers returns and forgets the trigger times of the offers up
-// to version, which a sync has applied.
-func (l *syncLoop) appliedTriggers(version uint64) []time.Time {
+// applied forgets what the offers up to version brought, which a sync has
+// applied, and returns their change trigger times.
+func (l *syncLoop) applied(version uint64) []time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	for _, m := range []map[state.ServiceName]uint64{l.changedServices, l.changedEndpoints} {
+		maps.DeleteFunc(m, func(_ state.ServiceName, v uint64) bool { return v <= version })
+	}
+	if l.metrics != nil {
+		l.reportPending()
+	}
 	var out []time.Time
 	kept := l.triggers[:0]
 	for _, t := range l.triggers {
@@ -92,6 +111,12 @@ func (l *syncLoop) appliedTriggers(version uint64) []time.Time {
 	}
 	l.triggers = kept
 	return out
+}
+
+// reportPending tells the metrics how many Services have changes not yet
+// applied. l.mu must be held, so that reports arrive in order.
+func (l *syncLoop) reportPending() {
+	l.metrics.pending(len(l.changedServices), len(l.changedEndpoints))
 }
 
 func (l *syncLoop) current() (state.Snapshot, uint64, bool) {
@@ -138,6 +163,10 @@ func (l *syncLoop) run(ctx context.Context) {
 			_, latest, _ := l.current()
 			l.health.updated(start, latest != version)
 		}
+		var triggers []time.Time
+		if done {
+			triggers = l.applied(version)
+		}
 		if l.metrics != nil {
 			failed := ""
 			switch {
@@ -147,9 +176,7 @@ func (l *syncLoop) run(ctx context.Context) {
 				failed = failedServices
 			}
 			l.metrics.synced(snap, took, done, failed)
-			if done {
-				l.metrics.programmed(l.appliedTriggers(version), time.Now())
-			}
+			l.metrics.programmed(triggers, time.Now())
 		}
 		if err != nil {
 			backoff = min(max(2*backoff, l.retryMin), l.resync)

@@ -156,3 +156,69 @@ func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 		t.Fatalf("after the sync that applied them: %s IPv6 observations, want 3", c)
 	}
 }
+
+// TestSyncLoopCountsChanges: every offer adds the Services it names to
+// the change totals; the pending gauges hold the distinct Services with
+// changes no sync has applied, those of offers a sync coalesced
+// included, keep them while the portal fails, and drop to 0 once a sync
+// applies them. The series have no ip_family, as kube-proxy's.
+func TestSyncLoopCountsChanges(t *testing.T) {
+	var stats userspace.Stats
+	m := newMetrics(&stats, []string{"IPv4", "IPv6"})
+	results := make(chan error)
+	applied := make(chan struct{})
+	l := newSyncLoop(func(state.Snapshot) error { err := <-results; applied <- struct{}{}; return err }, 10*time.Millisecond, time.Hour)
+	l.metrics = m
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	const (
+		svcTotal = "kubeproxy_sync_proxy_rules_service_changes_total"
+		svcPend  = "kubeproxy_sync_proxy_rules_service_changes_pending"
+		epTotal  = "kubeproxy_sync_proxy_rules_endpoint_changes_total"
+		epPend   = "kubeproxy_sync_proxy_rules_endpoint_changes_pending"
+	)
+	check := func(step string, want map[string]string) {
+		t.Helper()
+		got := scrapeMetrics(t, m)
+		for series, v := range want {
+			if got[series] != v {
+				t.Errorf("%s: %s = %q, want %q", step, series, got[series], v)
+			}
+		}
+	}
+	check("at start", map[string]string{svcTotal: "0", svcPend: "0", epTotal: "0", epPend: "0"})
+
+	names := func(n ...string) []state.ServiceName {
+		var out []state.ServiceName
+		for _, s := range n {
+			out = append(out, state.ServiceName{Namespace: "ns", Name: s})
+		}
+		return out
+	}
+	snap := func(c state.Changes) state.Snapshot {
+		s := snapOf(2)
+		s.Changes = c
+		return s
+	}
+	// Two offers before the first sync ends: a's Service changes in
+	// both, b's endpoints in the second.
+	l.offer(snap(state.Changes{Services: names("a"), Endpoints: names("a")}))
+	l.offer(snap(state.Changes{Services: names("a"), Endpoints: names("b")}))
+	check("offered", map[string]string{svcTotal: "2", svcPend: "1", epTotal: "2", epPend: "2"})
+
+	results <- kernelError{errors.New("iptables-restore failed")}
+	<-applied
+	check("after a failed sync", map[string]string{svcTotal: "2", svcPend: "1", epTotal: "2", epPend: "2"})
+
+	results <- nil // the retry applies both offers
+	<-applied
+	// An offer that changes nothing is applied after the retry has been
+	// recorded: scraping then sees the retry's effect.
+	l.offer(snap(state.Changes{}))
+	results <- nil
+	<-applied
+	check("after the sync that applied them", map[string]string{svcTotal: "2", svcPend: "0", epTotal: "2", epPend: "0"})
+}

@@ -217,7 +217,8 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		if first || all {
 			dirty = cur.keys(view)
 		}
-		changed, err := cur.update(view, dirty, opts)
+		var changes state.ChangeSet
+		err := cur.update(view, dirty, opts, &changes)
 		if err != nil {
 			// Only a broken indexer fails; every object is marked again.
 			klog.ErrorS(err, "Reading the informer caches")
@@ -230,12 +231,14 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		if c.Ignored != nil {
 			c.Ignored(ignored)
 		}
-		applied := first || changed
+		snapChanges := changes.Changes()
+		applied := first || !snapChanges.Empty()
 		if applied {
 			snap := cur.snapshot()
 			// The changes that needed no new snapshot are not counted:
 			// nothing was programmed for them.
 			snap.ChangeTriggers = triggers
+			snap.Changes = snapChanges
 			klog.V(2).InfoS("Applying a new snapshot from the API server",
 				"servicePorts", snap.Len(), "servicesRebuilt", len(dirty), "initial", first, "built", time.Since(began))
 			apply(snap)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -234,7 +235,21 @@ func TestClusterFollowsChanges(t *testing.T) {
 			t.Errorf("after the service was deleted: %d ports", r.last().Len())
 		}
 		if n, _, noops := r.counts(); n != 5 || noops != 0 {
-			t.Errorf("applied %d snapshots (%d builds without a change), want 5 and 0", n, noops)
+			t.Fatalf("applied %d snapshots (%d builds without a change), want 5 and 0", n, noops)
+		}
+		// Each snapshot names the Service its change touched, as a
+		// Service change, an endpoint change or both.
+		web := []state.ServiceName{{Namespace: "demo", Name: "web"}}
+		for i, want := range []state.Changes{
+			{Services: web, Endpoints: web}, // first sync: everything is new
+			{Endpoints: web},                // scaled up
+			{Services: web},                 // affinity
+			{Endpoints: web},                // slice deleted
+			{Services: web},                 // Service deleted, without endpoints by then
+		} {
+			if got := r.applied[i].Changes; !reflect.DeepEqual(got, want) {
+				t.Errorf("snapshot %d: changes %+v, want %+v", i, got, want)
+			}
 		}
 	})
 }
@@ -610,7 +625,7 @@ func BenchmarkClusterBuild(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			cur := newServed()
-			if _, err := cur.update(view, cur.keys(view), opts); err != nil {
+			if err := cur.update(view, cur.keys(view), opts, new(state.ChangeSet)); err != nil {
 				b.Fatal(err)
 			}
 			if cur.snapshot().Len() != 10000 {
@@ -620,15 +635,16 @@ func BenchmarkClusterBuild(b *testing.B) {
 	})
 	b.Run("one", func(b *testing.B) {
 		cur := newServed()
-		if _, err := cur.update(view, cur.keys(view), opts); err != nil {
+		if err := cur.update(view, cur.keys(view), opts, new(state.ChangeSet)); err != nil {
 			b.Fatal(err)
 		}
 		one := map[objectRef]bool{{"demo", "svc-2500"}: true}
 		b.ReportAllocs()
 		for b.Loop() {
-			changed, err := cur.update(view, one, opts)
-			if err != nil || changed {
-				b.Fatal("changed", err)
+			var changes state.ChangeSet
+			err := cur.update(view, one, opts, &changes)
+			if c := changes.Changes(); err != nil || !c.Empty() {
+				b.Fatal("changed", c, err)
 			}
 			if cur.snapshot().Len() != 10000 {
 				b.Fatal("wrong snapshot")
@@ -678,9 +694,14 @@ func TestServedMatchesBuildSnapshot(t *testing.T) {
 		}
 	}
 	cur := newServed()
-	changed, err := cur.update(view, cur.keys(view), opts)
-	if err != nil || !changed {
-		t.Fatalf("update: changed %v, %v", changed, err)
+	var changes state.ChangeSet
+	if err := cur.update(view, cur.keys(view), opts, &changes); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	// Every Service served is new: web and api, both with endpoints.
+	web, api := state.ServiceName{Namespace: "demo", Name: "web"}, state.ServiceName{Namespace: "demo", Name: "api"}
+	if got, want := changes.Changes(), (state.Changes{Services: []state.ServiceName{api, web}, Endpoints: []state.ServiceName{api, web}}); !reflect.DeepEqual(got, want) {
+		t.Errorf("first build changes %v, want %v", got, want)
 	}
 	if got := cur.snapshot(); !sameSnapshot(got, want) {
 		t.Errorf("snapshot differs:\ngot  %v\nwant %v", got.Names(), want.Names())
@@ -695,9 +716,10 @@ func TestServedMatchesBuildSnapshot(t *testing.T) {
 	if err := view.services.Delete(svcs[0]); err != nil {
 		t.Fatal(err)
 	}
-	changed, err = cur.update(view, map[objectRef]bool{{"demo", "web"}: true}, opts)
-	if err != nil || !changed || cur.snapshot().Get(webHTTP) != nil {
-		t.Errorf("after deleting web: changed %v, %v, web served: %v", changed, err, cur.snapshot().Get(webHTTP) != nil)
+	changes = state.ChangeSet{}
+	err := cur.update(view, map[objectRef]bool{{"demo", "web"}: true}, opts, &changes)
+	if got := changes.Changes(); err != nil || !reflect.DeepEqual(got, state.Changes{Services: []state.ServiceName{web}, Endpoints: []state.ServiceName{web}}) || cur.snapshot().Get(webHTTP) != nil {
+		t.Errorf("after deleting web: changes %v, %v, web served: %v", got, err, cur.snapshot().Get(webHTTP) != nil)
 	}
 }
 
@@ -757,7 +779,7 @@ func TestServedCatchesEndpointsAtOtherServices(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := cur.update(view, refs, opts); err != nil {
+		if err := cur.update(view, refs, opts, new(state.ChangeSet)); err != nil {
 			t.Fatal(err)
 		}
 		var svcs []*corev1.Service

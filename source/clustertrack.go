@@ -368,17 +368,17 @@ func (s *served) keys(v indexerView) map[objectRef]bool {
 	return out
 }
 
-// update rebuilds the Services in refs and reports whether any of their
+// update rebuilds the Services in refs and adds to changes those whose
 // service ports changed. Their endpoints are checked against the
 // frontends and node ports of every Service as they were; if the rebuild
 // changed those, the Services with an endpoint at a frontend or node port
 // that came, went or changed hands are rebuilt again (a Service's
 // frontends depend on the Service alone, so once is enough). That costs a
 // look at every endpoint, but only when frontends change, not endpoints.
-func (s *served) update(v indexerView, refs map[objectRef]bool, opts Options) (changed bool, err error) {
+func (s *served) update(v indexerView, refs map[objectRef]bool, opts Options, changes *state.ChangeSet) error {
 	opts.others = s.index
-	if changed, err = s.rebuild(v, refs, opts); err != nil {
-		return changed, err
+	if err := s.rebuild(v, refs, opts, changes); err != nil {
+		return err
 	}
 	next := newFrontIndex()
 	for _, ports := range s.ports {
@@ -389,15 +389,14 @@ func (s *served) update(v indexerView, refs map[objectRef]bool, opts Options) (c
 	moved := s.index.changed(next)
 	s.index = next
 	if moved.empty() {
-		return changed, nil
+		return nil
 	}
 	affected := v.endpointsAt(moved)
 	if len(affected) == 0 {
-		return changed, nil
+		return nil
 	}
 	opts.others = next
-	again, err := s.rebuild(v, affected, opts)
-	return changed || again, err
+	return s.rebuild(v, affected, opts, changes)
 }
 
 // endpointsAt returns the Services with an endpoint at a frontend of x, or
@@ -439,13 +438,13 @@ func (v indexerView) endpointsAt(x *frontIndex) map[objectRef]bool {
 	return out
 }
 
-// rebuild builds the Services in refs again and reports whether any of
-// their service ports changed.
-func (s *served) rebuild(v indexerView, refs map[objectRef]bool, opts Options) (changed bool, err error) {
+// rebuild builds the Services in refs again and adds to changes those
+// whose service ports changed.
+func (s *served) rebuild(v indexerView, refs map[objectRef]bool, opts Options, changes *state.ChangeSet) error {
 	for r := range refs {
 		svcs, eps, err := v.objects(r)
 		if err != nil {
-			return changed, err
+			return err
 		}
 		var ports []state.ServicePort
 		var problems []error
@@ -457,7 +456,7 @@ func (s *served) rebuild(v indexerView, refs map[objectRef]bool, opts Options) (
 			}
 		}
 		if !slices.EqualFunc(s.ports[r], ports, func(a, b state.ServicePort) bool { return a.Equal(&b) }) {
-			changed = true
+			changes.Add(state.ServiceName{Namespace: r.namespace, Name: r.name}, s.ports[r], ports)
 		}
 		if len(ports) > 0 {
 			s.ports[r] = ports
@@ -470,7 +469,7 @@ func (s *served) rebuild(v indexerView, refs map[objectRef]bool, opts Options) (
 			delete(s.problems, r)
 		}
 	}
-	return changed, nil
+	return nil
 }
 
 // snapshot assembles the service ports of every Service.

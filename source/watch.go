@@ -121,6 +121,7 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	l.current = snap
 	l.follow()
 	klog.InfoS("Loaded manifests", "file", l.name, "servicePorts", snap.Len())
+	snap.Changes = state.ChangesBetween(state.Snapshot{}, snap) // every Service is new
 	apply(snap)
 
 	debounce := cmp.Or(m.Debounce, 100*time.Millisecond)
@@ -297,8 +298,10 @@ func (l *loader) update(apply func(state.Snapshot)) (reloadOutcome, error) {
 		klog.V(2).InfoS("Manifest file changed but its services did not", "file", l.name)
 		return outcomeSame, nil
 	}
+	snap.Changes = state.ChangesBetween(l.current, snap)
 	l.current = snap
-	klog.InfoS("Applying edited manifests", "file", l.name, "servicePorts", snap.Len())
+	klog.InfoS("Applying edited manifests", "file", l.name, "servicePorts", snap.Len(),
+		"servicesChanged", len(snap.Changes.Services), "endpointsChanged", len(snap.Changes.Endpoints))
 	apply(snap)
 	return outcomeApplied, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -456,4 +457,44 @@ func TestManifestsStartupErrors(t *testing.T) {
 		})
 	}
 	checkNoWatcherGoroutines(t)
+}
+
+// TestManifestsNameChangedServices: each snapshot of the file names the
+// Services an edit changed, as a Service change (its ports, frontends or
+// settings) or an endpoint change; the first names every Service, and
+// Services the edit left alone are not named.
+func TestManifestsNameChangedServices(t *testing.T) {
+	api := `
+---
+apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: demo}
+spec:
+  ports: [{name: grpc, port: 9000}]
+`
+	path := filepath.Join(t.TempDir(), "demo.yaml")
+	if err := os.WriteFile(path, []byte(manifestWith("127.0.0.1")+api), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	web := []state.ServiceName{{Namespace: "demo", Name: "web"}}
+	apiName := []state.ServiceName{{Namespace: "demo", Name: "api"}}
+	w, first := startWatch(t, path)
+	if want := (state.Changes{Services: append(slices.Clone(apiName), web...), Endpoints: web}); !reflect.DeepEqual(first.Changes, want) {
+		t.Errorf("first snapshot: changes %+v, want %+v", first.Changes, want)
+	}
+	for _, step := range []struct {
+		name, content string
+		want          state.Changes
+	}{
+		{"web's endpoint moves", manifestWith("127.0.0.2") + api, state.Changes{Endpoints: web}},
+		{"api's port changes", manifestWith("127.0.0.2") + strings.Replace(api, "9000", "9001", 1), state.Changes{Services: apiName}},
+		{"api goes", manifestWith("127.0.0.2"), state.Changes{Services: apiName}},
+		{"web's port and endpoint change", strings.Replace(manifestWith("127.0.0.3"), "port: 80}", "port: 81}", 1), state.Changes{Services: web, Endpoints: web}},
+	} {
+		writeByRename(t, path, step.content)
+		w.waitFor(outcomeApplied)
+		if got := w.snapshot().Changes; !reflect.DeepEqual(got, step.want) {
+			t.Errorf("%s: changes %+v, want %+v", step.name, got, step.want)
+		}
+	}
 }

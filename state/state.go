@@ -61,6 +61,18 @@ func (n ServicePortName) String() string {
 	return b.String()
 }
 
+// Service names the Service the port belongs to.
+func (n ServicePortName) Service() ServiceName { return ServiceName{n.Namespace, n.Name} }
+
+// ServiceName names a Service.
+type ServiceName struct {
+	Namespace string
+	Name      string
+}
+
+// String returns "namespace/name".
+func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
+
 // Comment returns the form used in iptables comments and logs that follow
 // kube-proxy: "namespace/name:port" (or "namespace/name").
 func (n ServicePortName) Comment() string {
@@ -293,6 +305,10 @@ type Snapshot struct {
 	// last-change-trigger-time), for the network programming latency
 	// kube-proxy reports. They do not take part in comparisons.
 	ChangeTriggers []time.Time
+	// Changes names the Services whose change this snapshot brings, for
+	// the change counts kube-proxy reports. They do not take part in
+	// comparisons.
+	Changes Changes
 }
 
 // NewSnapshot builds a Snapshot from service ports. A later port with the
