@@ -180,7 +180,7 @@ func TestMetricsCountHealthAnswers(t *testing.T) {
 		// No endpoint anywhere: refused, not counted, as kube-proxy
 		// counts only Services that have endpoints elsewhere.
 		{Name: state.ServicePortName{Namespace: "ns", Name: "e", Protocol: state.TCP}, InternalLocal: true, ExternalLocal: true},
-	}), 3*time.Millisecond, false, failedPortal)
+	}), 3*time.Millisecond, false, true, failedPortal)
 	stats.TCPAccepted.Add(7)
 	got := scrapeMetrics(t, m)
 	for series, want := range map[string]string{
@@ -249,7 +249,7 @@ func TestMetricsPerIPFamily(t *testing.T) {
 			h.families, h.answered = tc.families, m.answered
 			fresh := scrapeMetrics(t, m)
 			m.queued(state.Changes{})
-			m.synced(snap, 3*time.Millisecond, true, "")
+			m.synced(snap, 3*time.Millisecond, true, true, "")
 			m.programmed([]time.Time{time.Now().Add(-time.Second)}, time.Now())
 			for _, path := range []string{"/healthz", "/healthz", "/livez"} {
 				h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil))

@@ -70,7 +70,7 @@ func newMetrics(stats *userspace.Stats, families []string) *metrics {
 		families: families,
 		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kubeproxy", Subsystem: "sync_proxy_rules", Name: "duration_seconds",
-			Help:    "How long a sync took: listeners, portal rules and health-check ports. One sync serves every IP family, and is observed in each.",
+			Help:    "How long a sync took: listeners, portal rules and health-check ports (a pass that leaves the portal rules to --iptables-min-sync-period is not one). One sync serves every IP family, and is observed in each.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 		}, []string{ipFamilyLabel}),
 		lastSynced: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -148,10 +148,12 @@ func newMetrics(stats *userspace.Stats, families []string) *metrics {
 // synced records a sync of snap that took took; failed is the cause of
 // its failure, or "" when it succeeded; applied says whether it applied
 // everything health counts (see syncLoop.run).
-func (m *metrics) synced(snap state.Snapshot, took time.Duration, applied bool, failed string) {
+func (m *metrics) synced(snap state.Snapshot, took time.Duration, applied, whole bool, failed string) {
 	now := unixSeconds(time.Now())
 	for _, f := range m.families {
-		m.syncDuration.WithLabelValues(f).Observe(took.Seconds())
+		if whole {
+			m.syncDuration.WithLabelValues(f).Observe(took.Seconds())
+		}
 		if applied {
 			m.lastSynced.WithLabelValues(f).Set(now)
 		}

@@ -155,7 +155,8 @@ func (l *syncLoop) run(ctx context.Context) {
 		// restart would not help it, and an unhealthy proxy drains every
 		// Service from this node.
 		done := !errors.As(err, &deferred) && !errors.As(err, &kernel)
-		if errors.As(err, &deferred) {
+		waits := errors.As(err, &deferred)
+		if waits {
 			// Part of the work waits for a rate limit: come back then.
 			next, err = deferred.after, nil
 		}
@@ -175,7 +176,7 @@ func (l *syncLoop) run(ctx context.Context) {
 			case err != nil:
 				failed = failedServices
 			}
-			l.metrics.synced(snap, took, done, failed)
+			l.metrics.synced(snap, took, done, !waits, failed)
 			l.metrics.programmed(triggers, time.Now())
 		}
 		if err != nil {
@@ -197,11 +198,18 @@ func (l *syncLoop) run(ctx context.Context) {
 			// A periodic resync of an unchanged snapshot is news only at
 			// -v=4.
 			v := klog.Level(2)
-			if version == logged {
+			switch {
+			case waits:
+				// The data plane has the change; "Synced" comes once the
+				// portal has it too.
+				klog.V(4).InfoS("Applied to the data plane; the portal waits for --iptables-min-sync-period", "version", version, "took", took, "retryIn", next)
+			case version == logged:
 				v = 4
+				fallthrough
+			default:
+				logged = version
+				klog.V(v).InfoS("Synced", "servicePorts", snap.Len(), "version", version, "took", took)
 			}
-			logged = version
-			klog.V(v).InfoS("Synced", "servicePorts", snap.Len(), "version", version, "took", took)
 		}
 		resetTimer(timer, next)
 	}

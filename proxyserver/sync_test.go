@@ -155,6 +155,22 @@ func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 	if c := value(`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv6"}`, "3"); c != "3" {
 		t.Fatalf("after the sync that applied them: %s IPv6 observations, want 3", c)
 	}
+
+	// A pass that leaves the portal to --iptables-min-sync-period is not
+	// a sync: the one that finishes the work is, as kube-proxy's syncs
+	// are rate-limited whole.
+	const durations = `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`
+	if c := value(durations, "2"); c != "2" {
+		t.Fatalf("a failed sync and its retry: %s sync durations, want 2", c)
+	}
+	l.offer(snap())
+	results <- errDeferred{after: 10 * time.Millisecond}
+	<-applied
+	results <- nil
+	<-applied
+	if c := value(durations, "3"); c != "3" {
+		t.Fatalf("a deferred pass and the sync that finished it: %s sync durations, want 3", c)
+	}
 }
 
 // TestSyncLoopCountsChanges: every offer adds the Services it names to
