@@ -7,7 +7,9 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/hashicorp/go-multierror"
@@ -32,9 +34,10 @@ type Bind struct {
 	cfg BindConfig
 	h   *netlink.Handle // bound to the network namespace NewBind ran in
 
-	mu    sync.Mutex // serializes Sync and Cleanup; guards the fields below
-	link  netlink.Link
-	owned bool // link is our dummy interface: every address on it is ours
+	mu        sync.Mutex // serializes Sync and Cleanup; guards the fields below
+	link      netlink.Link
+	owned     bool // link is our dummy interface: every address on it is ours
+	saidV6Off bool // the last Sync said IPv6 addresses are skipped
 }
 
 var _ Interface = (*Bind)(nil)
@@ -130,9 +133,24 @@ func (b *Bind) Sync(_ context.Context, portals []Portal) error {
 	if err != nil {
 		return err
 	}
+	node, err := b.nodeAddrs()
+	if err != nil {
+		return err
+	}
+	v6Off := ipv6Off(b.link.Attrs().Name)
 	want := make(map[netip.Addr]bool)
 	var errs *multierror.Error
+	skipped6 := 0
 	for _, ip := range bindAddrs(portals) {
+		if node[ip] {
+			// One of this host's own addresses (a Service's external IP
+			// that is the node's): served where it is, and left alone.
+			continue
+		}
+		if ip.Is6() && v6Off {
+			skipped6++
+			continue
+		}
 		want[ip] = true
 		if _, ok := have[ip]; ok {
 			continue
@@ -159,7 +177,53 @@ func (b *Bind) Sync(_ context.Context, portals []Portal) error {
 		}
 		klog.V(2).InfoS("Removed service address", "addr", ip, "interface", b.link.Attrs().Name)
 	}
+	if skipped6 > 0 && !b.saidV6Off {
+		klog.InfoS("IPv6 is turned off on the bind interface: IPv6 service addresses are not served", "interface", b.link.Attrs().Name, "addresses", skipped6)
+	}
+	b.saidV6Off = skipped6 > 0
 	return errs.ErrorOrNil()
+}
+
+// ipv6Off reports whether IPv6 is turned off on the interface (or on the
+// whole host), where adding an IPv6 address fails.
+func ipv6Off(link string) bool {
+	data, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + link + "/disable_ipv6")
+	return err != nil || strings.TrimSpace(string(data)) == "1"
+}
+
+// nodeAddrs returns this host's own addresses: every address on every
+// interface but the service addresses a bind portal added (see
+// ownedAddrs). A Service may use one as a frontend (an external IP that
+// is the node's): it is served, node ports on it too, and never removed.
+// b.mu must be held.
+func (b *Bind) nodeAddrs() (map[netip.Addr]bool, error) {
+	owned := make(map[netip.Addr]bool)
+	if err := b.eachOwned(func(_ netlink.Link, _ bool, have map[netip.Addr]*netlink.Addr) {
+		for ip := range have {
+			owned[ip] = true
+		}
+	}); err != nil {
+		return nil, err
+	}
+	addrs, err := b.h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("portal: bind: list addresses: %w", err)
+	}
+	out := make(map[netip.Addr]bool)
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !owned[ip.Unmap()] {
+			out[ip.Unmap()] = true
+		}
+	}
+	return out, nil
+}
+
+// NodeAddrs returns this host's own addresses, those a bind portal did not
+// add (see nodeAddrs).
+func (b *Bind) NodeAddrs() (map[netip.Addr]bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.nodeAddrs()
 }
 
 func (b *Bind) newAddr(ip netip.Addr) *netlink.Addr {
@@ -338,6 +402,14 @@ func CheckNetAdmin() error {
 	}
 	if data[unix.CAP_NET_ADMIN/32].Effective&(1<<(unix.CAP_NET_ADMIN%32)) == 0 {
 		return errors.New("changing the network configuration takes CAP_NET_ADMIN, which this process does not have (run as root, or grant the capability)")
+	}
+	// The capability may be held only in a user namespace that does not
+	// own this network namespace (rootless): ask the kernel with a change
+	// that changes nothing, setting lo up when it is up.
+	if lo, err := netlink.LinkByName("lo"); err == nil && lo.Attrs().Flags&net.FlagUp != 0 {
+		if err := netlink.LinkSetUp(lo); errors.Is(err, unix.EPERM) {
+			return errors.New("changing the network configuration takes CAP_NET_ADMIN over this network namespace, which this process holds only in a user namespace that does not own it (rootless)")
+		}
 	}
 	return nil
 }

@@ -68,6 +68,11 @@ func Run(ctx context.Context, cfg *Config) error {
 	}
 
 	pcfg := cfg.proxierConfig(mode)
+	if na, ok := pt.(interface {
+		NodeAddrs() (map[netip.Addr]bool, error)
+	}); ok && mode == PortalBind {
+		pcfg.NodeAddrs = na.NodeAddrs
+	}
 	var previous []portal.Portal
 	if ipt, ok := pt.(*portal.IPTables); ok {
 		// Keep the proxy ports a previous run's rules point at: the rules

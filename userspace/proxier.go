@@ -54,6 +54,11 @@ type Config struct {
 	// ExternalIP and load-balancer IP at the service port, for the bind
 	// portal.
 	ServeFrontends bool
+	// NodeAddrs, with ServeFrontends, returns this host's own addresses
+	// (not the service addresses the portal added): node ports are served
+	// on those even when a Service uses one as a frontend (an external IP
+	// that is the node's). Nil counts every frontend as the portal's.
+	NodeAddrs func() (map[netip.Addr]bool, error)
 	// ClusterCIDRs are the pods' addresses (kube-proxy's --cluster-cidr).
 	// A pod's traffic to a node port, external IP or load-balancer IP of
 	// a Service with externalTrafficPolicy: Local goes to all its
@@ -288,10 +293,19 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		hostAddrs = p.hostAddrList()
 	}
 	if p.cfg.ServeFrontends {
+		var node map[netip.Addr]bool
+		if p.cfg.NodeAddrs != nil {
+			var err error
+			if node, err = p.cfg.NodeAddrs(); err != nil {
+				errs = multierror.Append(errs, fmt.Errorf("userspace: list this host's addresses: %w", err))
+			}
+		}
 		fronts := make(map[netip.Addr]bool)
 		for spec := range snap.All {
 			for _, ap := range spec.Frontends() {
-				fronts[ap.Addr().Unmap()] = true
+				if a := ap.Addr().Unmap(); !node[a] {
+					fronts[a] = true
+				}
 			}
 		}
 		p.frontendAddrs.Store(&fronts)

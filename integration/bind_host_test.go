@@ -1,0 +1,124 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBinaryBindPortalServesNodeAddressFrontends: with the bind portal, a
+// Service whose external IP is one of the node's own addresses (a common
+// bare-metal pattern) is served there, and node ports on that address
+// still are: the address was counted as a service address the portal put
+// on the host, and node ports refused it, for every Service. The portal
+// neither adds the node's address to its interface nor removes it.
+func TestBinaryBindPortalServesNodeAddressFrontends(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	onNode := fmt.Sprintf(`---
+apiVersion: v1
+kind: Service
+metadata: {name: onnode, namespace: e2e}
+spec:
+  clusterIP: 198.18.0.11
+  externalIPs: [%s]
+  ports: [{name: http, protocol: TCP, port: 8082}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: onnode-1, namespace: e2e, labels: {kubernetes.io/service-name: onnode}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"]}]
+`, nodeOutSide)
+	writeFile(t, file, netnsManifest+onNode)
+	px := startNodeProxy(t, w, file, "--portal=bind")
+	px.waitLog(0, `"Serving".*`+nodeOutSide+`:8082`, 1, 30*time.Second)
+	expectReply(t, w.outside, "tcp", nodeOutSide+":8082", "be1:ping")
+	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
+	expectReply(t, w.outside, "udp", nodeOutSide+":30053", "be1:ping")
+	if on := serviceAddrsOn(t, w.node, bindDevice(t, w.node)); slices.Contains(on, nodeOutSide) {
+		t.Errorf("the node's own address was added to the bind interface: %v", on)
+	}
+
+	// The Service goes: the node keeps its address, and its node ports.
+	from := px.lineCount()
+	writeFile(t, file, netnsManifest)
+	px.waitLog(from, `"Stopped serving".*`+nodeOutSide+`:8082`, 1, 10*time.Second)
+	if out := w.node.mustRun(t, "ip", "-4", "addr", "show", "to", nodeOutSide+"/32"); !strings.Contains(out, nodeOutSide) {
+		t.Fatalf("the node's address is gone with the Service that used it")
+	}
+	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
+}
+
+// TestBinaryAutoPortalInAUserNamespace: a proxy run in a user namespace
+// that does not own the network namespace (rootless) holds CAP_NET_ADMIN
+// only in its own namespace: auto picks none, and --portal=bind fails at
+// once, where auto picked bind and every sync failed until /healthz said
+// 503 and drained the node.
+func TestBinaryAutoPortalInAUserNamespace(t *testing.T) {
+	requireTool(t, "unshare")
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startCommand(t, "ip", "netns", "exec", string(w.node), "unshare", "-U", "-r", proxyBin, "--manifests", file,
+		"--hostname-override=node", "-v=2", "--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=")
+	px.waitLog(0, `"Portal chosen" portal="none"`, 1, 30*time.Second)
+	px.waitLog(0, `user namespace`, 1, time.Second)
+	px.waitLog(0, `"Synced"`, 1, 30*time.Second)
+	if code, body := curlCodeIn(t, w.node, "http://127.0.0.1:10256/healthz"); code != "200" {
+		t.Fatalf("/healthz: %s %s", code, body)
+	}
+	out, err := w.node.run("unshare", "-U", "-r", proxyBin, "--manifests", file, "--portal=bind", "--healthz-bind-address=", "--metrics-bind-address=")
+	if err == nil || !strings.Contains(out, "--portal=bind: ") || !strings.Contains(out, "user namespace") {
+		t.Fatalf("--portal=bind in a user namespace: %v\n%s\nwant a failure at start that says why", err, out)
+	}
+}
+
+// TestBinaryBindPortalWithIPv6Off: on a host with IPv6 turned off, a
+// dual-stack Service is served in IPv4 and the proxy stays healthy, as
+// kube-proxy runs no IPv6 proxier there; every sync failed adding the
+// IPv6 address, and /healthz said 503.
+func TestBinaryBindPortalWithIPv6Off(t *testing.T) {
+	requireRoot(t)
+	node := newNetns(t, "v4only")
+	node.mustRun(t, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1", "net.ipv6.conf.lo.disable_ipv6=1")
+	startBackend(t, node, "8080=be1")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, `apiVersion: v1
+kind: Service
+metadata: {name: ds, namespace: e2e}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 198.18.0.20
+  clusterIPs: [198.18.0.20, "fd5e:b1b5::20"]
+  ports: [{name: http, protocol: TCP, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ds-1, namespace: e2e, labels: {kubernetes.io/service-name: ds}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["127.0.0.1"]}]
+`)
+	px := startCommand(t, "ip", "netns", "exec", string(node), proxyBin, "--manifests", file, "--portal=bind", "-v=2",
+		"--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=", "--iptables-sync-period=2s")
+	px.waitLog(0, `"IPv6 is turned off on the bind interface: IPv6 service addresses are not served"`, 1, 30*time.Second)
+	expectReply(t, node, "tcp", "198.18.0.20:80", "be1:ping")
+	// Twice the sync period without a portal failure: still healthy.
+	time.Sleep(5 * time.Second)
+	if code, body := curlCodeIn(t, node, "http://127.0.0.1:10256/healthz"); code != "200" {
+		t.Fatalf("/healthz with IPv6 off: %s %s\n%s", code, body, px.log())
+	}
+	if n := strings.Count(px.log(), "IPv6 is turned off on the bind interface"); n != 1 {
+		t.Errorf("said %d times that IPv6 is off, want once", n)
+	}
+}
