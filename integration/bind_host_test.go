@@ -3,7 +3,10 @@
 package integration
 
 import (
+	"bufio"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -120,5 +123,51 @@ endpoints: [{addresses: ["127.0.0.1"]}]
 	}
 	if n := strings.Count(px.log(), "IPv6 is turned off on the bind interface"); n != 1 {
 		t.Errorf("said %d times that IPv6 is off, want once", n)
+	}
+}
+
+// TestBinaryBindPortalResetsConnectionsToRemovedAddresses: a Service that
+// goes takes its addresses off the host; a client connected to one is
+// reset before they go, where it was left hanging (the proxy kept its
+// socket, but nothing could reach or leave an address no longer local).
+func TestBinaryBindPortalResetsConnectionsToRemovedAddresses(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=bind")
+	px.waitLog(0, `"Serving".*198.18.0.10:80`, 1, 30*time.Second)
+	expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := exec.Command("ip", "netns", "exec", string(w.pod), self)
+	hold.Env = append(os.Environ(), helperEnv+"=hold", "KUPT_ADDR=198.18.0.10:80")
+	stdin, err := hold.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := hold.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hold.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Wait()
+	defer stdin.Close()
+	out := bufio.NewReader(stdout)
+	if line, err := out.ReadString('\n'); err != nil || line != "connected\n" {
+		t.Fatalf("the client did not connect: %q, %v", line, err)
+	}
+	// The web Service goes, and its addresses with it.
+	from := px.lineCount()
+	writeFile(t, file, netnsManifest[strings.Index(netnsManifest, "apiVersion: v1\nkind: Service\nmetadata: {name: dns"):])
+	px.waitLog(from, `"Stopped serving".*198.18.0.10:80`, 1, 10*time.Second)
+	fmt.Fprintln(stdin, "read")
+	if line, err := out.ReadString('\n'); err != nil || line != "reset\n" {
+		t.Fatalf("the client connected to the removed address read %q (%v), want a reset", strings.TrimSpace(line), err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -336,6 +337,8 @@ func runHelperMode(mode string) int {
 		err = runProxyHelper(os.Getenv("KUPT_PORTAL"), os.Getenv("KUPT_PROXIER") == "1")
 	case "relay":
 		err = runRelay(os.Getenv("KUPT_LISTEN"), os.Getenv("KUPT_UNIX"))
+	case "hold":
+		err = runHold(os.Getenv("KUPT_ADDR"))
 	default:
 		err = fmt.Errorf("unknown helper mode %q", mode)
 	}
@@ -491,4 +494,33 @@ func TestNetnsCleanup(t *testing.T) {
 			t.Errorf("namespace %s left behind", n)
 		}
 	}
+}
+
+// runHold connects to addr, says "connected", and once a line comes on
+// stdin reads from the connection for at most 8 s and says how that ended:
+// "reset", "eof" or "timeout" (or the error).
+func runHold(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Println("connected")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return err
+	}
+	c.SetReadDeadline(time.Now().Add(8 * time.Second))
+	_, err = c.Read(make([]byte, 64))
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNRESET):
+		fmt.Println("reset")
+	case errors.Is(err, io.EOF):
+		fmt.Println("eof")
+	case errors.As(err, &ne) && ne.Timeout():
+		fmt.Println("timeout")
+	default:
+		fmt.Println(err)
+	}
+	return nil
 }

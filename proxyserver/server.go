@@ -129,7 +129,9 @@ func Run(ctx context.Context, cfg *Config) error {
 	loop := newSyncLoop(func(s state.Snapshot) error {
 		var errs []error
 		if mode == PortalBind {
-			// Addresses first: listeners bind to them.
+			// Addresses first: listeners bind to them. Connections to
+			// those about to go are reset while a reset can still leave.
+			p.ResetConnectionsLeaving(s)
 			errs = append(errs, ks.sync(ctx, portal.FromSnapshot(s, nil, nil)))
 		}
 		errs = append(errs, p.Apply(s))

@@ -389,6 +389,33 @@ func (p *Proxier) hostAddrList() []netip.Addr {
 // before it.
 func (p *Proxier) HostAddrs() []netip.Addr { return p.hostAddrList() }
 
+// ResetConnectionsLeaving resets the connections that reached a service
+// address the portal put on this host and that snap no longer has: the
+// bind portal is about to take it off the host, after which their packets
+// could neither arrive nor leave, and a reset could not be sent either.
+// Call it before the portal syncs snap.
+func (p *Proxier) ResetConnectionsLeaving(snap state.Snapshot) {
+	cur := p.frontendAddrs.Load()
+	if cur == nil {
+		return
+	}
+	keep := make(map[netip.Addr]bool)
+	for spec := range snap.All {
+		for _, ap := range spec.Frontends() {
+			keep[ap.Addr().Unmap()] = true
+		}
+	}
+	gone := make(map[netip.Addr]bool)
+	for a := range *cur {
+		if !keep[a] {
+			gone[a] = true
+		}
+	}
+	if len(gone) > 0 {
+		p.abortConnsTo(gone)
+	}
+}
+
 // isFrontendAddr reports whether a is a service address the portal put on
 // this host (see frontendAddrs).
 func (p *Proxier) isFrontendAddr(a netip.Addr) bool {

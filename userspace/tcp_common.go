@@ -35,6 +35,7 @@ func logConnEnded(name state.ServicePortName, client, endpoint netip.AddrPort, m
 const (
 	whyProxyStopped    = "the proxy stopped serving the service port"
 	whyHalfCloseSilent = "the half-closed connection stayed silent longer than --tcp-half-close-timeout"
+	whyAddressGone     = "the service address it reached left this host"
 )
 
 // sideFailed says why a connection was reset after an error on one side

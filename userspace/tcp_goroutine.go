@@ -254,5 +254,15 @@ func resetTCP(c *net.TCPConn) {
 	_ = c.Close()
 }
 
+// abortConnsTo resets the connections that reached one of addrs, which
+// are about to leave the host: a reset from them could not be sent later.
+func (p *Proxier) abortConnsTo(addrs map[netip.Addr]bool) {
+	p.conns.each(func(t *tcpConn) {
+		if a, ok := t.client.LocalAddr().(*net.TCPAddr); ok && addrs[a.AddrPort().Addr().Unmap()] {
+			t.abortBecause(whyAddressGone)
+		}
+	})
+}
+
 // connTracker holds the live connections, for Close.
 type connTracker = liveSet[*tcpConn]

@@ -4,6 +4,7 @@ package userspace
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"time"
 
@@ -748,6 +749,21 @@ func (p *Proxier) connFDs() []int {
 		})
 	}
 	return fds
+}
+
+// abortConnsTo resets the connections that reached one of addrs, which
+// are about to leave the host: a reset from them could not be sent later.
+func (p *Proxier) abortConnsTo(addrs map[netip.Addr]bool) {
+	for _, lp := range p.loops {
+		lp.do(func() {
+			for _, h := range maps.Clone(lp.handlers) {
+				if cs, ok := h.(*connSide); ok && !cs.backend && addrs[cs.c.l.addr] {
+					cs.c.abortBecause(whyAddressGone)
+				}
+			}
+			lp.flushCloses()
+		})
+	}
 }
 
 // connTracker is what the goroutine data plane uses to find live
