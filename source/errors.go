@@ -26,8 +26,9 @@ type ObjectError struct {
 	// came from the API server.
 	File     string
 	Document int
-	// Line is the line of the file where the document starts, or 0. It is
-	// logged, not part of the message: fields may lie further down.
+	// Line is the line of the file the problem is on: the field's, or the
+	// one a YAML message names, when known, else the one where the document
+	// starts; 0 outside a file. It is logged, not part of the message.
 	Line int
 	// Kind, Namespace and Name identify the object, when known.
 	Kind      string

@@ -15,24 +15,39 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
-// decoder decodes YAML or JSON into core/v1 and discovery/v1 objects,
+// decoders decode YAML or JSON into core/v1 and discovery/v1 objects,
 // strictly: unknown and duplicated fields are errors, as with
 // `kubectl apply --validate=strict`. No defaults are applied.
-var decoder = sync.OnceValues(func() (runtime.Decoder, error) {
+type decoders struct {
+	// yaml reads YAML, and JSON too, since JSON is YAML. Its messages are
+	// the ones reported.
+	yaml runtime.Decoder
+	// json reads the JSON that YAML converts to. For a document that
+	// converts without error it decodes what yaml does, without the two
+	// further conversions yaml makes (one of them strict); see decode.
+	json runtime.Decoder
+}
+
+var newDecoders = sync.OnceValues(func() (decoders, error) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("register core/v1: %w", err)
+		return decoders{}, fmt.Errorf("register core/v1: %w", err)
 	}
 	if err := discoveryv1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("register discovery/v1: %w", err)
+		return decoders{}, fmt.Errorf("register discovery/v1: %w", err)
 	}
-	// Yaml: true reads JSON too, since JSON is YAML.
-	return json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme, scheme,
-		json.SerializerOptions{Yaml: true, Strict: true}), nil
+	return decoders{
+		yaml: json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme, scheme,
+			json.SerializerOptions{Yaml: true, Strict: true}),
+		json: json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme, scheme,
+			json.SerializerOptions{Strict: true}),
+	}, nil
 })
 
 // ParseManifests reads the Services and EndpointSlices in data, a YAML
@@ -51,7 +66,7 @@ var decoder = sync.OnceValues(func() (runtime.Decoder, error) {
 // with no content at all yields ErrEmptyManifest. When err is not nil, no
 // objects are returned: a file is used whole or not at all.
 func ParseManifests(name string, data []byte) (services []*corev1.Service, slices []*discoveryv1.EndpointSlice, warnings []error, err error) {
-	m, err := parseManifests(name, data)
+	m, err := parseManifests(name, data, nil)
 	if m == nil {
 		return nil, nil, nil, err
 	}
@@ -70,6 +85,25 @@ type manifest struct {
 	errs     []error
 	// origins maps each object to where it was found.
 	origins map[objectKey]origin
+
+	dec decoders
+	// known holds what the documents of the last read decoded to; docs
+	// gets what those of this read did, for the next.
+	known, docs docCache
+}
+
+// docCache maps the text of a document to what it decoded to, so that a
+// read after an edit decodes only the documents that changed: decoding is
+// most of the cost of a read (YAML is slow to parse), and an edit usually
+// changes one document of many. Only what is decoded is kept; where the
+// document is, what validation finds and every message are worked out
+// again at each read, so that they follow lines inserted above it.
+type docCache map[string]decoded
+
+// decoded is one document's object, as the decoder returned it.
+type decoded struct {
+	obj runtime.Object
+	gvk *schema.GroupVersionKind
 }
 
 // objectKey identifies an object within a manifest.
@@ -147,15 +181,18 @@ func joinPath(prefix, field string) string {
 	return prefix + "." + field
 }
 
-func parseManifests(name string, data []byte) (*manifest, error) {
-	dec, err := decoder()
+// parseManifests parses data as ParseManifests does. known is the docs of
+// the last read of the file, or nil; the returned manifest's docs are for
+// the next.
+func parseManifests(name string, data []byte, known docCache) (*manifest, error) {
+	dec, err := newDecoders()
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", name, err)
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, fmt.Errorf("%s: %w", name, ErrEmptyManifest)
 	}
-	m := &manifest{file: name, origins: make(map[objectKey]origin)}
+	m := &manifest{file: name, origins: make(map[objectKey]origin), dec: dec, known: known, docs: make(docCache, len(known))}
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	lines := documentLines(data)
 	for chunks, doc := 0, 1; ; chunks++ {
@@ -171,18 +208,20 @@ func parseManifests(name string, data []byte) (*manifest, error) {
 			m.errs = append(m.errs, &ObjectError{File: name, Document: doc, Line: at.line, Err: err})
 			break
 		}
-		if empty(chunk) {
-			continue
+		var values []jsonValue
+		var badLine int
+		if utilyaml.IsJSONBuffer(chunk) {
+			values, badLine, err = jsonValues(chunk)
 		}
-		values, badLine, err := jsonValues(chunk)
 		if values == nil { // YAML
 			at.doc = chunk
-			m.document(dec, at, chunk)
-			doc++
+			if m.yamlDocument(at, chunk) {
+				doc++
+			}
 			continue
 		}
 		for _, v := range values {
-			m.document(dec, origin{document: doc, line: at.line + v.line, item: -1, doc: v.data}, v.data)
+			m.document(origin{document: doc, line: at.line + v.line, item: -1, doc: v.data}, v.data, nil)
 			doc++
 		}
 		if err != nil {
@@ -256,20 +295,75 @@ func documentLines(data []byte) []int {
 // from the start of the document.
 var yamlLine = regexp.MustCompile(`\bline ([0-9]+)\b`)
 
+// yamlParserError matches the messages of go-yaml's parser, as against its
+// scanner's: it counts their lines from 0, where it counts the scanner's,
+// and its decoder's, from 1 (see fail in go.yaml.in/yaml/v2's decode.go).
+// A parser error's line is where the parser found what it did not expect.
+var yamlParserError = regexp.MustCompile(`\byaml: line [0-9]+: (did not find expected (<document start>|node content|key|'-' indicator|',' or '\]'|',' or '\}')|found undefined tag handle|found incompatible YAML document|found duplicate %(TAG|YAML) directive)$`)
+
 // fileLines rewrites the line numbers in a YAML parser message to count from
-// the start of the file, and puts the message on one line.
-func fileLines(msg string, at origin) string {
+// the start of the file, and puts the message on one line. line is the
+// first line it names, counted from the start of the file, or 0.
+func fileLines(msg string, at origin) (_ string, line int) {
 	msg = strings.Join(strings.Fields(msg), " ")
 	if at.line <= 0 || at.item >= 0 {
-		return msg
+		return msg, 0
 	}
-	return yamlLine.ReplaceAllStringFunc(msg, func(s string) string {
+	parser := yamlParserError.MatchString(msg)
+	last := lastLine(at.doc)
+	msg = yamlLine.ReplaceAllStringFunc(msg, func(s string) string {
 		n, err := strconv.Atoi(strings.TrimPrefix(s, "line "))
 		if err != nil {
 			return s
 		}
+		if parser {
+			n++
+		}
+		if last > 0 && n > last {
+			// The end of the document (an unclosed list, say): name
+			// its last line, not the one after it.
+			n = last
+		}
+		if line == 0 {
+			line = at.line + n - 1
+		}
 		return fmt.Sprintf("line %d", at.line+n-1)
 	})
+	return msg, line
+}
+
+// lastLine returns the last line (from 1) of doc that is not blank, or 0.
+func lastLine(doc []byte) int {
+	doc = bytes.TrimRight(doc, " \t\r\n")
+	if len(doc) == 0 {
+		return 0
+	}
+	return bytes.Count(doc, []byte("\n")) + 1
+}
+
+// yamlDocument decodes a YAML document found at at, and reports false when
+// it holds nothing but comments and blank lines (or an explicit null): it
+// then does not count.
+func (m *manifest) yamlDocument(at origin, data []byte) bool {
+	if _, ok := m.known[string(data)]; ok {
+		m.document(at, data, nil)
+		return true
+	}
+	j, err := sigsyaml.YAMLToJSONStrict(data)
+	switch {
+	case err != nil:
+		// The decoder says what is wrong, unless the document is
+		// empty but for a duplicated key of nothing (which the strict
+		// conversion alone refuses).
+		if empty(data) {
+			return false
+		}
+		j = nil
+	case string(bytes.TrimSpace(j)) == "null":
+		return false
+	}
+	m.document(at, data, j)
+	return true
 }
 
 // empty reports whether a YAML document holds nothing but comments and
@@ -279,9 +373,47 @@ func empty(doc []byte) bool {
 	return err == nil && string(bytes.TrimSpace(j)) == "null"
 }
 
-// document decodes one document, or one item of a List.
-func (m *manifest) document(dec runtime.Decoder, at origin, data []byte) {
-	obj, gvk, err := dec.Decode(data, nil, nil)
+// decode decodes data, a document or an item of a List; j is data
+// converted to JSON, or nil. A whole document that decoded at the last
+// read is not decoded again.
+//
+// The YAML decoder converts data to JSON twice (once strictly, to find
+// duplicated keys) and decodes that. A document that converts strictly
+// without error is decoded from its JSON instead, which comes to the same;
+// only a document that does not decode goes to the YAML decoder, for its
+// messages.
+func (m *manifest) decode(at origin, data, j []byte) (runtime.Object, *schema.GroupVersionKind, error) {
+	if at.item < 0 {
+		if d, ok := m.known[string(data)]; ok {
+			m.docs[string(data)] = d
+			// A copy: objects are defaulted as they are added, and
+			// the last read's are served.
+			return d.obj.DeepCopyObject(), d.gvk, nil
+		}
+	}
+	if j == nil {
+		var err error
+		if j, err = sigsyaml.YAMLToJSONStrict(data); err != nil {
+			return m.dec.yaml.Decode(data, nil, nil)
+		}
+	}
+	obj, gvk, err := m.dec.json.Decode(j, nil, nil)
+	if err != nil {
+		return m.dec.yaml.Decode(data, nil, nil)
+	}
+	if at.item < 0 {
+		switch obj.(type) {
+		case *corev1.Service, *discoveryv1.EndpointSlice, *corev1.ServiceList, *discoveryv1.EndpointSliceList:
+			m.docs[string(data)] = decoded{obj.DeepCopyObject(), gvk}
+		}
+	}
+	return obj, gvk, nil
+}
+
+// document decodes one document, or one item of a List; j is data
+// converted to JSON, or nil.
+func (m *manifest) document(at origin, data, j []byte) {
+	obj, gvk, err := m.decode(at, data, j)
 	if err != nil {
 		m.decodeError(at, data, obj, err)
 		return
@@ -306,7 +438,7 @@ func (m *manifest) document(dec runtime.Decoder, at origin, data []byte) {
 	case *corev1.List:
 		if m.noNesting(at, gvk.Kind) {
 			for i, item := range o.Items {
-				m.document(dec, at.within(i), item.Raw)
+				m.document(at.within(i), item.Raw, nil)
 			}
 		}
 	default:
@@ -372,13 +504,22 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 		return
 	}
 	strict, ok := runtime.AsStrictDecodingError(err)
+	// A message that names a line (YAML that does not parse, a duplicated
+	// key) is about that line.
+	lined := func(field, msg string) *ObjectError {
+		msg, line := fileLines(msg, at)
+		e := problem(field, errors.New(msg))
+		if line > 0 {
+			e.Line = line
+		}
+		return e
+	}
 	if !ok || obj == nil {
-		m.errs = append(m.errs, problem("", errors.New(fileLines(err.Error(), at))))
+		m.errs = append(m.errs, lined("", err.Error()))
 		return
 	}
 	for _, e := range strict.Errors() {
-		field, reason := strictField(e.Error())
-		m.errs = append(m.errs, problem(field, errors.New(fileLines(reason, at))))
+		m.errs = append(m.errs, lined(strictField(e.Error())))
 	}
 }
 

@@ -200,6 +200,9 @@ type loader struct {
 	seen    string         // content hash or error of the last read
 	current state.Snapshot // last applied
 	broken  bool           // the last read was rejected
+	// docs is what the documents of the last read decoded to, so that
+	// the next decodes only those an edit changed.
+	docs docCache
 	// readAgain says the last read failed for want of descriptors or
 	// memory, not for the file's content: the file is read again at the
 	// next poll, changed or not.
@@ -234,7 +237,10 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 		l.tell(err, nil)
 		return state.Snapshot{}, true, err
 	}
-	m, err := parseManifests(l.name, data)
+	m, err := parseManifests(l.name, data, l.docs)
+	if m != nil {
+		l.docs = m.docs
+	}
 	if err != nil {
 		l.tell(err, nil)
 		return state.Snapshot{}, true, err
