@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -170,4 +171,28 @@ func TestBinaryBindPortalResetsConnectionsToRemovedAddresses(t *testing.T) {
 	if line, err := out.ReadString('\n'); err != nil || line != "reset\n" {
 		t.Fatalf("the client connected to the removed address read %q (%v), want a reset", strings.TrimSpace(line), err)
 	}
+}
+
+// TestBinaryUnprivilegedProxyNamesBindLeftovers: a proxy that may not
+// change addresses leaves a bind portal's addresses where a killed run
+// left them, and says so, where it said nothing while their clients were
+// refused.
+func TestBinaryUnprivilegedProxyNamesBindLeftovers(t *testing.T) {
+	requireTool(t, "setpriv")
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=bind")
+	px.waitLog(0, `"Serving".*198.18.0.10:80`, 1, 30*time.Second)
+	if _, ok := px.stop(syscall.SIGKILL, 5*time.Second); !ok {
+		t.Fatal("the bind proxy did not die")
+	}
+	nobody := startCommand(t, "ip", "netns", "exec", string(w.node), "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		proxyBin, "--manifests", file, "--healthz-bind-address=", "--metrics-bind-address=", "--bind-address=127.0.0.1")
+	nobody.waitLog(0, `"Service addresses a bind portal left on this host stay, as this proxy may not remove them.*198.18.0.10`, 1, 30*time.Second)
 }

@@ -218,6 +218,23 @@ func (b *Bind) nodeAddrs() (map[netip.Addr]bool, error) {
 	return out, nil
 }
 
+// BindLeftovers lists the service addresses a bind portal left on this
+// host; listing them takes no privilege, unlike removing them.
+func BindLeftovers() []netip.Addr {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil
+	}
+	b := &Bind{h: h}
+	defer b.Close()
+	var out []netip.Addr
+	_ = b.eachOwned(func(_ netlink.Link, _ bool, have map[netip.Addr]*netlink.Addr) {
+		out = append(out, slices.Collect(maps.Keys(have))...)
+	})
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
 // NodeAddrs returns this host's own addresses, those a bind portal did not
 // add (see nodeAddrs).
 func (b *Bind) NodeAddrs() (map[netip.Addr]bool, error) {

@@ -77,3 +77,7 @@ func (*Bind) Owned() ([]netip.Addr, error) { return nil, nil }
 // AddrsInUse returns nothing: off Linux no bind portal adds addresses a
 // proxy without a portal would remove.
 func AddrsInUse([]netip.Addr) ([]netip.Addr, error) { return nil, nil }
+
+// BindLeftovers lists the service addresses a bind portal left on this
+// host: off Linux it adds none.
+func BindLeftovers() []netip.Addr { return nil }

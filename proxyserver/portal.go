@@ -73,9 +73,12 @@ func choosePortal(ctx context.Context, cfg *Config, dnat func(portal.Family) net
 // portals hold CAP_NET_ADMIN for it. With none, a proxy that holds it
 // removes both when no running proxy serves them (one run as root after a
 // run with another portal); a proxy without CAP_NET_ADMIN leaves the
-// kernel alone, saying nothing.
+// kernel alone, saying what a bind portal left, which it can see.
 func removeOtherPortal(ctx context.Context, mode string, cfg *Config) {
 	if mode == PortalNone && portal.CheckNetAdmin() != nil {
+		if left := portal.BindLeftovers(); len(left) > 0 {
+			klog.InfoS("Service addresses a bind portal left on this host stay, as this proxy may not remove them: their clients are refused; --cleanup with CAP_NET_ADMIN removes them", "addresses", left)
+		}
 		return
 	}
 	if mode != PortalIPTables {
