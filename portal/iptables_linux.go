@@ -43,8 +43,10 @@ type famTables struct {
 	save    string // iptables-save binary
 	failed  string // the last failure to remove leftovers, logged once
 	// wrote is what the last successful Sync wrote to our nat chains,
-	// read back as Existing reads the kernel's (see Drift); nil before.
+	// read back as Existing reads the kernel's (see Drift), when known
+	// says there was one.
 	wrote []Portal
+	known bool
 }
 
 // IPTables is the iptables portal: nat REDIRECT rules to the proxy ports in
@@ -271,13 +273,13 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 		}
 		if !failed { // a failure is the caller's to report
 			klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
-			ft.wrote = nil
+			ft.wrote, ft.known = nil, false
 			if tables, err := parseSave(string(r.nat)); err == nil {
 				ft.wrote, _ = portalsInSave(tables, ft.fam)
-				ft.wrote = sortedPortals(ft.wrote)
+				ft.wrote, ft.known = sortedPortals(ft.wrote), true // none is something to compare with too
 			}
 		} else {
-			ft.wrote = nil
+			ft.wrote, ft.known = nil, false
 		}
 	}
 	p.removeLeftovers()
@@ -480,7 +482,7 @@ func (p *IPTables) Drift(ctx context.Context) (held []Portal, drifted bool, err 
 	defer p.mu.Unlock()
 	var wrote []Portal
 	for _, ft := range p.fams {
-		if ft.wrote == nil {
+		if !ft.known {
 			return nil, false, nil // nothing to compare with
 		}
 		wrote = append(wrote, ft.wrote...)

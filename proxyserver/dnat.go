@@ -1,8 +1,10 @@
 package proxyserver
 
 import (
+	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +28,7 @@ import (
 type dnatTargets struct {
 	bind    netip.Addr                // --bind-address, when it names a node address
 	inspect func() (hostRoutes, bool) // reads the host; false: cannot tell
+	local   func(netip.Addr) bool     // whether an address is this host's
 
 	// The host is read again after a change of its addresses, routes or
 	// links (changed), or inspectEvery after the last read, in case a
@@ -49,7 +52,7 @@ type hostRoutes struct {
 }
 
 func newDNATTargets(bind netip.Addr) *dnatTargets {
-	d := &dnatTargets{inspect: inspectRoutes}
+	d := &dnatTargets{inspect: inspectRoutes, local: isLocalAddr}
 	d.stale.Store(true)
 	if bind.IsValid() && !bind.IsUnspecified() && !bind.IsLoopback() {
 		d.bind = bind.Unmap()
@@ -68,10 +71,17 @@ func (d *dnatTargets) target(f portal.Family) netip.Addr {
 // returns them.
 func (d *dnatTargets) decide(now time.Time) map[portal.Family]netip.Addr {
 	next := make(map[portal.Family]netip.Addr)
-	why := "portals REDIRECT"
+	state, why := "redirect", ""
+	bindGone := false
 	if d.bind.IsValid() {
-		next[portal.FamilyOf(d.bind)] = d.bind
-		why = "portals DNAT to the bind address"
+		if d.local(d.bind) {
+			next[portal.FamilyOf(d.bind)] = d.bind
+			state, why = "bind", "the bind address"
+		} else {
+			// Gone from the host (a DHCP change, a VIP moved): a DNAT to
+			// it would send Service traffic nowhere.
+			bindGone = true
+		}
 	}
 	if _, set := next[portal.IPv4]; !set {
 		if d.stale.Swap(false) || now.Sub(d.lastRead) >= inspectEvery || now.Before(d.lastRead) {
@@ -81,28 +91,61 @@ func (d *dnatTargets) decide(now time.Time) map[portal.Family]netip.Addr {
 		if h, ok := d.host, d.hostOK; ok && len(h.addressless) > 0 {
 			if h.node.IsValid() {
 				next[portal.IPv4] = h.node
-				why = "portals DNAT to a node address: interfaces " + joinNames(h.addressless) + " carry IPv4 routes but have no IPv4 address, where REDIRECT would drop what comes in"
+				state = "auto"
+				why = "interfaces " + joinNames(h.addressless) + " carry IPv4 routes but have no IPv4 address, where REDIRECT would drop what comes in"
 			} else {
+				state = "stuck"
 				why = "interfaces " + joinNames(h.addressless) + " carry IPv4 routes but have no IPv4 address, and this host has no IPv4 address to DNAT to: Service traffic from them is dropped"
 			}
 		}
 	}
+	if bindGone {
+		state += "/bind-gone"
+	}
+	// What is logged changes with the targets, not with the interfaces
+	// named (pods come and go on a Calico node).
+	said := state + " " + next[portal.IPv4].String() + " " + next[portal.IPv6].String()
 	d.mu.Lock()
 	d.cur = next
-	changed := why != d.said
-	d.said = why
+	changed := said != d.said
+	d.said = said
 	d.mu.Unlock()
-	if changed {
-		switch {
-		case len(next) == 0 && why == "portals REDIRECT":
-			klog.V(1).InfoS("Portals REDIRECT to the proxy ports")
-		case next[portal.IPv4].IsValid() || next[portal.IPv6].IsValid():
-			klog.InfoS("Portals DNAT to a node address instead of REDIRECT", "IPv4", next[portal.IPv4], "IPv6", next[portal.IPv6], "why", why)
-		default:
-			klog.ErrorS(nil, "Portals cannot reach the proxy from some interfaces", "why", why)
+	if !changed {
+		return next
+	}
+	if bindGone {
+		klog.ErrorS(nil, "The bind address is no longer one of this host's: portals do not DNAT to it until it is back", "bindAddress", d.bind)
+	}
+	var kv []any
+	for _, f := range []portal.Family{portal.IPv4, portal.IPv6} {
+		if a := next[f]; a.IsValid() {
+			kv = append(kv, f.String(), a)
 		}
 	}
+	switch {
+	case len(kv) > 0:
+		klog.InfoS("Portals DNAT to a node address instead of REDIRECT", append(kv, "why", why)...)
+	case strings.HasPrefix(state, "stuck"):
+		klog.ErrorS(nil, "Portals cannot reach the proxy from some interfaces", "why", why)
+	default:
+		klog.V(1).InfoS("Portals REDIRECT to the proxy ports")
+	}
 	return next
+}
+
+// isLocalAddr reports whether a is one of this host's addresses; true
+// when they cannot be read.
+func isLocalAddr(a netip.Addr) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true
+	}
+	for _, ia := range addrs {
+		if pfx, err := netip.ParsePrefix(ia.String()); err == nil && pfx.Addr().Unmap() == a {
+			return true
+		}
+	}
+	return false
 }
 
 // joinNames lists interface names, the first few.

@@ -54,9 +54,21 @@ func TestDNATTargets(t *testing.T) {
 	// decided by the host.
 	v6 := netip.MustParseAddr("fd5e:b1b5:2::1")
 	d = newDNATTargets(v6)
+	local := true
+	d.local = func(a netip.Addr) bool { return a == v6 && local }
 	d.inspect = func() (hostRoutes, bool) { return hostRoutes{addressless: []string{"cali1"}, node: node}, true }
 	if got := d.decide(now); got[portal.IPv6] != v6 || got[portal.IPv4] != node {
 		t.Fatalf("IPv6 bind address and addressless IPv4 interfaces: targets %v", got)
+	}
+	// The bind address leaves the host: no DNAT to it, which would send
+	// traffic nowhere, until it is back.
+	local = false
+	if got := d.decide(now); got[portal.IPv6].IsValid() || got[portal.IPv4] != node {
+		t.Fatalf("the bind address gone: targets %v, want IPv6 REDIRECT", got)
+	}
+	local = true
+	if got := d.decide(now); got[portal.IPv6] != v6 {
+		t.Fatalf("the bind address back: targets %v", got)
 	}
 	// A loopback bind address is no target: other hosts could not reach it.
 	d = newDNATTargets(netip.MustParseAddr("127.0.0.1"))
