@@ -171,16 +171,6 @@ func (s *liveSet[C]) remove(c C) {
 	s.mu.Unlock()
 }
 
-// each calls f with every live connection, under the set's lock: f must
-// not wait for a connection to end.
-func (s *liveSet[C]) each(f func(C)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for c := range s.m {
-		f(c)
-	}
-}
-
 func (s *liveSet[C]) abortAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

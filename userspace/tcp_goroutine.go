@@ -264,5 +264,15 @@ func (p *Proxier) abortConnsTo(addrs map[netip.Addr]bool) {
 	})
 }
 
+// each calls f with every live connection, under the set's lock: f must
+// not wait for a connection to end.
+func (s *liveSet[C]) each(f func(C)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.m {
+		f(c)
+	}
+}
+
 // connTracker holds the live connections, for Close.
 type connTracker = liveSet[*tcpConn]
