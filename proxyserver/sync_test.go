@@ -93,21 +93,29 @@ func TestJoinErrorsStaysShort(t *testing.T) {
 	}
 }
 
+// scriptedSyncLoop runs a dual-stack sync loop with metrics whose every
+// apply takes its result from results and then says so on applied; it
+// stops when the test ends.
+func scriptedSyncLoop(t *testing.T) (l *syncLoop, m *metrics, results chan error, applied chan struct{}) {
+	var stats userspace.Stats
+	m = newMetrics(&stats, []string{"IPv4", "IPv6"})
+	results = make(chan error)
+	applied = make(chan struct{})
+	l = newSyncLoop(func(state.Snapshot) error { err := <-results; applied <- struct{}{}; return err }, 10*time.Millisecond, time.Hour)
+	l.metrics = m
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l, m, results, applied
+}
+
 // TestSyncLoopObservesProgrammingLatency: the change trigger times of the
 // offers a sync applied are observed once that sync succeeds, including
 // those of offers it coalesced; a failure of the portal keeps them until
 // a sync succeeds.
 func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
-	var stats userspace.Stats
-	m := newMetrics(&stats, []string{"IPv4", "IPv6"})
-	results := make(chan error)
-	applied := make(chan struct{})
-	l := newSyncLoop(func(state.Snapshot) error { err := <-results; applied <- struct{}{}; return err }, 10*time.Millisecond, time.Hour)
-	l.metrics = m
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { l.run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	l, m, results, applied := scriptedSyncLoop(t)
 	// value reads a series of /metrics once it is want, or after 5 s.
 	value := func(series, want string) string {
 		var got string
@@ -179,16 +187,7 @@ func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 // included, keep them while the portal fails, and drop to 0 once a sync
 // applies them. The series have no ip_family, as kube-proxy's.
 func TestSyncLoopCountsChanges(t *testing.T) {
-	var stats userspace.Stats
-	m := newMetrics(&stats, []string{"IPv4", "IPv6"})
-	results := make(chan error)
-	applied := make(chan struct{})
-	l := newSyncLoop(func(state.Snapshot) error { err := <-results; applied <- struct{}{}; return err }, 10*time.Millisecond, time.Hour)
-	l.metrics = m
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { l.run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	l, m, results, applied := scriptedSyncLoop(t)
 
 	const (
 		svcTotal = "kubeproxy_sync_proxy_rules_service_changes_total"
