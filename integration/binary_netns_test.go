@@ -568,3 +568,42 @@ func TestBinaryIPTablesPortalBindAddressLeavesTheHost(t *testing.T) {
 	w.node.mustRun(t, "ip", "addr", "add", vip+"/24", "dev", "to-pod")
 	px.waitLog(from, `"Portals DNAT to a node address instead of REDIRECT" IPv4="`+vip+`"`, 1, 10*time.Second)
 }
+
+// TestBinaryCaptureCheckFollowsHostAddresses: an endpoint at an address
+// this host gains later, with a Service's node port, is ignored once the
+// address comes (a connection to it would loop through the proxy's node
+// port), and served again once it goes; it was checked only when the
+// manifests changed.
+func TestBinaryCaptureCheckFollowsHostAddresses(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	const later = "198.18.77.7"
+	writeFile(t, file, netnsManifest+`---
+apiVersion: v1
+kind: Service
+metadata: {name: loopy, namespace: e2e}
+spec:
+  clusterIP: 198.18.0.77
+  ports: [{name: http, protocol: TCP, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: loopy-1, namespace: e2e, labels: {kubernetes.io/service-name: loopy}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 30080}]
+endpoints: [{addresses: ["`+later+`"]}, {addresses: ["198.18.12.2"]}]
+`)
+	px := startNodeProxy(t, w, file, "--portal=none", "--healthz-bind-address=", "--metrics-bind-address=")
+	px.waitLog(0, `"Serving"`, 1, 30*time.Second)
+	if strings.Contains(px.log(), later+":30080 is an address of this host") {
+		t.Fatalf("ignored before the address is the host's:\n%s", px.log())
+	}
+	from := px.lineCount()
+	w.node.mustRun(t, "ip", "addr", "add", later+"/32", "dev", "lo")
+	px.waitLog(from, later+`:30080 is an address of this host with Service e2e/web:http/TCP's node port`, 1, 10*time.Second)
+	px.waitLog(from, `"Applying the manifests again: this host's addresses changed what they serve"`, 1, 5*time.Second)
+	from = px.lineCount()
+	w.node.mustRun(t, "ip", "addr", "del", later+"/32", "dev", "lo")
+	px.waitLog(from, `"Applying the manifests again: this host's addresses changed what they serve"`, 1, 10*time.Second)
+}

@@ -568,3 +568,46 @@ func TestClusterIgnoresEndpointsAtAnotherServicesFrontend(t *testing.T) {
 	}
 	a.waitFor(t, i, "the endpoint back once the other Service is gone", waitApply, endpointsAre(web, clusterEPs, otherIP+":8080", "198.19.5.1:8080"))
 }
+
+// TestClusterCaptureCheckFollowsHostAddresses: an endpoint at an address
+// this host gains later, with a Service's node port, is ignored once the
+// source is told the host's addresses changed, and served again after
+// the address goes; it was checked only when its objects changed.
+func TestClusterCaptureCheckFollowsHostAddresses(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	var mu sync.Mutex
+	var host []netip.Addr
+	changed := make(chan struct{}, 1)
+	a := runCluster(t, c, func(cl *source.Cluster) {
+		cl.HostChanged = changed
+		cl.Options.HostAddrs = func() ([]netip.Addr, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(host), nil
+		}
+	})
+	ns := testNamespace(t, c)
+	const later = "198.19.77.7"
+	np := createService(t, c, newService(ns, "np", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }))
+	nodePort := np.Spec.Ports[0].NodePort
+	createService(t, c, newService(ns, "web"))
+	slice := newSlice(ns, "web", "web-1", readyEP("198.19.5.1"), readyEP(later))
+	slice.Ports[0].Port = new(nodePort)
+	if _, err := c.DiscoveryV1().EndpointSlices(ns).Create(context.Background(), slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	web := svcPort(ns, "web")
+	both := []string{fmt.Sprintf("198.19.5.1:%d", nodePort), fmt.Sprintf("%s:%d", later, nodePort)}
+	i, _ := a.waitFor(t, 0, "both endpoints", waitApply, endpointsAre(web, clusterEPs, both...))
+	tell := func(addrs ...netip.Addr) {
+		mu.Lock()
+		host = addrs
+		mu.Unlock()
+		changed <- struct{}{}
+	}
+	tell(netip.MustParseAddr(later))
+	i, _ = a.waitFor(t, i, "the endpoint at the host's new address ignored", waitApply, endpointsAre(web, clusterEPs, both[0]))
+	tell()
+	a.waitFor(t, i, "the endpoint back once the address is gone", waitApply, endpointsAre(web, clusterEPs, both...))
+}

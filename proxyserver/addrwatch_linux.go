@@ -5,20 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
-// watchAddresses calls changed whenever an address is added to or removed
+// watchAddresses calls changed(true) whenever an address is added to or removed
 // from an interface of this host (rtnetlink RTM_NEWADDR and RTM_DELADDR),
 // and with routes too an IPv4 route or a link (RTM_NEWROUTE and the like:
-// the kernel removes a link's routes without telling), until
+// the kernel removes a link's routes without telling; changed(false)), until
 // ctx ends. It returns once the subscription is in place, so no change
 // after it returns is missed.
-func watchAddresses(ctx context.Context, routes bool, changed func()) error {
+func watchAddresses(ctx context.Context, routes bool, changed func(addrs bool)) error {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("watch addresses: %w", os.NewSyscallError("socket", err))
@@ -45,7 +44,7 @@ func watchAddresses(ctx context.Context, routes bool, changed func()) error {
 					// ENOBUFS means notifications were dropped: an
 					// address may have changed.
 					if errors.Is(err, unix.ENOBUFS) {
-						changed()
+						changed(true)
 						continue
 					}
 					klog.ErrorS(err, "Watching the host's addresses failed; new addresses are picked up at the next resync")
@@ -56,14 +55,17 @@ func watchAddresses(ctx context.Context, routes bool, changed func()) error {
 			if err != nil {
 				continue
 			}
-			if slices.ContainsFunc(msgs, func(m syscall.NetlinkMessage) bool {
+			any, addrs := false, false
+			for _, m := range msgs {
 				switch m.Header.Type {
-				case unix.RTM_NEWADDR, unix.RTM_DELADDR, unix.RTM_NEWROUTE, unix.RTM_DELROUTE, unix.RTM_NEWLINK, unix.RTM_DELLINK:
-					return true
+				case unix.RTM_NEWADDR, unix.RTM_DELADDR:
+					any, addrs = true, true
+				case unix.RTM_NEWROUTE, unix.RTM_DELROUTE, unix.RTM_NEWLINK, unix.RTM_DELLINK:
+					any = true
 				}
-				return false
-			}) {
-				changed()
+			}
+			if any {
+				changed(addrs)
 			}
 		}
 	}()

@@ -6,4 +6,4 @@ import "context"
 
 // watchAddresses is Linux only; elsewhere new addresses are picked up at
 // the next resync.
-func watchAddresses(context.Context, bool, func()) error { return nil }
+func watchAddresses(context.Context, bool, func(bool)) error { return nil }

@@ -174,19 +174,28 @@ func Run(ctx context.Context, cfg *Config) error {
 		cancel()
 		wg.Wait()
 	}()
-	if len(pcfg.NodePortAddresses) > 0 || mode == PortalIPTables {
-		// Node ports (and health-check node ports) listen on the local
-		// addresses --nodeport-addresses selects, and the iptables portal
-		// may DNAT to a node address when interfaces without one carry
-		// routes (see dnatTargets): follow the host's addresses, and for
-		// the portal its routes, as they come and go.
-		changed := func() {
+	// Node ports (and health-check node ports) listen on the local
+	// addresses --nodeport-addresses selects, the iptables portal may DNAT
+	// to a node address when interfaces without one carry routes (see
+	// dnatTargets), and the sources ignore endpoints at this host's
+	// addresses with a node port (Options.HostAddrs): follow the host's
+	// addresses, and for the portal its routes, as they come and go.
+	hostChanged := make(chan struct{}, 1)
+	followPorts := len(pcfg.NodePortAddresses) > 0 || mode == PortalIPTables
+	changed := func(addrs bool) {
+		if followPorts {
 			dnat.changed()
 			loop.poke()
 		}
-		if err := watchAddresses(ctx, mode == PortalIPTables, changed); err != nil {
-			klog.ErrorS(err, "New node addresses will be served from the next resync")
+		if addrs {
+			select {
+			case hostChanged <- struct{}{}:
+			default:
+			}
 		}
+	}
+	if err := watchAddresses(ctx, mode == PortalIPTables, changed); err != nil {
+		klog.ErrorS(err, "New node addresses will be served from the next resync")
 	}
 
 	if cfg.Manifests != "" {
@@ -199,7 +208,8 @@ func Run(ctx context.Context, cfg *Config) error {
 				HostAddrs:         userspace.HostAddrs,
 				NodePortAddresses: cfg.nodePorts,
 			},
-			Status: dv.sourceRead,
+			Status:      dv.sourceRead,
+			HostChanged: hostChanged,
 		}
 		if err := src.Run(ctx, loop.offer); err != nil {
 			return err // says "manifests:" itself
@@ -214,7 +224,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		}
 		dv.cluster = true
 		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod, NodeGoingAway: health.setEligible, Ignored: dv.clusterRead,
-			Options: source.Options{HostAddrs: userspace.HostAddrs, NodePortAddresses: cfg.nodePorts}}
+			HostChanged: hostChanged, Options: source.Options{HostAddrs: userspace.HostAddrs, NodePortAddresses: cfg.nodePorts}}
 		if err := src.Run(ctx, loop.offer); err != nil {
 			return fmt.Errorf("cluster: %w", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -58,6 +59,10 @@ type Cluster struct {
 	// left unused, and why (each problem is logged when it first shows);
 	// empty when nothing is. It is called from Run's goroutine.
 	Ignored func(problems []error)
+	// HostChanged, if set, says this host's addresses changed: the
+	// Services with an endpoint at a node port are built again, as one at
+	// an address of this host is ignored (see Options.HostAddrs).
+	HostChanged <-chan struct{}
 
 	// built, if set, is told after every snapshot built once the caches
 	// synced whether apply was called; tests wait on it instead of
@@ -166,6 +171,18 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	}
 	factory.Start(ctx.Done())
 
+	if c.HostChanged != nil {
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-c.HostChanged:
+					t.hostChanged()
+				}
+			}
+		}()
+	}
 	klog.InfoS("Waiting for the API server's Services and EndpointSlices", "node", c.NodeName, "labelSelector", selector)
 	start := time.Now()
 	// Not WaitForNamedCacheSync: it logs a second "waiting" line, and an
@@ -211,6 +228,9 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		}
 		began := time.Now()
 		dirty, all, triggers := t.take()
+		if t.takeHost() && cur.index != nil {
+			maps.Copy(dirty, view.endpointsAt(&frontIndex{nodePorts: cur.index.nodePorts}))
+		}
 		opts := c.Options
 		opts.NodeName = c.NodeName
 		opts.NodeLabels = t.nodeLabels()

@@ -35,6 +35,7 @@ type tracker struct {
 	all      bool // rebuild every Service
 	labels   map[string]string
 	triggers []time.Time // of the EndpointSlice changes since the last take
+	host     bool        // this host's addresses changed (see hostChanged)
 }
 
 func newTracker() *tracker {
@@ -82,6 +83,24 @@ func (t *tracker) markAll() {
 	t.all = true
 	t.mu.Unlock()
 	t.changed()
+}
+
+// hostChanged records that this host's addresses changed and wakes the
+// loop, which builds again the Services with an endpoint at a node port.
+func (t *tracker) hostChanged() {
+	t.mu.Lock()
+	t.host = true
+	t.mu.Unlock()
+	t.changed()
+}
+
+// takeHost returns and clears what hostChanged recorded.
+func (t *tracker) takeHost() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.host
+	t.host = false
+	return h
 }
 
 // take returns and clears what was marked, and the change trigger times

@@ -53,6 +53,10 @@ type Manifests struct {
 	// problems that left objects of a taken file partly unused. It is
 	// called from Run's goroutine.
 	Status func(rejected error, ignored []error)
+	// HostChanged, if set, says this host's addresses changed: the file is
+	// built again, as an endpoint at one of them with a node port is
+	// ignored (see Options.HostAddrs); only new problems are logged.
+	HostChanged <-chan struct{}
 
 	// reloaded, if set, is told what came of every read after the first;
 	// tests wait on it instead of sleeping.
@@ -170,6 +174,9 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 			l.reload(apply)
 		case <-resync:
 			l.reload(apply)
+		case <-m.HostChanged:
+			l.rebuild = true
+			l.reload(apply)
 		case <-poll.C:
 			l.rewatch()
 			if l.statChanged() || l.readAgain {
@@ -196,10 +203,16 @@ type loader struct {
 	dirInfo   os.FileInfo // the directory watched as dir, or nil
 	fileInfo  os.FileInfo // the file at the last poll, or nil
 
-	read    func(path string) ([]byte, error)
-	seen    string         // content hash or error of the last read
-	current state.Snapshot // last applied
-	broken  bool           // the last read was rejected
+	read func(path string) ([]byte, error)
+	// rebuild asks the next load to build the snapshot again though the
+	// file has not changed (this host's addresses did); problems are
+	// those the last build logged, so it logs only new ones.
+	rebuild  bool
+	rebuilt  bool // the last load was such a build
+	problems map[string]bool
+	seen     string         // content hash or error of the last read
+	current  state.Snapshot // last applied
+	broken   bool           // the last read was rejected
 	// docs is what the documents of the last read decoded to, so that
 	// the next decodes only those an edit changed.
 	docs docCache
@@ -229,7 +242,9 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 	} else {
 		seen = fmt.Sprintf("sha256:%x", sha256.Sum256(data))
 	}
-	if seen == l.seen {
+	rebuild := l.rebuild && seen == l.seen && err == nil
+	l.rebuild, l.rebuilt = false, rebuild
+	if seen == l.seen && !rebuild {
 		return state.Snapshot{}, false, nil
 	}
 	l.seen = seen
@@ -246,6 +261,9 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 		return state.Snapshot{}, true, err
 	}
 	for i, w := range m.warnings {
+		if rebuild {
+			break // the same file: said when it was read
+		}
 		if i == maxLoggedErrors {
 			klog.InfoS("More manifest warnings not shown", "file", l.name, "count", len(m.warnings)-i)
 			break
@@ -253,10 +271,15 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 		klog.InfoS("Manifest warning", append(logValues(w), "reason", reason(w))...)
 	}
 	snap, problems := BuildSnapshot(m.services, m.slices, l.opts)
+	said := l.problems
+	l.problems = make(map[string]bool, len(problems))
 	for i, p := range problems {
 		p = m.locate(p)
 		problems[i] = p
-		klog.ErrorS(p, "Manifest object partly ignored", logValues(p)...)
+		l.problems[p.Error()] = true
+		if !rebuild || !said[p.Error()] {
+			klog.ErrorS(p, "Manifest object partly ignored", logValues(p)...)
+		}
 	}
 	// What the warnings skipped (other kinds, slices of no Service) is
 	// ignored too.
@@ -301,12 +324,18 @@ func (l *loader) update(apply func(state.Snapshot)) (reloadOutcome, error) {
 		l.broken = false
 	}
 	if sameSnapshot(snap, l.current) {
-		klog.V(2).InfoS("Manifest file changed but its services did not", "file", l.name)
+		if !l.rebuilt {
+			klog.V(2).InfoS("Manifest file changed but its services did not", "file", l.name)
+		}
 		return outcomeSame, nil
 	}
 	snap.Changes = state.ChangesBetween(l.current, snap)
 	l.current = snap
-	klog.InfoS("Applying edited manifests", "file", l.name, "servicePorts", snap.Len(),
+	msg := "Applying edited manifests"
+	if l.rebuilt {
+		msg = "Applying the manifests again: this host's addresses changed what they serve"
+	}
+	klog.InfoS(msg, "file", l.name, "servicePorts", snap.Len(),
 		"servicesChanged", len(snap.Changes.Services), "endpointsChanged", len(snap.Changes.Endpoints))
 	apply(snap)
 	return outcomeApplied, nil
