@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -253,11 +254,14 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		}
 		snapChanges := changes.Changes()
 		applied := first || !snapChanges.Empty()
+		// The trigger times of a Service whose service ports changed are
+		// counted with this snapshot; those of one that changed nothing
+		// served are not (nothing was programmed for them), but those of
+		// slices whose Service does not exist yet wait for it.
+		observed := t.observedTriggers(view, triggers, snapChanges, began)
 		if applied {
 			snap := cur.snapshot()
-			// The changes that needed no new snapshot are not counted:
-			// nothing was programmed for them.
-			snap.ChangeTriggers = triggers
+			snap.ChangeTriggers = observed
 			snap.Changes = snapChanges
 			klog.V(2).InfoS("Applying a new snapshot from the API server",
 				"servicePorts", snap.Len(), "servicesRebuilt", len(dirty), "initial", first, "built", time.Since(began))
@@ -368,4 +372,31 @@ func reportForbidden(inf cache.SharedIndexInformer, resource, group, meanwhile s
 		return fmt.Errorf("cluster: watch %s: %w", resource, err)
 	}
 	return nil
+}
+
+// observedTriggers returns the trigger times of the Services whose
+// service ports changes names, and puts back those of Services that do not
+// exist yet; the rest changed nothing served.
+func (t *tracker) observedTriggers(v indexerView, triggers map[objectRef][]time.Time, changes state.Changes, now time.Time) []time.Time {
+	served := make(map[objectRef]bool)
+	for _, n := range slices.Concat(changes.Services, changes.Endpoints) {
+		served[objectRef{n.Namespace, n.Name}] = true
+	}
+	var out []time.Time
+	for ref, at := range triggers {
+		switch {
+		case served[ref]:
+			out = append(out, at...)
+		case !serviceExists(v, ref):
+			t.keepTriggers(ref, at, now)
+		}
+	}
+	slices.SortFunc(out, time.Time.Compare)
+	return out
+}
+
+// serviceExists reports whether the informer holds the Service ref.
+func serviceExists(v indexerView, ref objectRef) bool {
+	_, ok, err := v.services.GetByKey(ref.key())
+	return ok || err != nil
 }

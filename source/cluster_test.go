@@ -511,10 +511,11 @@ func TestSliceChangeTriggers(t *testing.T) {
 	newer.ResourceVersion = "2"
 	h.OnUpdate(at(time.Second), newer)
 	h.OnUpdate(newer, newer) // a resync
-	_, _, got := tr.take()
+	_, _, triggers := tr.take()
+	got := triggers[objectRef{"demo", "web"}]
 	want := []time.Time{tr.started.Add(time.Second), tr.started.Add(2 * time.Second)}
-	if !slices.EqualFunc(got, want, time.Time.Equal) {
-		t.Errorf("triggers %v, want %v", got, want)
+	if !slices.EqualFunc(got, want, time.Time.Equal) || len(triggers) != 1 {
+		t.Errorf("triggers %v, want %v for demo/web", triggers, want)
 	}
 	if _, _, got := tr.take(); got != nil {
 		t.Errorf("triggers after take: %v", got)
@@ -834,4 +835,56 @@ func TestServedCatchesEndpointsAtOtherServices(t *testing.T) {
 	if got := endpointsOf("d"); !slices.Equal(got, []string{"10.0.0.4:31000", "192.0.2.9:31000"}) {
 		t.Errorf("d serves %v once c is gone; want its endpoint back", got)
 	}
+}
+
+// TestClusterTriggersWaitForTheirService: the change trigger time of a
+// slice seen before its Service is counted with the snapshot that serves
+// the Service (it was dropped, the build having changed nothing); that of
+// a slice change that changes nothing served is not counted.
+func TestClusterTriggersWaitForTheirService(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(service("other"))
+		r := runCluster(t, client)
+		settle()
+		triggered := func(s *discoveryv1.EndpointSlice, at time.Time) *discoveryv1.EndpointSlice {
+			s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: at.Format(time.RFC3339Nano)}
+			return s
+		}
+		time.Sleep(time.Second)
+		at := time.Now()
+		if _, err := client.DiscoveryV1().EndpointSlices("demo").Create(t.Context(), triggered(webSlice("1", "10.0.0.1"), at), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		settle()
+		n, _, _ := r.counts()
+		time.Sleep(2 * time.Second)
+		if _, err := client.CoreV1().Services("demo").Create(t.Context(), service("web"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		settle()
+		got, _, _ := r.counts()
+		if got != n+1 {
+			t.Fatalf("%d snapshots after the Service came, want %d", got, n+1)
+		}
+		if tr := r.last().ChangeTriggers; len(tr) != 1 || !tr[0].Equal(at) {
+			t.Fatalf("the Service's snapshot carries triggers %v, want the slice's %v", tr, at)
+		}
+
+		// A slice update that changes nothing served, then a change of
+		// another Service: the first one's trigger is not counted.
+		noop := triggered(webSlice("2", "10.0.0.1"), time.Now())
+		updateSlice(t, client, noop)
+		settle()
+		other := service("other", func(s *corev1.Service) {
+			s.ResourceVersion = "2"
+			s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+		})
+		if _, err := client.CoreV1().Services("demo").Update(t.Context(), other, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		settle()
+		if tr := r.last().ChangeTriggers; len(tr) != 0 {
+			t.Fatalf("another Service's snapshot carries triggers %v, want none", tr)
+		}
+	})
 }

@@ -34,8 +34,9 @@ type tracker struct {
 	dirty    map[objectRef]bool
 	all      bool // rebuild every Service
 	labels   map[string]string
-	triggers []time.Time // of the EndpointSlice changes since the last take
-	host     bool        // this host's addresses changed (see hostChanged)
+	triggers map[objectRef][]time.Time // of the EndpointSlice changes since the last take, by Service
+	ntrig    int                       // in triggers
+	host     bool                      // this host's addresses changed (see hostChanged)
 }
 
 func newTracker() *tracker {
@@ -60,9 +61,35 @@ func (t *tracker) triggered(s *discoveryv1.EndpointSlice) {
 		return
 	}
 	t.mu.Lock()
-	if len(t.triggers) < maxPendingTriggers {
-		t.triggers = append(t.triggers, at)
+	t.addTriggers(sliceOwner(s), at)
+	t.mu.Unlock()
+}
+
+// addTriggers records trigger times of the Service ref, up to
+// maxPendingTriggers in all. t.mu must be held.
+func (t *tracker) addTriggers(ref objectRef, at ...time.Time) {
+	at = at[:min(len(at), maxPendingTriggers-t.ntrig)]
+	if len(at) == 0 {
+		return
 	}
+	if t.triggers == nil {
+		t.triggers = make(map[objectRef][]time.Time)
+	}
+	t.triggers[ref] = append(t.triggers[ref], at...)
+	t.ntrig += len(at)
+}
+
+// maxTriggerWait is how long the trigger times of slices whose Service
+// does not exist yet wait for it: their latency ends when it comes and
+// is served (kube-proxy counts them at its next sync).
+const maxTriggerWait = 10 * time.Minute
+
+// keepTriggers puts back the trigger times of ref, a Service that does
+// not exist yet, those younger than maxTriggerWait.
+func (t *tracker) keepTriggers(ref objectRef, at []time.Time, now time.Time) {
+	at = slices.DeleteFunc(slices.Clone(at), func(a time.Time) bool { return now.Sub(a) > maxTriggerWait })
+	t.mu.Lock()
+	t.addTriggers(ref, at...)
 	t.mu.Unlock()
 }
 
@@ -105,11 +132,11 @@ func (t *tracker) takeHost() bool {
 
 // take returns and clears what was marked, and the change trigger times
 // recorded.
-func (t *tracker) take() (dirty map[objectRef]bool, all bool, triggers []time.Time) {
+func (t *tracker) take() (dirty map[objectRef]bool, all bool, triggers map[objectRef][]time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	dirty, all, triggers = t.dirty, t.all, t.triggers
-	t.dirty, t.all, t.triggers = make(map[objectRef]bool), false, nil
+	t.dirty, t.all, t.triggers, t.ntrig = make(map[objectRef]bool), false, nil, 0
 	return dirty, all, triggers
 }
 
