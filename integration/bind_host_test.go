@@ -196,3 +196,34 @@ func TestBinaryUnprivilegedProxyNamesBindLeftovers(t *testing.T) {
 		proxyBin, "--manifests", file, "--healthz-bind-address=", "--metrics-bind-address=", "--bind-address=127.0.0.1")
 	nobody.waitLog(0, `"Service addresses a bind portal left on this host stay, as this proxy may not remove them.*198.18.0.10`, 1, 30*time.Second)
 }
+
+// TestBinaryBindPortalMovesInterfaces: a run with another --bind-interface
+// removes, at its first sync, the service addresses a previous run put on
+// the one it used, where they stayed for ever (a deleted Service's address
+// kept answering, refusing its clients, and the node kept claiming a
+// load-balancer IP).
+func TestBinaryBindPortalMovesInterfaces(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=bind")
+	px.waitLog(0, `"Serving".*198.18.0.10:80`, 1, 30*time.Second)
+	first := bindDevice(t, w.node)
+	if !slices.Contains(serviceAddrsOn(t, w.node, first), "198.19.1.1/32") {
+		t.Fatalf("the first run put no load-balancer IP on %s: the test proves nothing", first)
+	}
+	if _, ok := px.stop(syscall.SIGKILL, 5*time.Second); !ok {
+		t.Fatal("the first run did not die")
+	}
+	w.node.mustRun(t, "ip", "link", "add", "kup-alt", "type", "veth", "peer", "name", "kup-alt-peer")
+	w.node.mustRun(t, "ip", "link", "set", "kup-alt", "up")
+	// The web Service, with its load-balancer IP, is gone meanwhile.
+	writeFile(t, file, netnsManifest[strings.Index(netnsManifest, "apiVersion: v1\nkind: Service\nmetadata: {name: dns"):])
+	px = startNodeProxy(t, w, file, "--portal=bind", "--bind-interface=kup-alt")
+	px.waitLog(0, `"Removed the service addresses a previous run's bind portal left on another interface" interface="`+first+`"`, 1, 30*time.Second)
+	if left := serviceAddrsOn(t, w.node, first); len(left) > 0 {
+		t.Fatalf("service addresses left on %s: %v", first, left)
+	}
+	expectReply(t, w.outside, "udp", "198.18.0.53:53", "be1:ping")
+}

@@ -38,6 +38,7 @@ type Bind struct {
 	link      netlink.Link
 	owned     bool // link is our dummy interface: every address on it is ours
 	saidV6Off bool // the last Sync said IPv6 addresses are skipped
+	swept     bool // other interfaces were swept (see sweepElsewhere)
 }
 
 var _ Interface = (*Bind)(nil)
@@ -177,10 +178,57 @@ func (b *Bind) Sync(_ context.Context, portals []Portal) error {
 		}
 		klog.V(2).InfoS("Removed service address", "addr", ip, "interface", b.link.Attrs().Name)
 	}
+	if !b.swept {
+		// Once: what a run with another --bind-interface (or our dummy
+		// interface, when this run uses another) left elsewhere, unless
+		// a running proxy serves it.
+		if err := b.sweepElsewhere(); err != nil {
+			errs = multierror.Append(errs, err)
+		} else {
+			b.swept = true
+		}
+	}
 	if skipped6 > 0 && !b.saidV6Off {
 		klog.InfoS("IPv6 is turned off on the bind interface: IPv6 service addresses are not served", "interface", b.link.Attrs().Name, "addresses", skipped6)
 	}
 	b.saidV6Off = skipped6 > 0
+	return errs.ErrorOrNil()
+}
+
+// sweepElsewhere removes the service addresses a bind portal put on
+// interfaces other than b.link (and our dummy interface, when it is not
+// b.link), unless a listening socket uses one (another proxy beside this
+// one). b.mu must be held.
+func (b *Bind) sweepElsewhere() error {
+	var errs *multierror.Error
+	err := b.eachOwned(func(l netlink.Link, dummy bool, have map[netip.Addr]*netlink.Addr) {
+		if l.Attrs().Index == b.link.Attrs().Index || len(have) == 0 && !dummy {
+			return
+		}
+		addrs := slices.Collect(maps.Keys(have))
+		if inUse, err := AddrsInUse(addrs); err != nil || len(inUse) > 0 {
+			return // cannot tell, or served: not ours to take away
+		}
+		n := l.Attrs().Name
+		if dummy {
+			if err := b.h.LinkDel(l); err != nil {
+				errs = multierror.Append(errs, fmt.Errorf("portal: bind: delete %s: %w", n, err))
+				return
+			}
+			klog.InfoS("Deleted the bind portal's interface a previous run left: this run uses another", "interface", n, "addresses", len(have))
+			return
+		}
+		removed := 0
+		for ip, a := range have {
+			if err := b.h.AddrDel(l, a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+				errs = multierror.Append(errs, fmt.Errorf("portal: bind: remove %s from %s: %w", ip, n, err))
+				continue
+			}
+			removed++
+		}
+		klog.InfoS("Removed the service addresses a previous run's bind portal left on another interface", "interface", n, "addresses", removed)
+	})
+	errs = multierror.Append(errs, err)
 	return errs.ErrorOrNil()
 }
 
