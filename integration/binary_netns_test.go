@@ -607,3 +607,37 @@ endpoints: [{addresses: ["`+later+`"]}, {addresses: ["198.18.12.2"]}]
 	w.node.mustRun(t, "ip", "addr", "del", later+"/32", "dev", "lo")
 	px.waitLog(from, `"Applying the manifests again: this host's addresses changed what they serve"`, 1, 10*time.Second)
 }
+
+// TestBinaryIPTablesPortalTargetRewritten: a hand edit that changes only
+// where a rule sends traffic (REDIRECT to a DNAT elsewhere, same proxy
+// port) is noticed at the next full resync and undone, as a rewrite of
+// the ports is; it went unseen and unsaid.
+func TestBinaryIPTablesPortalTargetRewritten(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables", "--iptables-sync-period=3s")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	var first string
+	for _, l := range strings.Split(w.node.mustRun(t, "iptables", "-t", "nat", "-S", "KUBE-PORTALS-CONTAINER"), "\n") {
+		if strings.HasPrefix(l, "-A ") && strings.Contains(l, "-j REDIRECT") {
+			first = l
+			break
+		}
+	}
+	if first == "" {
+		t.Fatal("no REDIRECT rule to edit")
+	}
+	edited := regexp.MustCompile(`-j REDIRECT --to-ports (\d+)`).ReplaceAllString(first, "-j DNAT --to-destination 198.18.3.1:$1")
+	from := px.lineCount()
+	w.node.mustRun(t, "sh", "-c", "iptables -t nat -R KUBE-PORTALS-CONTAINER 1 "+strings.TrimPrefix(edited, "-A KUBE-PORTALS-CONTAINER "))
+	if rules := w.node.mustRun(t, "iptables", "-t", "nat", "-S", "KUBE-PORTALS-CONTAINER"); !strings.Contains(rules, "198.18.3.1") {
+		t.Fatalf("the edit did not take:\n%s", rules)
+	}
+	px.waitLog(from, `"The portal's rules were rewritten by something else since the last sync`, 1, 10*time.Second)
+	px.waitLog(from, `"Synced iptables portals"`, 1, 5*time.Second)
+	if rules := w.node.mustRun(t, "iptables", "-t", "nat", "-S", "KUBE-PORTALS-CONTAINER"); strings.Contains(rules, "198.18.3.1") {
+		t.Fatalf("the edit is still there:\n%s", rules)
+	}
+}

@@ -45,8 +45,9 @@ type famTables struct {
 	// wrote is what the last successful Sync wrote to our nat chains,
 	// read back as Existing reads the kernel's (see Drift), when known
 	// says there was one.
-	wrote []Portal
-	known bool
+	wrote   []Portal
+	wroteTo []string // its targets (see targetsInSave)
+	known   bool
 }
 
 // IPTables is the iptables portal: nat REDIRECT rules to the proxy ports in
@@ -277,6 +278,7 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 			if tables, err := parseSave(string(r.nat)); err == nil {
 				ft.wrote, _ = portalsInSave(tables, ft.fam)
 				ft.wrote, ft.known = sortedPortals(ft.wrote), true // none is something to compare with too
+				ft.wroteTo = targetsInSave(tables, ft.fam)
 			}
 		} else {
 			ft.wrote, ft.known = nil, false
@@ -481,16 +483,19 @@ func (p *IPTables) Drift(ctx context.Context) (held []Portal, drifted bool, err 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var wrote []Portal
+	var wroteTo []string
 	for _, ft := range p.fams {
 		if !ft.known {
 			return nil, false, nil // nothing to compare with
 		}
 		wrote = append(wrote, ft.wrote...)
+		wroteTo = append(wroteTo, ft.wroteTo...)
 	}
-	if held, err = p.existing(ctx); err != nil {
+	held, heldTo, err := p.existingTargets(ctx)
+	if err != nil {
 		return nil, false, err
 	}
-	return held, !slices.EqualFunc(sortedPortals(held), sortedPortals(wrote), Portal.Equal), nil
+	return held, !slices.EqualFunc(sortedPortals(held), sortedPortals(wrote), Portal.Equal) || !slices.Equal(heldTo, wroteTo), nil
 }
 
 // sortedPortals returns ps sorted, without duplicates (a node port has a
@@ -502,7 +507,15 @@ func sortedPortals(ps []Portal) []Portal {
 }
 
 func (p *IPTables) existing(ctx context.Context) ([]Portal, error) {
+	out, _, err := p.existingTargets(ctx)
+	return out, err
+}
+
+// existingTargets is existing, with where our rules send traffic (see
+// targetsInSave), family by family.
+func (p *IPTables) existingTargets(ctx context.Context) ([]Portal, []string, error) {
 	var out []Portal
+	var targets []string
 	var errs *multierror.Error
 	for _, ft := range p.fams {
 		save, err := p.run(ctx, nil, ft.save, "-t", tableNAT)
@@ -520,6 +533,7 @@ func (p *IPTables) existing(ctx context.Context) ([]Portal, error) {
 			klog.InfoS("Skipped unreadable rules in portal chains", "family", ft.fam, "count", bad)
 		}
 		out = append(out, got...)
+		targets = append(targets, targetsInSave(tables, ft.fam)...)
 	}
-	return out, errs.ErrorOrNil()
+	return out, targets, errs.ErrorOrNil()
 }

@@ -202,6 +202,37 @@ func parseComment(comment, proto string) (state.ServicePortName, error) {
 // portalsInSave returns the portals our container chains hold in nat-table
 // iptables-save output of family fam, sorted; the host chains mirror them.
 // Rules it cannot read are skipped and counted.
+// targetsInSave returns where our nat chains of tables send traffic, the
+// ports aside (portalsInSave reads those): "REDIRECT", or the DNAT
+// addresses, sorted, each once, prefixed with fam.
+func targetsInSave(tables map[string]*savedTable, fam Family) []string {
+	nat := tables[tableNAT]
+	if nat == nil {
+		return nil
+	}
+	var out []string
+	for _, chain := range []string{ChainPortalsContainer, ChainNodePortContainer} {
+		for _, args := range nat.rules[chain] {
+			_, target, ok := strings.Cut(args, " -j ")
+			if !ok {
+				continue
+			}
+			if to, isDNAT := strings.CutPrefix(target, "DNAT --to-destination "); isDNAT {
+				if f := strings.Fields(to); len(f) > 0 {
+					if ap, err := netip.ParseAddrPort(f[0]); err == nil {
+						target = "DNAT " + ap.Addr().String()
+					}
+				}
+			} else {
+				target, _, _ = strings.Cut(target, " ")
+			}
+			out = append(out, fam.String()+" "+target)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 func portalsInSave(tables map[string]*savedTable, fam Family) (out []Portal, unreadable int) {
 	nat := tables[tableNAT]
 	if nat == nil {

@@ -193,3 +193,31 @@ func FuzzChooseBackend(f *testing.F) {
 		}
 	})
 }
+
+// TestTargetsInSave: where our rules send traffic is read back, so that a
+// rewrite of the target alone is seen (see IPTables.Drift).
+func TestTargetsInSave(t *testing.T) {
+	dnat := func(Family) netip.Addr { return netip.MustParseAddr("198.18.2.1") }
+	for _, tc := range []struct {
+		cfg  IPTablesConfig
+		want []string
+	}{
+		{IPTablesConfig{}, []string{"IPv4 REDIRECT"}},
+		{IPTablesConfig{DNAT: dnat}, []string{"IPv4 DNAT 198.18.2.1"}},
+	} {
+		tables, err := parseSave(Render(fixedPortals(), IPv4, tc.cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := targetsInSave(tables, IPv4); !slices.Equal(got, tc.want) {
+			t.Errorf("targets %q, want %q", got, tc.want)
+		}
+	}
+	tables, err := parseSave(strings.Replace(sampleSave, "-j REDIRECT --to-ports 41234", "-j DNAT --to-destination 198.18.3.1:41234", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := targetsInSave(tables, IPv4); !slices.Equal(got, []string{"IPv4 DNAT 198.18.3.1", "IPv4 REDIRECT"}) {
+		t.Errorf("targets of a hand-edited save %q", got)
+	}
+}
