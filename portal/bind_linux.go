@@ -36,9 +36,10 @@ type Bind struct {
 
 	mu        sync.Mutex // serializes Sync and Cleanup; guards the fields below
 	link      netlink.Link
-	owned     bool // link is our dummy interface: every address on it is ours
-	saidV6Off bool // the last Sync said IPv6 addresses are skipped
-	swept     bool // other interfaces were swept (see sweepElsewhere)
+	owned     bool                // link is our dummy interface: every address on it is ours
+	saidV6Off bool                // the last Sync said IPv6 addresses are skipped
+	swept     bool                // other interfaces were swept (see sweepElsewhere)
+	node      map[netip.Addr]bool // this host's own addresses, as the last Sync read them
 }
 
 var _ Interface = (*Bind)(nil)
@@ -138,6 +139,7 @@ func (b *Bind) Sync(_ context.Context, portals []Portal) error {
 	if err != nil {
 		return err
 	}
+	b.node = node
 	v6Off := ipv6Off(b.link.Attrs().Name)
 	want := make(map[netip.Addr]bool)
 	var errs *multierror.Error
@@ -209,24 +211,14 @@ func (b *Bind) sweepElsewhere() error {
 		if inUse, err := AddrsInUse(addrs); err != nil || len(inUse) > 0 {
 			return // cannot tell, or served: not ours to take away
 		}
-		n := l.Attrs().Name
-		if dummy {
-			if err := b.h.LinkDel(l); err != nil {
-				errs = multierror.Append(errs, fmt.Errorf("portal: bind: delete %s: %w", n, err))
-				return
-			}
-			klog.InfoS("Deleted the bind portal's interface a previous run left: this run uses another", "interface", n, "addresses", len(have))
-			return
+		removed, err := b.removeOwned(l, dummy, have)
+		errs = multierror.Append(errs, err)
+		switch {
+		case dummy && err == nil:
+			klog.InfoS("Deleted the bind portal's interface a previous run left: this run uses another", "interface", l.Attrs().Name, "addresses", len(have))
+		case !dummy:
+			klog.InfoS("Removed the service addresses a previous run's bind portal left on another interface", "interface", l.Attrs().Name, "addresses", removed)
 		}
-		removed := 0
-		for ip, a := range have {
-			if err := b.h.AddrDel(l, a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-				errs = multierror.Append(errs, fmt.Errorf("portal: bind: remove %s from %s: %w", ip, n, err))
-				continue
-			}
-			removed++
-		}
-		klog.InfoS("Removed the service addresses a previous run's bind portal left on another interface", "interface", n, "addresses", removed)
 	})
 	errs = multierror.Append(errs, err)
 	return errs.ErrorOrNil()
@@ -245,12 +237,8 @@ func ipv6Off(link string) bool {
 // is the node's): it is served, node ports on it too, and never removed.
 // b.mu must be held.
 func (b *Bind) nodeAddrs() (map[netip.Addr]bool, error) {
-	owned := make(map[netip.Addr]bool)
-	if err := b.eachOwned(func(_ netlink.Link, _ bool, have map[netip.Addr]*netlink.Addr) {
-		for ip := range have {
-			owned[ip] = true
-		}
-	}); err != nil {
+	owned, err := b.ownedSet()
+	if err != nil {
 		return nil, err
 	}
 	addrs, err := b.h.AddrList(nil, netlink.FAMILY_ALL)
@@ -275,19 +263,19 @@ func BindLeftovers() []netip.Addr {
 	}
 	b := &Bind{h: h}
 	defer b.Close()
-	var out []netip.Addr
-	_ = b.eachOwned(func(_ netlink.Link, _ bool, have map[netip.Addr]*netlink.Addr) {
-		out = append(out, slices.Collect(maps.Keys(have))...)
-	})
-	slices.SortFunc(out, netip.Addr.Compare)
+	out, _ := b.Owned()
 	return out
 }
 
 // NodeAddrs returns this host's own addresses, those a bind portal did not
-// add (see nodeAddrs).
+// add (see nodeAddrs): as the last Sync read them, which the data plane
+// asks for right after it. The map is not changed later.
 func (b *Bind) NodeAddrs() (map[netip.Addr]bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.node != nil {
+		return b.node, nil
+	}
 	return b.nodeAddrs()
 }
 
@@ -404,12 +392,42 @@ func (b *Bind) eachOwned(f func(l netlink.Link, dummy bool, have map[netip.Addr]
 func (b *Bind) Owned() ([]netip.Addr, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var out []netip.Addr
+	owned, err := b.ownedSet()
+	return slices.SortedFunc(maps.Keys(owned), netip.Addr.Compare), err
+}
+
+// ownedSet is the set of addresses eachOwned finds. b.mu must be held.
+func (b *Bind) ownedSet() (map[netip.Addr]bool, error) {
+	out := make(map[netip.Addr]bool)
 	err := b.eachOwned(func(_ netlink.Link, _ bool, have map[netip.Addr]*netlink.Addr) {
-		out = append(out, slices.Collect(maps.Keys(have))...)
+		for ip := range have {
+			out[ip] = true
+		}
 	})
-	slices.SortFunc(out, netip.Addr.Compare)
 	return out, err
+}
+
+// removeOwned deletes what eachOwned found on l: our dummy interface
+// whole, or the addresses have on another. It returns how many addresses
+// went from another interface.
+func (b *Bind) removeOwned(l netlink.Link, dummy bool, have map[netip.Addr]*netlink.Addr) (int, error) {
+	n := l.Attrs().Name
+	if dummy {
+		if err := b.h.LinkDel(l); err != nil {
+			return 0, fmt.Errorf("portal: bind: delete %s: %w", n, err)
+		}
+		return 0, nil
+	}
+	var errs *multierror.Error
+	removed := 0
+	for ip, a := range have {
+		if err := b.h.AddrDel(l, a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			errs = multierror.Append(errs, fmt.Errorf("portal: bind: remove %s from %s: %w", ip, n, err))
+			continue
+		}
+		removed++
+	}
+	return removed, errs.ErrorOrNil()
 }
 
 // Cleanup removes the addresses we added and our dummy interface.
@@ -418,25 +436,13 @@ func (b *Bind) Cleanup(_ context.Context) error {
 	defer b.mu.Unlock()
 	var errs *multierror.Error
 	err := b.eachOwned(func(l netlink.Link, dummy bool, have map[netip.Addr]*netlink.Addr) {
-		n := l.Attrs().Name
-		if dummy {
-			if err := b.h.LinkDel(l); err != nil {
-				errs = multierror.Append(errs, fmt.Errorf("portal: bind: delete %s: %w", n, err))
-			} else {
-				klog.InfoS("Deleted the bind portal's interface, with its service addresses", "interface", n)
-			}
-			return
-		}
-		removed := 0
-		for ip, a := range have {
-			if err := b.h.AddrDel(l, a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-				errs = multierror.Append(errs, fmt.Errorf("portal: bind: remove %s from %s: %w", ip, n, err))
-			} else {
-				removed++
-			}
-		}
-		if removed > 0 {
-			klog.InfoS("Removed the bind portal's service addresses", "interface", n, "addresses", removed)
+		removed, err := b.removeOwned(l, dummy, have)
+		errs = multierror.Append(errs, err)
+		switch {
+		case dummy && err == nil:
+			klog.InfoS("Deleted the bind portal's interface, with its service addresses", "interface", l.Attrs().Name)
+		case !dummy && removed > 0:
+			klog.InfoS("Removed the bind portal's service addresses", "interface", l.Attrs().Name, "addresses", removed)
 		}
 	})
 	if err != nil {

@@ -42,12 +42,10 @@ type famTables struct {
 	restore string // iptables-restore binary
 	save    string // iptables-save binary
 	failed  string // the last failure to remove leftovers, logged once
-	// wrote is what the last successful Sync wrote to our nat chains,
-	// read back as Existing reads the kernel's (see Drift), when known
-	// says there was one.
-	wrote   []Portal
-	wroteTo []string // its targets (see targetsInSave)
-	known   bool
+	// wrote is what the last successful Sync wrote to our nat chains
+	// (nil before one, or after a failure), read back only when Drift
+	// compares it with the kernel's: a sync need not parse its own rules.
+	wrote []byte
 }
 
 // IPTables is the iptables portal: nat REDIRECT rules to the proxy ports in
@@ -274,14 +272,9 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 		}
 		if !failed { // a failure is the caller's to report
 			klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
-			ft.wrote, ft.known = nil, false
-			if tables, err := parseSave(string(r.nat)); err == nil {
-				ft.wrote, _ = portalsInSave(tables, ft.fam)
-				ft.wrote, ft.known = sortedPortals(ft.wrote), true // none is something to compare with too
-				ft.wroteTo = targetsInSave(tables, ft.fam)
-			}
+			ft.wrote = r.nat
 		} else {
-			ft.wrote, ft.known = nil, false
+			ft.wrote = nil
 		}
 	}
 	p.removeLeftovers()
@@ -485,11 +478,16 @@ func (p *IPTables) Drift(ctx context.Context) (held []Portal, drifted bool, err 
 	var wrote []Portal
 	var wroteTo []string
 	for _, ft := range p.fams {
-		if !ft.known {
+		if ft.wrote == nil {
 			return nil, false, nil // nothing to compare with
 		}
-		wrote = append(wrote, ft.wrote...)
-		wroteTo = append(wroteTo, ft.wroteTo...)
+		tables, err := parseSave(string(ft.wrote))
+		if err != nil {
+			return nil, false, err
+		}
+		got, _ := portalsInSave(tables, ft.fam)
+		wrote = append(wrote, got...) // none is something to compare with too
+		wroteTo = append(wroteTo, targetsInSave(tables, ft.fam)...)
 	}
 	held, heldTo, err := p.existingTargets(ctx)
 	if err != nil {

@@ -1,7 +1,6 @@
 package proxyserver
 
 import (
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
 // dnatTargets decides, for the iptables portal, where its rules send
@@ -136,32 +136,17 @@ func (d *dnatTargets) decide(now time.Time) map[portal.Family]netip.Addr {
 // isLocalAddr reports whether a is one of this host's addresses; true
 // when they cannot be read.
 func isLocalAddr(a netip.Addr) bool {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return true
-	}
-	for _, ia := range addrs {
-		if pfx, err := netip.ParsePrefix(ia.String()); err == nil && pfx.Addr().Unmap() == a {
-			return true
-		}
-	}
-	return false
+	addrs, err := userspace.HostAddrs()
+	return err != nil || slices.Contains(addrs, a)
 }
 
 // joinNames lists interface names, the first few.
 func joinNames(names []string) string {
 	const most = 5
-	s := ""
-	for i, n := range names {
-		if i == most {
-			return s + " and more"
-		}
-		if i > 0 {
-			s += ", "
-		}
-		s += n
+	if len(names) > most {
+		return strings.Join(names[:most], ", ") + " and more"
 	}
-	return s
+	return strings.Join(names, ", ")
 }
 
 // inspectEvery bounds how long a change of the host that no netlink
@@ -171,16 +156,6 @@ const inspectEvery = 10 * time.Second
 // changed says the host's addresses, routes or links changed: the next
 // decide reads them again.
 func (d *dnatTargets) changed() { d.stale.Store(true) }
-
-// sameTargets reports whether two decisions are the same.
-func sameTargets(a, b map[portal.Family]netip.Addr) bool {
-	for _, f := range []portal.Family{portal.IPv4, portal.IPv6} {
-		if a[f] != b[f] {
-			return false
-		}
-	}
-	return true
-}
 
 // movedFamilies returns the families whose target differs.
 func movedFamilies(a, b map[portal.Family]netip.Addr) []portal.Family {

@@ -214,7 +214,7 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	if k.dnat != nil {
 		targets = k.dnat.decide(now)
 	}
-	same := k.synced && slices.EqualFunc(portals, k.last, portal.Portal.Equal) && sameTargets(targets, k.targets)
+	same := k.synced && slices.EqualFunc(portals, k.last, portal.Portal.Equal) && len(movedFamilies(k.targets, targets)) == 0
 	if same && now.Sub(k.lastTime) < k.resync {
 		return nil
 	}

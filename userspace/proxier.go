@@ -300,13 +300,9 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 				errs = multierror.Append(errs, fmt.Errorf("userspace: list this host's addresses: %w", err))
 			}
 		}
-		fronts := make(map[netip.Addr]bool)
-		for spec := range snap.All {
-			for _, ap := range spec.Frontends() {
-				if a := ap.Addr().Unmap(); !node[a] {
-					fronts[a] = true
-				}
-			}
+		fronts := frontendsOf(snap)
+		for a := range node {
+			delete(fronts, a)
 		}
 		p.frontendAddrs.Store(&fronts)
 	}
@@ -399,12 +395,7 @@ func (p *Proxier) ResetConnectionsLeaving(snap state.Snapshot) {
 	if cur == nil {
 		return
 	}
-	keep := make(map[netip.Addr]bool)
-	for spec := range snap.All {
-		for _, ap := range spec.Frontends() {
-			keep[ap.Addr().Unmap()] = true
-		}
-	}
+	keep := frontendsOf(snap)
 	gone := make(map[netip.Addr]bool)
 	for a := range *cur {
 		if !keep[a] {
@@ -414,6 +405,17 @@ func (p *Proxier) ResetConnectionsLeaving(snap state.Snapshot) {
 	if len(gone) > 0 {
 		p.abortConnsTo(gone)
 	}
+}
+
+// frontendsOf returns the frontend addresses of every service port of snap.
+func frontendsOf(snap state.Snapshot) map[netip.Addr]bool {
+	out := make(map[netip.Addr]bool)
+	for spec := range snap.All {
+		for _, ap := range spec.Frontends() {
+			out[ap.Addr().Unmap()] = true
+		}
+	}
+	return out
 }
 
 // isFrontendAddr reports whether a is a service address the portal put on
