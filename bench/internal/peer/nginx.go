@@ -21,7 +21,9 @@ const (
 	nginxRlimitFiles = 20000
 )
 
-func startNginx(ctx context.Context, env Env) (*Instance, error) {
+// startNginx starts nginx, or nginx-halfclose: the same with
+// proxy_half_close on.
+func startNginx(ctx context.Context, env Env, name string) (*Instance, error) {
 	if _, err := exec.LookPath("nginx"); err != nil {
 		return nil, fmt.Errorf("peer: nginx is not installed: %w", err)
 	}
@@ -34,7 +36,7 @@ func startNginx(ctx context.Context, env Env) (*Instance, error) {
 		return nil, err
 	}
 	cfg := filepath.Join(env.Dir, "nginx.conf")
-	text := nginxConfig(front, env.Backends, env.Dir, module)
+	text := nginxConfig(front, env.Backends, env.Dir, module, name == NginxHalfClose)
 	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		return nil, fmt.Errorf("peer: %w", err)
 	}
@@ -46,7 +48,7 @@ func startNginx(ctx context.Context, env Env) (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Instance{Name: Nginx, Front: front, procs: []*process.Process{p}}, nil
+	return &Instance{Name: name, Front: front, procs: []*process.Process{p}}, nil
 }
 
 // nginxModuleLine returns the load_module line the stream module needs, or
@@ -65,8 +67,8 @@ func nginxModuleLine(ctx context.Context) (string, error) {
 }
 
 // nginxConfig renders a stream configuration with one server per service,
-// the UDP one included.
-func nginxConfig(front, back Addrs, dir, moduleLine string) string {
+// the UDP one included. halfClose turns proxy_half_close on.
+func nginxConfig(front, back Addrs, dir, moduleLine string, halfClose bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `%s
 daemon off;
@@ -84,6 +86,9 @@ stream {
 	proxy_connect_timeout 5s;
 	proxy_timeout 5m;
 `, moduleLine, nginxRlimitFiles, filepath.Join(dir, "nginx.pid"), filepath.Join(dir, "nginx-error.log"), nginxWorkerConns)
+	if halfClose {
+		b.WriteString("\tproxy_half_close on;\n")
+	}
 	fmt.Fprintf(&b, "\tserver {\n\t\tlisten %s backlog=4096;\n\t\tproxy_pass %s;\n\t}\n", front.Echo, back.Echo)
 	fmt.Fprintf(&b, "\tserver {\n\t\tlisten %s backlog=4096;\n\t\tproxy_pass %s;\n\t}\n", front.Bulk, back.Bulk)
 	if front.UDP != "" {

@@ -18,12 +18,18 @@ const (
 	Ours    = "kube-userspace-proxy"
 	HAProxy = "haproxy"
 	Nginx   = "nginx"
-	Socat   = "socat"
-	IOCopy  = "go-iocopy"
+	// NginxHalfClose is nginx with proxy_half_close on: it passes a client's
+	// half-close on to the upstream, as we do, where plain nginx closes both
+	// sides at the client's FIN.
+	NginxHalfClose = "nginx-halfclose"
+	Socat          = "socat"
+	IOCopy         = "go-iocopy"
 )
 
 // Names returns every peer, in the order the benchmark runs them.
-func Names() []string { return []string{None, Ours, HAProxy, Nginx, Socat, IOCopy} }
+func Names() []string {
+	return []string{None, Ours, HAProxy, Nginx, NginxHalfClose, Socat, IOCopy}
+}
 
 // ErrUnknown is returned for a peer name this package does not know.
 var ErrUnknown = errors.New("peer: unknown peer")
@@ -93,8 +99,8 @@ func Start(ctx context.Context, name string, env Env) (*Instance, error) {
 		start = startOurs
 	case HAProxy:
 		start = startHAProxy
-	case Nginx:
-		start = startNginx
+	case Nginx, NginxHalfClose:
+		start = func(ctx context.Context, env Env) (*Instance, error) { return startNginx(ctx, env, name) }
 	case Socat:
 		start = startSocat
 	case IOCopy:
@@ -137,7 +143,7 @@ func Version(ctx context.Context, name string, env Env) string {
 		argv = []string{env.ProxyBin, "--version"}
 	case HAProxy:
 		argv, trim = []string{"haproxy", "-v"}, "HAProxy version "
-	case Nginx:
+	case Nginx, NginxHalfClose:
 		argv, trim = []string{"nginx", "-v"}, "nginx version: "
 	case Socat:
 		argv, trim = []string{"socat", "-V"}, "socat version "

@@ -53,7 +53,7 @@ func TestHAProxyConfig(t *testing.T) {
 }
 
 func TestNginxConfig(t *testing.T) {
-	got := nginxConfig(testFront, testBack, "/tmp/x", "load_module /m.so;")
+	got := nginxConfig(testFront, testBack, "/tmp/x", "load_module /m.so;", false)
 	for _, want := range []string{
 		"load_module /m.so;",
 		"daemon off;",
@@ -66,6 +66,12 @@ func TestNginxConfig(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("nginx config lacks %q:\n%s", want, got)
 		}
+	}
+	if strings.Contains(got, "proxy_half_close") {
+		t.Errorf("plain nginx config passes half-closes on:\n%s", got)
+	}
+	if got := nginxConfig(testFront, testBack, "/tmp/x", "", true); !strings.Contains(got, "\tproxy_half_close on;\n") {
+		t.Errorf("nginx-halfclose config lacks proxy_half_close on:\n%s", got)
 	}
 }
 
