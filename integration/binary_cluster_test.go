@@ -226,6 +226,10 @@ func TestBinaryFollowsCluster(t *testing.T) {
 		if v, _ := strconv.ParseFloat(sum[1], 64); v <= 0 || v > 15 {
 			t.Errorf("network programming latency %v s, want above 0 and below the 15 s the change took at most to reach traffic", v)
 		}
+		// The slice is IPv4: kube-proxy's IPv6 proxier never sees it.
+		if v6 := regexp.MustCompile(`\nkubeproxy_network_programming_duration_seconds_count\{ip_family="IPv6"\} (\d+)\n`).FindStringSubmatch(body); v6 == nil || v6[1] != "0" {
+			t.Errorf("/metrics: IPv6 programming latency count %v, want 0 for an IPv4 slice's change", v6)
+		}
 	})
 
 	t.Run("ClientIP affinity pins the client", func(t *testing.T) {

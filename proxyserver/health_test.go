@@ -250,7 +250,10 @@ func TestMetricsPerIPFamily(t *testing.T) {
 			fresh := scrapeMetrics(t, m)
 			m.queued(state.Changes{})
 			m.synced(snap, 3*time.Millisecond, true, true, "")
-			m.programmed([]time.Time{time.Now().Add(-time.Second)}, time.Now())
+			// One change of each family: an IPv4-only proxy has no
+			// proxier to observe the IPv6 one.
+			ago := time.Now().Add(-time.Second)
+			m.programmed([]state.ChangeTrigger{{At: ago, Family: state.IPv4}, {At: ago, Family: state.IPv6}}, time.Now())
 			for _, path := range []string{"/healthz", "/healthz", "/livez"} {
 				h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil))
 			}
@@ -298,6 +301,11 @@ func TestMetricsPerIPFamily(t *testing.T) {
 			for _, c := range []string{"kubeproxy_sync_proxy_rules_duration_seconds_count", "kubeproxy_network_programming_duration_seconds_count"} {
 				if first[c] != "1" {
 					t.Errorf("%s = %s per family, want 1", c, first[c])
+				}
+			}
+			for series := range got {
+				if strings.Contains(series, `ip_family="IPv6"`) && len(tc.families) == 1 {
+					t.Errorf("an IPv4-only proxy has the series %s", series)
 				}
 			}
 			// One answer, one count, whatever the families.

@@ -203,16 +203,17 @@ func familyOf(a netip.Addr) state.IPFamily {
 // unixSeconds is t as the Unix time in seconds that timestamp gauges hold.
 func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
-// programmed records, at now, the network programming latency of changes
-// triggered at triggers, which a sync has just applied. A trigger time
-// after now (a controller whose clock runs ahead of this node's) is left
-// out: a negative latency would drag every average down.
-func (m *metrics) programmed(triggers []time.Time, now time.Time) {
+// programmed records, at now, the network programming latency of the
+// changes triggers, which a sync has just applied, each in its own IP
+// family, as kube-proxy's proxier of that family does; a family the proxy
+// does not serve has no proxier to observe it. A trigger time after now (a
+// controller whose clock runs ahead of this node's) is left out: a
+// negative latency would drag every average down.
+func (m *metrics) programmed(triggers []state.ChangeTrigger, now time.Time) {
 	for _, t := range triggers {
-		if d := now.Sub(t); d >= 0 {
-			for _, f := range m.families {
-				m.programming.WithLabelValues(f).Observe(d.Seconds())
-			}
+		f := string(t.Family)
+		if d := now.Sub(t.At); d >= 0 && slices.Contains(m.families, f) {
+			m.programming.WithLabelValues(f).Observe(d.Seconds())
 		}
 	}
 }

@@ -37,11 +37,11 @@ type syncLoop struct {
 	changedServices, changedEndpoints map[state.ServiceName]uint64
 }
 
-// offeredTrigger is a change trigger time, and the version of the offer
-// that brought it.
+// offeredTrigger is a change trigger, and the version of the offer that
+// brought it.
 type offeredTrigger struct {
 	version uint64
-	at      time.Time
+	state.ChangeTrigger
 }
 
 // maxOfferedTriggers bounds the trigger times kept while syncs fail.
@@ -57,9 +57,9 @@ func (l *syncLoop) offer(s state.Snapshot) {
 	l.mu.Lock()
 	l.latest, l.have = s, true
 	l.version++
-	for _, at := range s.ChangeTriggers {
+	for _, tr := range s.ChangeTriggers {
 		if len(l.triggers) < maxOfferedTriggers {
-			l.triggers = append(l.triggers, offeredTrigger{l.version, at})
+			l.triggers = append(l.triggers, offeredTrigger{l.version, tr})
 		}
 	}
 	for _, n := range s.Changes.Services {
@@ -90,8 +90,8 @@ func (l *syncLoop) poke() {
 }
 
 // applied forgets what the offers up to version brought, which a sync has
-// applied, and returns their change trigger times.
-func (l *syncLoop) applied(version uint64) []time.Time {
+// applied, and returns their change triggers.
+func (l *syncLoop) applied(version uint64) []state.ChangeTrigger {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, m := range []map[state.ServiceName]uint64{l.changedServices, l.changedEndpoints} {
@@ -100,11 +100,11 @@ func (l *syncLoop) applied(version uint64) []time.Time {
 	if l.metrics != nil {
 		l.reportPending()
 	}
-	var out []time.Time
+	var out []state.ChangeTrigger
 	kept := l.triggers[:0]
 	for _, t := range l.triggers {
 		if t.version <= version {
-			out = append(out, t.at)
+			out = append(out, t.ChangeTrigger)
 		} else {
 			kept = append(kept, t)
 		}
@@ -164,7 +164,7 @@ func (l *syncLoop) run(ctx context.Context) {
 			_, latest, _ := l.current()
 			l.health.updated(start, latest != version)
 		}
-		var triggers []time.Time
+		var triggers []state.ChangeTrigger
 		if done {
 			triggers = l.applied(version)
 		}

@@ -377,12 +377,12 @@ func reportForbidden(inf cache.SharedIndexInformer, resource, group, meanwhile s
 // observedTriggers returns the trigger times of the Services whose
 // service ports changes names, and puts back those of Services that do not
 // exist yet; the rest changed nothing served.
-func (t *tracker) observedTriggers(v indexerView, triggers map[objectRef][]time.Time, changes state.Changes, now time.Time) []time.Time {
+func (t *tracker) observedTriggers(v indexerView, triggers map[objectRef][]state.ChangeTrigger, changes state.Changes, now time.Time) []state.ChangeTrigger {
 	served := make(map[objectRef]bool)
 	for _, n := range slices.Concat(changes.Services, changes.Endpoints) {
 		served[objectRef{n.Namespace, n.Name}] = true
 	}
-	var out []time.Time
+	var out []state.ChangeTrigger
 	for ref, at := range triggers {
 		switch {
 		case served[ref]:
@@ -391,7 +391,7 @@ func (t *tracker) observedTriggers(v indexerView, triggers map[objectRef][]time.
 			t.keepTriggers(ref, at, now)
 		}
 	}
-	slices.SortFunc(out, time.Time.Compare)
+	slices.SortFunc(out, func(a, b state.ChangeTrigger) int { return a.At.Compare(b.At) })
 	return out
 }
 

@@ -511,10 +511,23 @@ func TestSliceChangeTriggers(t *testing.T) {
 	newer.ResourceVersion = "2"
 	h.OnUpdate(at(time.Second), newer)
 	h.OnUpdate(newer, newer) // a resync
+	// Each slice's family goes with its trigger; an FQDN slice, which no
+	// proxier reads, brings none.
+	v6 := at(3 * time.Second)
+	v6.AddressType = discoveryv1.AddressTypeIPv6
+	h.OnAdd(v6, false)
+	fqdn := at(4 * time.Second)
+	fqdn.AddressType = discoveryv1.AddressTypeFQDN
+	h.OnAdd(fqdn, false)
 	_, _, triggers := tr.take()
 	got := triggers[objectRef{"demo", "web"}]
-	want := []time.Time{tr.started.Add(time.Second), tr.started.Add(2 * time.Second)}
-	if !slices.EqualFunc(got, want, time.Time.Equal) || len(triggers) != 1 {
+	want := []state.ChangeTrigger{
+		{At: tr.started.Add(time.Second), Family: state.IPv4},
+		{At: tr.started.Add(2 * time.Second), Family: state.IPv4},
+		{At: tr.started.Add(3 * time.Second), Family: state.IPv6},
+	}
+	same := func(a, b state.ChangeTrigger) bool { return a.At.Equal(b.At) && a.Family == b.Family }
+	if !slices.EqualFunc(got, want, same) || len(triggers) != 1 {
 		t.Errorf("triggers %v, want %v for demo/web", triggers, want)
 	}
 	if _, _, got := tr.take(); got != nil {
@@ -866,7 +879,7 @@ func TestClusterTriggersWaitForTheirService(t *testing.T) {
 		if got != n+1 {
 			t.Fatalf("%d snapshots after the Service came, want %d", got, n+1)
 		}
-		if tr := r.last().ChangeTriggers; len(tr) != 1 || !tr[0].Equal(at) {
+		if tr := r.last().ChangeTriggers; len(tr) != 1 || !tr[0].At.Equal(at) || tr[0].Family != state.IPv4 {
 			t.Fatalf("the Service's snapshot carries triggers %v, want the slice's %v", tr, at)
 		}
 

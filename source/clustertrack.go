@@ -34,9 +34,9 @@ type tracker struct {
 	dirty    map[objectRef]bool
 	all      bool // rebuild every Service
 	labels   map[string]string
-	triggers map[objectRef][]time.Time // of the EndpointSlice changes since the last take, by Service
-	ntrig    int                       // in triggers
-	host     bool                      // this host's addresses changed (see hostChanged)
+	triggers map[objectRef][]state.ChangeTrigger // of the EndpointSlice changes since the last take, by Service
+	ntrig    int                                 // in triggers
+	host     bool                                // this host's addresses changed (see hostChanged)
 }
 
 func newTracker() *tracker {
@@ -49,11 +49,21 @@ const maxPendingTriggers = 10000
 // triggered records when the change an EndpointSlice brings was triggered,
 // from its endpoints.kubernetes.io/last-change-trigger-time annotation
 // (which the EndpointSlice controller sets), as kube-proxy's change
-// tracker does: not for objects older than the tracker, whose latency
-// would be the proxy's start-up.
+// tracker of the slice's IP family does: not for objects older than the
+// tracker, whose latency would be the proxy's start-up, nor for FQDN
+// slices, which no proxier reads.
 func (t *tracker) triggered(s *discoveryv1.EndpointSlice) {
 	v, ok := s.Annotations[corev1.EndpointsLastChangeTriggerTime]
 	if !ok {
+		return
+	}
+	var family state.IPFamily
+	switch s.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		family = state.IPv4
+	case discoveryv1.AddressTypeIPv6:
+		family = state.IPv6
+	default:
 		return
 	}
 	at, err := time.Parse(time.RFC3339Nano, v)
@@ -61,19 +71,19 @@ func (t *tracker) triggered(s *discoveryv1.EndpointSlice) {
 		return
 	}
 	t.mu.Lock()
-	t.addTriggers(sliceOwner(s), at)
+	t.addTriggers(sliceOwner(s), state.ChangeTrigger{At: at, Family: family})
 	t.mu.Unlock()
 }
 
 // addTriggers records trigger times of the Service ref, up to
 // maxPendingTriggers in all. t.mu must be held.
-func (t *tracker) addTriggers(ref objectRef, at ...time.Time) {
+func (t *tracker) addTriggers(ref objectRef, at ...state.ChangeTrigger) {
 	at = at[:min(len(at), maxPendingTriggers-t.ntrig)]
 	if len(at) == 0 {
 		return
 	}
 	if t.triggers == nil {
-		t.triggers = make(map[objectRef][]time.Time)
+		t.triggers = make(map[objectRef][]state.ChangeTrigger)
 	}
 	t.triggers[ref] = append(t.triggers[ref], at...)
 	t.ntrig += len(at)
@@ -86,8 +96,8 @@ const maxTriggerWait = 10 * time.Minute
 
 // keepTriggers puts back the trigger times of ref, a Service that does
 // not exist yet, those younger than maxTriggerWait.
-func (t *tracker) keepTriggers(ref objectRef, at []time.Time, now time.Time) {
-	at = slices.DeleteFunc(slices.Clone(at), func(a time.Time) bool { return now.Sub(a) > maxTriggerWait })
+func (t *tracker) keepTriggers(ref objectRef, at []state.ChangeTrigger, now time.Time) {
+	at = slices.DeleteFunc(slices.Clone(at), func(a state.ChangeTrigger) bool { return now.Sub(a.At) > maxTriggerWait })
 	t.mu.Lock()
 	t.addTriggers(ref, at...)
 	t.mu.Unlock()
@@ -132,7 +142,7 @@ func (t *tracker) takeHost() bool {
 
 // take returns and clears what was marked, and the change trigger times
 // recorded.
-func (t *tracker) take() (dirty map[objectRef]bool, all bool, triggers map[objectRef][]time.Time) {
+func (t *tracker) take() (dirty map[objectRef]bool, all bool, triggers map[objectRef][]state.ChangeTrigger) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	dirty, all, triggers = t.dirty, t.all, t.triggers

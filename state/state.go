@@ -300,15 +300,23 @@ type Snapshot struct {
 	ports map[ServicePortName]*ServicePort
 	names []ServicePortName // sorted
 
-	// ChangeTriggers are the times the changes this snapshot brings were
-	// triggered (the EndpointSlices' endpoints.kubernetes.io/
-	// last-change-trigger-time), for the network programming latency
-	// kube-proxy reports. They do not take part in comparisons.
-	ChangeTriggers []time.Time
+	// ChangeTriggers are when the changes this snapshot brings were
+	// triggered, for the network programming latency kube-proxy reports.
+	// They do not take part in comparisons.
+	ChangeTriggers []ChangeTrigger
 	// Changes names the Services whose change this snapshot brings, for
 	// the change counts kube-proxy reports. They do not take part in
 	// comparisons.
 	Changes Changes
+}
+
+// ChangeTrigger is when a change of one IP family's endpoints was
+// triggered: an EndpointSlice's endpoints.kubernetes.io/
+// last-change-trigger-time, and the slice's address type. kube-proxy
+// observes the latency in the proxier of that family alone.
+type ChangeTrigger struct {
+	At     time.Time
+	Family IPFamily
 }
 
 // NewSnapshot builds a Snapshot from service ports. A later port with the
