@@ -146,6 +146,13 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		} else {
 			line("affinity", "none: round robin")
 		}
+		switch {
+		case sp.ProxyProtocol == state.ProxyProtocolNone:
+		case sp.Name.Protocol == state.TCP:
+			line("proxy header", "PROXY protocol %s: each connection to an endpoint starts with one, naming the client and the frontend it addressed", sp.ProxyProtocol)
+		default:
+			line("proxy header", "PROXY protocol %s asked for, not sent: it is sent on TCP ports only", sp.ProxyProtocol)
+		}
 		policy := func(local bool) string {
 			if local {
 				return "Local"

@@ -10,10 +10,12 @@ import (
 // fieldLine returns the line (from 1) of field in doc, a YAML or JSON
 // document: the line of its key, or of the list element a path ending in an
 // index names. field is a path as the validation writes it, e.g.
-// "spec.ports[1].nodePort". A field that is missing (a warning may be about
-// one not set) gives the line of the deepest part of the path that is
-// there. It returns 0 when doc does not parse or has none of the path; the
-// caller then keeps the document's first line.
+// "spec.ports[1].nodePort" or "metadata.annotations[example.com/key]" (a
+// bracket holding other than a number is a map key, which may hold dots).
+// A field that is missing (a warning may be about one not set) gives the
+// line of the deepest part of the path that is there. It returns 0 when
+// doc does not parse or has none of the path; the caller then keeps the
+// document's first line.
 func fieldLine(doc []byte, field string) int {
 	if field == "" {
 		return 0
@@ -23,7 +25,7 @@ func fieldLine(doc []byte, field string) int {
 		return 0
 	}
 	n, line := root.Content[0], 0
-	for seg := range strings.SplitSeq(field, ".") {
+	for _, seg := range splitPath(field) {
 		key, indexes, _ := strings.Cut(seg, "[")
 		v, keyLine := mappingValue(n, key)
 		if v == nil {
@@ -34,8 +36,17 @@ func fieldLine(doc []byte, field string) int {
 			if idx == "" {
 				continue
 			}
-			i, err := strconv.Atoi(strings.TrimSuffix(idx, "]"))
-			if err != nil || n.Kind != yaml.SequenceNode || i < 0 || i >= len(n.Content) {
+			idx = strings.TrimSuffix(idx, "]")
+			i, err := strconv.Atoi(idx)
+			if err != nil {
+				// A map key: annotations[example.com/key].
+				if v, keyLine := mappingValue(n, idx); v != nil {
+					n, line = v, keyLine
+					continue
+				}
+				return line
+			}
+			if n.Kind != yaml.SequenceNode || i < 0 || i >= len(n.Content) {
 				return line
 			}
 			n = n.Content[i]
@@ -43,6 +54,26 @@ func fieldLine(doc []byte, field string) int {
 		}
 	}
 	return line
+}
+
+// splitPath splits field at the dots outside brackets.
+func splitPath(field string) []string {
+	var out []string
+	depth, start := 0, 0
+	for i := 0; i < len(field); i++ {
+		switch field[i] {
+		case '[':
+			depth++
+		case ']':
+			depth--
+		case '.':
+			if depth == 0 {
+				out = append(out, field[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(out, field[start:])
 }
 
 // mappingValue returns the value of key in mapping n, and the line of the

@@ -19,6 +19,32 @@ import (
 // one serves. kube-proxy defines it in pkg/proxy/apis; k8s.io/api does not.
 const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 
+// AnnotationProxyProtocol asks the proxy to send a Service's endpoints the
+// PROXY protocol header ahead of every TCP connection, to tell them the
+// client's address: "v1" for the text header, "v2" for the binary one.
+// It is this proxy's own: kube-proxy knows nothing of it. Without it no
+// header is sent.
+const AnnotationProxyProtocol = "kube-userspace-proxy.io/proxy-protocol"
+
+// proxyProtocolField is where AnnotationProxyProtocol is, as problems
+// name it.
+const proxyProtocolField = "metadata.annotations[" + AnnotationProxyProtocol + "]"
+
+// proxyProtocol reads AnnotationProxyProtocol: none when it is absent, an
+// error when its value is neither v1 nor v2.
+func proxyProtocol(svc *corev1.Service) (state.ProxyProtocol, error) {
+	v, ok := svc.Annotations[AnnotationProxyProtocol]
+	switch {
+	case !ok:
+		return state.ProxyProtocolNone, nil
+	case v == "v1":
+		return state.ProxyProtocolV1, nil
+	case v == "v2":
+		return state.ProxyProtocolV2, nil
+	}
+	return state.ProxyProtocolNone, fmt.Errorf("unknown PROXY protocol version %q (want v1 or v2)", v)
+}
+
 // maxAffinitySeconds is the API server's upper bound on
 // sessionAffinityConfig.clientIP.timeoutSeconds (one day).
 const maxAffinitySeconds = 86400
@@ -260,6 +286,10 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 	}
 	sourceRanges := b.sourceRanges(svc, ref)
 	affinity := b.affinity(svc, ref)
+	proxyProto, err := proxyProtocol(svc)
+	if err != nil {
+		b.report("Service", ref, proxyProtocolField, fmt.Errorf("%w; served without a PROXY protocol header", err))
+	}
 
 	internalLocal := false
 	if p := svc.Spec.InternalTrafficPolicy; p != nil {
@@ -321,6 +351,7 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 			IPFamilies:               families,
 			Affinity:                 affinity,
 			InternalLocal:            internalLocal,
+			ProxyProtocol:            proxyProto,
 		}
 		// Only an externally reachable port has external traffic to keep
 		// local (kube-proxy's ExternallyAccessible).

@@ -11,6 +11,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 // This file checks, for objects read from a file, what the API server
@@ -170,6 +172,18 @@ func validateService(svc *corev1.Service) []finding {
 		case p.NodePort != 0 && (p.NodePort < defaultNodePortMin || p.NodePort > defaultNodePortMax):
 			fs.warnf(pp.Child("nodePort"), "%d is outside %d-%d, the default --service-node-port-range: a cluster with that range would refuse it (served here all the same)",
 				p.NodePort, defaultNodePortMin, defaultNodePortMax)
+		}
+	}
+
+	switch v, err := proxyProtocol(svc); {
+	case err != nil:
+		fs.errorf(field.NewPath("metadata", "annotations").Key(AnnotationProxyProtocol), "%s", err)
+	case v != state.ProxyProtocolNone:
+		for i, p := range svc.Spec.Ports {
+			if proto := orTCP(p.Protocol); proto != corev1.ProtocolTCP {
+				fs.warnf(spec.Child("ports").Index(i).Child("protocol"), "the PROXY protocol header (annotation %s) is sent on TCP ports only: this %s port is served without it",
+					AnnotationProxyProtocol, proto)
+			}
 		}
 	}
 

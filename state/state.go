@@ -130,6 +130,31 @@ func (a Affinity) TTL() time.Duration {
 	return a.Timeout
 }
 
+// ProxyProtocol is the PROXY protocol header the proxy sends an endpoint
+// ahead of a TCP connection's data, to tell it the client's address
+// (https://www.haproxy.org/download/2.9/doc/proxy-protocol.txt).
+type ProxyProtocol uint8
+
+// The PROXY protocol versions. The zero value sends no header.
+const (
+	ProxyProtocolNone ProxyProtocol = iota
+	ProxyProtocolV1                 // the text header, "PROXY TCP4 ..."
+	ProxyProtocolV2                 // the binary header
+)
+
+// String returns "v1", "v2", or "none".
+func (v ProxyProtocol) String() string {
+	switch v {
+	case ProxyProtocolV1:
+		return "v1"
+	case ProxyProtocolV2:
+		return "v2"
+	case ProxyProtocolNone:
+		return "none"
+	}
+	return fmt.Sprintf("ProxyProtocol(%d)", uint8(v))
+}
+
 // Endpoint is one backend address of a service port.
 type Endpoint struct {
 	Addr netip.AddrPort
@@ -177,6 +202,10 @@ type ServicePort struct {
 	ExternalLocal bool
 	// HealthCheckNodePort is spec.healthCheckNodePort, or 0.
 	HealthCheckNodePort uint16
+	// ProxyProtocol is the PROXY protocol header sent to endpoints at the
+	// start of every connection, as the Service's annotation asks. The
+	// data plane sends it on TCP ports only. The zero value sends none.
+	ProxyProtocol ProxyProtocol
 
 	// ClusterEndpoints are the endpoints for traffic that may go anywhere in
 	// the cluster: the ready ones allowed by topology, else the serving and
@@ -290,6 +319,7 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 		sp.Affinity == o.Affinity &&
 		sp.InternalLocal == o.InternalLocal && sp.ExternalLocal == o.ExternalLocal &&
 		sp.HealthCheckNodePort == o.HealthCheckNodePort &&
+		sp.ProxyProtocol == o.ProxyProtocol &&
 		slices.Equal(sp.ClusterEndpoints, o.ClusterEndpoints) &&
 		slices.Equal(sp.LocalEndpoints, o.LocalEndpoints)
 }

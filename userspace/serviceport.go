@@ -97,6 +97,10 @@ type servicePort struct {
 	// keep some sources out to the sources it admits; nil when none does.
 	// Only sockets bound to a load-balancer IP check it.
 	sources atomic.Pointer[map[netip.Addr][]netip.Prefix]
+	// proxyProtocol is the state.ProxyProtocol new TCP connections send
+	// their endpoint ahead of the client's data; always none on UDP and
+	// SCTP ports.
+	proxyProtocol atomic.Uint32
 
 	spec      *state.ServicePort
 	proxyPort uint16
@@ -116,8 +120,22 @@ func newServicePort(p *Proxier, spec *state.ServicePort) *servicePort {
 	}
 	sp.internal = newBalancer(p.cfg.Clock, spec.InternalEndpoints(), spec.Affinity)
 	sp.setExternal(spec)
+	sp.setProxyProtocol(state.ProxyProtocolNone, spec.ProxyProtocol)
 	sp.spec = spec
 	return sp
+}
+
+// setProxyProtocol makes new connections send the PROXY protocol header
+// of version v (old is the one asked for before). Only TCP connections
+// send one: a UDP or SCTP port says so once, when asked for one.
+func (sp *servicePort) setProxyProtocol(old, v state.ProxyProtocol) {
+	if sp.proto != state.TCP && v != state.ProxyProtocolNone {
+		if old == state.ProxyProtocolNone {
+			klog.InfoS("The PROXY protocol is sent on TCP ports only; this port is served without it", "service", sp.name, "proxyProtocol", v)
+		}
+		v = state.ProxyProtocolNone
+	}
+	sp.proxyProtocol.Store(uint32(v))
 }
 
 func (sp *servicePort) setExternal(spec *state.ServicePort) {
@@ -142,8 +160,8 @@ func (sp *servicePort) separate(b *balancer, own bool, eps []state.Endpoint, spe
 	return newBalancer(sp.p.cfg.Clock, eps, spec.Affinity)
 }
 
-// update swaps in a new spec: endpoints and affinity take effect for the
-// next connection.
+// update swaps in a new spec: endpoints, affinity and the PROXY protocol
+// header take effect for the next connection.
 func (sp *servicePort) update(spec *state.ServicePort) {
 	old := sp.spec
 	internal := spec.InternalEndpoints()
@@ -158,6 +176,12 @@ func (sp *servicePort) update(spec *state.ServicePort) {
 	}
 	sp.internal.update(internal, spec.Affinity)
 	sp.setExternal(spec)
+	if spec.ProxyProtocol != old.ProxyProtocol {
+		sp.setProxyProtocol(old.ProxyProtocol, spec.ProxyProtocol)
+		if sp.proto == state.TCP {
+			klog.V(2).InfoS("PROXY protocol header for new connections changed", "service", sp.name, "proxyProtocol", spec.ProxyProtocol)
+		}
+	}
 	sp.spec = spec
 	if sp.proto == state.UDP && (!slices.Equal(old.ClusterEndpoints, spec.ClusterEndpoints) || !slices.Equal(old.LocalEndpoints, spec.LocalEndpoints)) {
 		// A UDP session has no end the client shows us: one to an endpoint

@@ -5,6 +5,7 @@ package userspace
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -76,6 +77,10 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 		return
 	}
 	b := l.sp.balancer(l.role, client.Addr())
+	var header []byte
+	if v := state.ProxyProtocol(l.sp.proxyProtocol.Load()); v != state.ProxyProtocolNone {
+		header = l.proxyHeader(v, c, client)
+	}
 	backend, ep, err := dialWithFailover(p, b, client, l.sp, p.stats.tcpDialCounters(),
 		func(ctx context.Context, ep netip.AddrPort) (*net.TCPConn, error) {
 			d := net.Dialer{KeepAliveConfig: keepAlive}
@@ -83,7 +88,14 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 			if err != nil {
 				return nil, err
 			}
-			return c.(*net.TCPConn), nil
+			tc := c.(*net.TCPConn)
+			if header != nil {
+				if err := sendHeader(ctx, tc, header); err != nil {
+					resetTCP(tc)
+					return nil, err
+				}
+			}
+			return tc, nil
 		})
 	if err != nil {
 		resetTCP(c)
@@ -107,6 +119,35 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	p.wg.Add(2)
 	go t.copyToBackend()
 	go t.copyToClient()
+}
+
+// proxyHeader returns the PROXY protocol header of version v for
+// connection c from client: to the frontend the client addressed, the
+// original destination of a redirected connection, else the address it
+// reached the socket at.
+func (l *tcpListener) proxyHeader(v state.ProxyProtocol, c *net.TCPConn, client netip.AddrPort) []byte {
+	var dst netip.AddrPort
+	if l.role.redirected() {
+		dst, _ = connOriginalDst(c, familyOf(client.Addr()) == familyIPv6)
+	}
+	if !dst.IsValid() {
+		dst = addrPortOf(c.LocalAddr())
+	}
+	return appendProxyHeader(make([]byte, 0, maxProxyHeader), v, client, dst)
+}
+
+// sendHeader writes the PROXY protocol header to a new endpoint
+// connection, before anything of the client's, within the dial's time: an
+// endpoint that cannot take it counts as a failed dial, and the next
+// endpoint gets it.
+func sendHeader(ctx context.Context, backend *net.TCPConn, header []byte) error {
+	if d, ok := ctx.Deadline(); ok {
+		_ = backend.SetWriteDeadline(d)
+	}
+	if _, err := backend.Write(header); err != nil {
+		return fmt.Errorf("send the PROXY protocol header: %w", err)
+	}
+	return backend.SetWriteDeadline(time.Time{})
 }
 
 func (s *Stats) tcpDialCounters() dialCounters {

@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 // On Linux TCP is served by the event loops (eventloop_linux.go): the loop
@@ -294,9 +296,13 @@ type tcpConn struct {
 	// that has something to read.
 	readable, hup [2]bool
 	halfClosed    bool
-	lastProgress  time.Time
-	dialDeadline  time.Time
-	timer         timerEntry
+	// header is the PROXY protocol header, which goes to the endpoint
+	// before any byte of the client's; nil without one, or once sent. A
+	// pointer, so connections without one stay as small as they were.
+	header       *pendingHeader
+	lastProgress time.Time
+	dialDeadline time.Time
+	timer        timerEntry
 
 	clientSide, backendSide connSide
 }
@@ -380,11 +386,61 @@ func startConn(lp *eventLoop, l *tcpListener, cfd int, client netip.AddrPort) {
 		resetFD(cfd)
 		return
 	}
+	if v := state.ProxyProtocol(l.sp.proxyProtocol.Load()); v != state.ProxyProtocolNone {
+		c.header = l.proxyHeader(v, cfd, client)
+	}
 	if err := lp.register(cfd, connEvents, &c.clientSide); err != nil {
 		resetFD(cfd)
 		return
 	}
 	c.dial(ep)
+}
+
+// pendingHeader is a connection's PROXY protocol header and how much of
+// it the endpoint has taken.
+type pendingHeader struct {
+	buf     [maxProxyHeader]byte
+	n, sent int
+}
+
+// proxyHeader returns the PROXY protocol header of version v for the
+// connection cfd from client: to the frontend the client addressed, the
+// original destination of a redirected connection, else the address it
+// reached the socket at.
+func (l *tcpListener) proxyHeader(v state.ProxyProtocol, cfd int, client netip.AddrPort) *pendingHeader {
+	var dst netip.AddrPort
+	if l.role.redirected() {
+		dst, _ = originalDst(cfd, familyOf(client.Addr()) == familyIPv6)
+	}
+	if !dst.IsValid() {
+		dst, _ = rawGetsockname(cfd)
+	}
+	h := &pendingHeader{}
+	h.n = len(appendProxyHeader(h.buf[:0], v, client, dst))
+	return h
+}
+
+// sendHeader writes what remains of the PROXY protocol header to the
+// endpoint. It reports false when the endpoint cannot take more now
+// (EPOLLOUT brings us back) or the connection was aborted (c.closed).
+func (c *tcpConn) sendHeader() bool {
+	h := c.header
+	for h.sent < h.n {
+		n, err := rawWrite(c.bfd, h.buf[h.sent:h.n])
+		switch err {
+		case nil:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		default:
+			c.abortBecause(sideFailed("endpoint", false, err))
+			return false
+		}
+		h.sent += n
+	}
+	c.header = nil
+	return true
 }
 
 // dial starts a non-blocking connect to ep with the timeout of this
@@ -522,6 +578,9 @@ func (c *tcpConn) pumpDir(i int) bool {
 		src, dst = c.bfd, c.cfd
 		from, to = to, from
 		counter = &p.stats.BytesToClient
+	}
+	if i == 0 && c.header != nil && !c.sendHeader() {
+		return !c.closed // the client's bytes wait for the header
 	}
 	d := &c.dirs[i]
 	progress := func(n int) {
