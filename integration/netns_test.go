@@ -276,13 +276,15 @@ func startBackend(t *testing.T, ns netns, ports ...string) {
 // clientResult is what a client helper saw.
 type clientResult struct {
 	Reply string `json:"reply"`
-	From  string `json:"from"` // the UDP reply's source address
+	From  string `json:"from"`  // the UDP reply's source address
+	Local string `json:"local"` // the TCP client's own address
 	Err   string `json:"err"`
 }
 
 // dial runs one client exchange from ns: proto is tcp, udp or
 // udp-connected (a connected socket, which sees ICMP errors); srcPort 0
-// lets the kernel choose.
+// lets the kernel choose. A TCP client with an empty payload sends
+// nothing and reads what the server says.
 func dial(t *testing.T, ns netns, proto, addr, payload string, srcPort int) clientResult {
 	t.Helper()
 	self, err := os.Executable()
@@ -407,8 +409,11 @@ func runClient() {
 			return
 		}
 		defer c.Close()
+		r.Local = c.LocalAddr().String()
 		c.SetDeadline(deadline)
-		fmt.Fprintln(c, payload)
+		if payload != "" { // "": a server that speaks first
+			fmt.Fprintln(c, payload)
+		}
 		b, err := io.ReadAll(c)
 		r.Reply = strings.TrimSpace(string(b))
 		if err != nil || r.Reply == "" {
