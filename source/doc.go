@@ -11,8 +11,10 @@
 // label and to its ports by name and protocol, ready endpoints else serving
 // and terminating ones, topology hints all or nothing, node-local sets, and
 // addresses the proxy refuses (link-local such as 169.254.169.254,
-// multicast, unspecified, and loopback unless allowed). BuildSnapshot does
-// all this as a pure function of plain API objects.
+// multicast, unspecified, and loopback unless allowed). It also reads this
+// proxy's own annotation, AnnotationProxyProtocol (the PROXY protocol
+// header a Service's endpoints get). BuildSnapshot does all this as a pure
+// function of plain API objects.
 //
 // It also owns the manifest source (--manifests PATH): ParseManifests
 // decodes and validates the same YAML documents `kubectl apply -f` takes,

@@ -3,9 +3,13 @@ package source
 import (
 	"errors"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -114,6 +118,55 @@ spec:
 			if sp.ProxyProtocol != state.ProxyProtocolV1 {
 				t.Errorf("%s: ProxyProtocol %v, want v1 (the data plane applies it to TCP only)", sp.Name, sp.ProxyProtocol)
 			}
+		}
+	})
+}
+
+// TestClusterProxyProtocol: from the API server, the annotation follows
+// the Service as it changes; a bad value serves the Service without a
+// header and reports the problem, naming the Service and the annotation.
+func TestClusterProxyProtocol(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var ignored []error
+		client := fake.NewClientset(service("web"), webSlice("1", "10.0.0.1"))
+		r := runCluster(t, client, func(c *Cluster) {
+			c.Ignored = func(p []error) { mu.Lock(); ignored = p; mu.Unlock() }
+		})
+		settle()
+		annotate := func(rv, v string) {
+			t.Helper()
+			svc := service("web", func(s *corev1.Service) {
+				s.ResourceVersion = rv
+				if v != "-" {
+					s.Annotations = map[string]string{AnnotationProxyProtocol: v}
+				}
+			})
+			if _, err := client.CoreV1().Services("demo").Update(t.Context(), svc, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			settle()
+		}
+		expect := func(want state.ProxyProtocol, problems []string) {
+			t.Helper()
+			if got := r.last().Get(webHTTP).ProxyProtocol; got != want {
+				t.Errorf("ProxyProtocol %v, want %v", got, want)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			checkProblems(t, ignored, problems)
+		}
+		expect(state.ProxyProtocolNone, nil)
+		annotate("2", "v2")
+		expect(state.ProxyProtocolV2, nil)
+		annotate("3", "v9")
+		expect(state.ProxyProtocolNone, []string{`Service demo/web: metadata.annotations[kube-userspace-proxy.io/proxy-protocol]: unknown PROXY protocol version "v9" (want v1 or v2); served without a PROXY protocol header`})
+		annotate("4", "v1")
+		expect(state.ProxyProtocolV1, nil)
+		annotate("5", "-")
+		expect(state.ProxyProtocolNone, nil)
+		if n, _, _ := r.counts(); n != 5 {
+			t.Fatalf("applied %d snapshots, want 5: each change of the annotation is one", n)
 		}
 	})
 }

@@ -14,8 +14,10 @@
 //     failover to another endpoint when a dial fails (the failed endpoint
 //     is passed over for a moment);
 //   - TCP: half-close passed on, a bound on half-closed connections, resets
-//     passed on, a reset for "no endpoints", and splice(2) through pipes
-//     taken from a pool only while data is in flight;
+//     passed on, a reset for "no endpoints", splice(2) through pipes
+//     taken from a pool only while data is in flight, and the PROXY
+//     protocol header ahead of the client's bytes when the Service asks
+//     (proxyproto.go);
 //   - UDP sessions: batched reads, 64 KiB datagrams passed whole, an idle
 //     timeout and a longer wait for replies, a cap per service port, and
 //     replies sent from the address the client sent to;
