@@ -316,6 +316,16 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 		healthCheck = uint16(hc)
 	}
 
+	// As kube-proxy: external traffic is kept local for a Service that is
+	// externally accessible (ExternallyAccessible: a LoadBalancer or a
+	// NodePort, or a ClusterIP with external IPs), and a LoadBalancer's
+	// health check node port is served (NeedsHealthCheck) whatever its
+	// node ports and ingress: a cloud load balancer may probe it before
+	// either exists, or reach the Service through a hostname or a
+	// Proxy-mode IP the proxy does not capture.
+	typ := svc.Spec.Type
+	accessible := typ == corev1.ServiceTypeLoadBalancer || typ == corev1.ServiceTypeNodePort ||
+		(typ == "" || typ == corev1.ServiceTypeClusterIP) && len(svc.Spec.ExternalIPs) > 0
 	var out []state.ServicePort
 	seen := make(map[state.ServicePortName]bool, len(svc.Spec.Ports))
 	for i, p := range svc.Spec.Ports {
@@ -353,12 +363,11 @@ func (b *builder) service(svc *corev1.Service) []state.ServicePort {
 			InternalLocal:            internalLocal,
 			ProxyProtocol:            proxyProto,
 		}
-		// Only an externally reachable port has external traffic to keep
-		// local (kube-proxy's ExternallyAccessible).
-		reachable := sp.NodePort != 0 || len(externalIPs) > 0 || len(lbIPs) > 0
-		if externalLocal && reachable {
+		if externalLocal && accessible {
 			sp.ExternalLocal = true
-			sp.HealthCheckNodePort = healthCheck
+			if typ == corev1.ServiceTypeLoadBalancer {
+				sp.HealthCheckNodePort = healthCheck
+			}
 		}
 		out = append(out, sp)
 	}

@@ -340,6 +340,28 @@ func TestBuildSnapshotServices(t *testing.T) {
 			})},
 		},
 		{
+			// kube-proxy's NeedsHealthCheck: no node port and no
+			// ingress yet, or one the proxy does not capture.
+			name: "a LoadBalancer without node ports or ingress keeps its health check",
+			services: []*corev1.Service{service("web", func(s *corev1.Service) {
+				s.Spec.Type = corev1.ServiceTypeLoadBalancer
+				s.Spec.AllocateLoadBalancerNodePorts = ptr(false)
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.HealthCheckNodePort = 32000
+			})},
+			want: []state.ServicePort{with(func(sp *state.ServicePort) { sp.ExternalLocal, sp.HealthCheckNodePort = true, 32000 })},
+		},
+		{
+			name: "a NodePort Service serves no health check",
+			services: []*corev1.Service{service("web", func(s *corev1.Service) {
+				s.Spec.Type = corev1.ServiceTypeNodePort
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.HealthCheckNodePort = 32000
+				s.Spec.Ports[0].NodePort = 30080
+			})},
+			want: []state.ServicePort{with(func(sp *state.ServicePort) { sp.NodePort, sp.ExternalLocal = 30080, true })},
+		},
+		{
 			name: "external traffic policy Local on an unreachable port means nothing",
 			services: []*corev1.Service{service("web", func(s *corev1.Service) {
 				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
