@@ -132,7 +132,8 @@ endpoints: [{addresses: ["198.18.12.2"], nodeName: other}]
 }
 
 // hcDropManifest is a dual-stack LoadBalancer Service with
-// externalTrafficPolicy: Local, its endpoint on this node, and a
+// externalTrafficPolicy: Local, an IPv4 endpoint (and no IPv6 one) on this
+// node, and a
 // health-check node port.
 const hcDropManifest = `apiVersion: v1
 kind: Service
@@ -180,9 +181,12 @@ func TestBinaryHealthCheckNodePortThroughDropPolicy(t *testing.T) {
 	px.waitLog(0, `"Serving health check node port"`, 1, 30*time.Second)
 
 	expectReply(t, w.outside, "tcp", nodeOutSide+":30061", "be1:ping")
-	for _, url := range []string{"http://" + nodeOutSide + ":30100/", "http://[fd5e:b1b5:11::1]:30100/"} {
-		if code, body := curlCodeIn(t, w.outside, url); code != "200" || !strings.Contains(body, `"localEndpoints":1`) {
-			t.Errorf("health check %s from outside: %q %q; want 200 with one local endpoint", url, code, body)
+	// Each family's check is answered, from that family's endpoints: the
+	// node has an IPv4 one and no IPv6 one.
+	for url, want := range map[string]string{"http://" + nodeOutSide + ":30100/": "200", "http://[fd5e:b1b5:11::1]:30100/": "503"} {
+		n := map[string]string{"200": "1", "503": "0"}[want]
+		if code, body := curlCodeIn(t, w.outside, url); code != want || !strings.Contains(body, `"localEndpoints":`+n) {
+			t.Errorf("health check %s from outside: %q %q; want %s with %s local endpoints", url, code, body, want, n)
 		}
 	}
 	var accepts []string

@@ -24,8 +24,9 @@ import (
 // one (LoadBalancer Services with externalTrafficPolicy: Local), as
 // kube-proxy does. A cloud load balancer asks every node on that port and
 // sends the Service's traffic only to the nodes that answer 200, those with
-// a ready endpoint of the Service; the others answer 503. Without an answer
-// at all, every node looks down and the Service gets no traffic.
+// a ready endpoint of the Service in the IP family the check came by; the
+// others answer 503. Without an answer at all, every node looks down and
+// the Service gets no traffic.
 //
 // The port is a plain listener whatever the portal: kube-proxy does not
 // redirect it either.
@@ -49,22 +50,33 @@ type healthServer struct {
 	port    uint16
 	healthy func() bool      // proxyHealthy
 	addrs   []netip.AddrPort // listened on; nil for the wildcard
-	status  atomic.Pointer[healthStatus]
+	status  atomic.Pointer[healthService]
 	srv     *http.Server
 	done    chan struct{} // closed when every Serve has returned
 }
 
-// healthStatus is what a health-check port reports.
+// healthService is what a health-check port knows of its Service.
+type healthService struct {
+	namespace, name string
+	// local counts this node's ready endpoints of the Service (distinct
+	// addresses over all its ports) in each IP family, as kube-proxy's
+	// proxier of that family counts them: it sees only the endpoints of
+	// its family, as the family's clients here do (a dual-stack Service's
+	// IPv6 traffic goes to its IPv6 endpoints alone).
+	local map[state.IPFamily]int
+}
+
+// healthStatus is what a health-check port answers, in kube-proxy's shape.
 type healthStatus struct {
 	Service struct {
 		Namespace string `json:"namespace"`
 		Name      string `json:"name"`
 	} `json:"service"`
-	// LocalEndpoints counts this node's ready endpoints of the Service
-	// (distinct addresses over all its ports), as kube-proxy counts them.
+	// LocalEndpoints counts this node's ready endpoints of the Service in
+	// the IP family the check came in by (see healthService.local).
 	LocalEndpoints int `json:"localEndpoints"`
 	// ServiceProxyHealthy says whether the proxy keeps up with its source
-	// (see proxyHealth); set when answering.
+	// (see proxyHealth).
 	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
 }
 
@@ -72,18 +84,15 @@ type healthStatus struct {
 // any more. A port that cannot be opened is reported; the others are
 // served.
 func (h *healthChecks) sync(s state.Snapshot) error {
-	want := make(map[uint16]*healthStatus)
+	want := make(map[uint16]*healthService)
 	addrsOf := make(map[uint16]map[netip.Addr]bool)
 	for sp := range s.All {
 		port := sp.HealthCheckNodePort
 		if port == 0 {
 			continue
 		}
-		st := want[port]
-		if st == nil {
-			st = &healthStatus{}
-			st.Service.Namespace, st.Service.Name = sp.Name.Namespace, sp.Name.Name
-			want[port] = st
+		if want[port] == nil {
+			want[port] = &healthService{namespace: sp.Name.Namespace, name: sp.Name.Name, local: make(map[state.IPFamily]int)}
 			addrsOf[port] = make(map[netip.Addr]bool)
 		}
 		for _, e := range sp.LocalEndpoints {
@@ -93,7 +102,9 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		}
 	}
 	for port, st := range want {
-		st.LocalEndpoints = len(addrsOf[port])
+		for a := range addrsOf[port] {
+			st.local[familyOf(a)]++
+		}
 	}
 
 	h.mu.Lock()
@@ -125,7 +136,7 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		}
 		srv, serr := startHealthServer(port, listenOn(listen, port), st, h.proxyHealthy)
 		if serr != nil {
-			errs = append(errs, fmt.Errorf("health check node port %d of Service %s/%s: %w", port, st.Service.Namespace, st.Service.Name, serr))
+			errs = append(errs, fmt.Errorf("health check node port %d of Service %s/%s: %w", port, st.namespace, st.name, serr))
 			continue
 		}
 		h.servers[port] = srv
@@ -133,7 +144,7 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		if srv.addrs != nil {
 			on = fmt.Sprint(srv.addrs)
 		}
-		klog.V(1).InfoS("Serving health check node port", "service", st.Service.Namespace+"/"+st.Service.Name, "port", port, "on", on)
+		klog.V(1).InfoS("Serving health check node port", "service", st.namespace+"/"+st.name, "port", port, "on", on)
 	}
 	return errors.Join(errs...)
 }
@@ -172,7 +183,7 @@ func listenOn(addrs []netip.Addr, port uint16) []netip.AddrPort {
 	return out
 }
 
-func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthStatus, healthy func() bool) (*healthServer, error) {
+func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, healthy func() bool) (*healthServer, error) {
 	s := &healthServer{port: port, healthy: healthy, addrs: addrs, done: make(chan struct{})}
 	s.status.Store(st)
 	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
@@ -214,10 +225,19 @@ func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthStatus, he
 	return s, nil
 }
 
-// ServeHTTP answers every request with the Service's status: 200 when this
-// node has a ready endpoint of it and the proxy keeps up, else 503.
-func (s *healthServer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	st := *s.status.Load()
+// ServeHTTP answers every request with the Service's status in the IP
+// family of the address the check came to: 200 when this node has a ready
+// endpoint of that family and the proxy keeps up, else 503. kube-proxy
+// serves each family from its own proxier (on an IPv4 and an IPv6 socket
+// since kubernetes#137370), so an IPv6 check learns whether IPv6 traffic
+// to this node finds an endpoint: a load balancer that checks over IPv6 and
+// sends IPv6 must not pick a node that drops it. One dual-stack socket
+// serves both families here; an IPv4-mapped address is IPv4.
+func (s *healthServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	svc := s.status.Load()
+	var st healthStatus
+	st.Service.Namespace, st.Service.Name = svc.namespace, svc.name
+	st.LocalEndpoints = svc.local[requestFamily(req)]
 	st.ServiceProxyHealthy = s.healthy == nil || s.healthy()
 	body, _ := json.Marshal(st)
 	w.Header().Set("Content-Type", "application/json")
@@ -229,6 +249,17 @@ func (s *healthServer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_, _ = w.Write(body)
+}
+
+// requestFamily is the IP family of the local address req came to (its
+// connection's); IPv4 when it has none, which no listener's request lacks.
+func requestFamily(req *http.Request) state.IPFamily {
+	if a, ok := req.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			return familyOf(ip)
+		}
+	}
+	return state.IPv4
 }
 
 // close stops the server and waits, a bounded time, for its requests.
