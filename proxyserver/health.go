@@ -6,7 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -182,22 +182,20 @@ func serveHealth(ctx context.Context, addr string, h http.Handler, retry time.Du
 	serveHTTP(ctx, "/healthz and /livez", "--healthz-bind-address", addr, h, retry)
 }
 
-// serveHTTP serves h on addr (ip:port) until ctx is done: 0.0.0.0 is
-// every IPv4 address and [::] every IPv6 one, as kube-proxy reads them. A
+// serveHTTP serves h on addr (ip:port) until ctx is done. As kube-proxy
+// listens (netutils.MultiListen with "tcp"), 0.0.0.0 and [::] are each
+// every address of both families, one dual-stack socket (IPv4 alone on a
+// host with IPv6 off), and a specific address is that address alone. A
 // port it cannot take is logged, naming flag, and tried again every retry,
 // so what serves comes up once the port is free; the proxy serves traffic
 // meanwhile.
 func serveHTTP(ctx context.Context, what, flag, addr string, h http.Handler, retry time.Duration) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
-	network := "tcp6"
-	if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().Is4() {
-		network = "tcp4"
-	}
 	said := false
 	for {
-		ln, err := net.Listen(network, addr)
+		ln, err := net.Listen("tcp", addr)
 		if err == nil {
-			klog.InfoS("Serving "+what, "addr", ln.Addr().String())
+			klog.InfoS("Serving "+what, listening(addr, ln)...)
 			stop := context.AfterFunc(ctx, func() {
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				defer cancel()
@@ -219,4 +217,21 @@ func serveHTTP(ctx context.Context, what, flag, addr string, h http.Handler, ret
 		case <-time.After(retry):
 		}
 	}
+}
+
+// listening is the key-value pairs that tell where ln, listening on addr,
+// serves: its address, and on a wildcard the families it takes (a
+// dual-stack socket names itself [::] even when asked for 0.0.0.0, so addr
+// keeps the host asked for).
+func listening(addr string, ln net.Listener) []any {
+	ta, ok := ln.Addr().(*net.TCPAddr)
+	if !ok || !ta.IP.IsUnspecified() {
+		return []any{"addr", ln.Addr().String()}
+	}
+	families := "IPv4"
+	if ta.IP.To4() == nil {
+		families = "IPv4,IPv6"
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	return []any{"addr", net.JoinHostPort(host, strconv.Itoa(ta.Port)), "families", families}
 }
