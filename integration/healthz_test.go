@@ -67,3 +67,29 @@ func TestBinaryHealthzWhenPortalsFail(t *testing.T) {
 	px.waitLog(from, `"Sync recovered"`, 1, 10*time.Second)
 	expectReply(t, ns, "tcp", "198.18.0.30:80", "be1:ping")
 }
+
+// TestBinaryHealthzBeforeTheSourceDelivers: a proxy whose API server does
+// not answer (down while the proxy restarted) has nothing to serve, and
+// with the iptables portal its old rules send clients to proxy ports
+// nothing listens on: once twice --iptables-sync-period has passed with
+// nothing applied, /healthz answers 503 so load balancers go elsewhere,
+// while /livez stays 200, as a restart would not help.
+func TestBinaryHealthzBeforeTheSourceDelivers(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t, "node")
+	// Nothing listens on port 1 in the new namespace.
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	writeFile(t, kubeconfig, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`)
+	px := startCommand(t, "ip", "netns", "exec", string(ns), proxyBin, "--kubeconfig", kubeconfig, "--portal=none",
+		"--hostname-override=node", "--iptables-sync-period=1s", "-v=2")
+	px.waitLog(0, `"Serving /healthz and /livez" addr="0.0.0.0:10256"`, 1, 20*time.Second)
+	run := func(url string) (string, string) { return curlCodeIn(t, ns, url) }
+	healthzAnswers(t, run, "http://127.0.0.1:10256/healthz", "503", `"reason":"nothing applied yet: the source has not delivered Services and EndpointSlices`)
+	healthzAnswers(t, run, "http://127.0.0.1:10256/livez", "200", `"healthy":true`)
+}

@@ -18,7 +18,8 @@ import (
 // longer than timeout to be applied (its portal cannot be programmed, or
 // the loop is stuck; see syncLoop.run for what counts). It is healthy
 // before the first change, and whenever nothing waits. It also keeps whether this node may take load-balancer
-// traffic, which only /healthz reports.
+// traffic, which only /healthz reports: not once timeout has passed since
+// the start with nothing applied yet (see report).
 type proxyHealth struct {
 	timeout  time.Duration
 	now      func() time.Time
@@ -29,6 +30,8 @@ type proxyHealth struct {
 	// own, per family).
 	families []string
 
+	started time.Time // when the proxy started
+
 	mu           sync.Mutex // guards the fields below
 	lastUpdated  time.Time  // the last sync that applied everything offered
 	pendingSince time.Time  // when the oldest change not yet applied came; zero if none
@@ -36,7 +39,7 @@ type proxyHealth struct {
 }
 
 func newProxyHealth(timeout time.Duration) *proxyHealth {
-	return &proxyHealth{timeout: timeout, now: time.Now, families: []string{"IPv4", "IPv6"}}
+	return &proxyHealth{timeout: timeout, now: time.Now, families: []string{"IPv4", "IPv6"}, started: time.Now()}
 }
 
 // hostFamilies are the IP families this host can serve: IPv4, and IPv6
@@ -128,9 +131,21 @@ func (h *proxyHealth) report(withNode bool) (healthReport, int) {
 	now := h.now()
 	r := healthReport{CurrentTime: now, LastUpdated: h.lastUpdated, Healthy: h.healthyLocked(now)}
 	code := http.StatusOK
-	if r.Healthy {
+	switch {
+	case withNode && h.lastUpdated.IsZero() && now.Sub(h.started) > h.timeout:
+		// kube-proxy calls itself healthy until its first change: its
+		// rules from before a restart go on serving meanwhile. Ours send
+		// traffic to proxy ports nothing listens on yet, and the other
+		// portals serve nothing at all, so a node whose source has not
+		// delivered (an API server down while the proxy restarted) tells
+		// load balancers to go elsewhere. /livez stays 200: a restart
+		// would not help.
+		r.Healthy, code = false, http.StatusServiceUnavailable
+		r.Reason = "nothing applied yet: the source has not delivered Services and EndpointSlices in the " +
+			now.Sub(h.started).Round(time.Second).String() + " since the proxy started (see the log)"
+	case r.Healthy:
 		r.LastUpdated = now
-	} else {
+	default:
 		code = http.StatusServiceUnavailable
 		r.Reason = "a change has waited more than " + h.timeout.String() + " to be applied (see the sync errors in the log)"
 	}

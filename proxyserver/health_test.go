@@ -99,6 +99,16 @@ func TestHealthEndpoints(t *testing.T) {
 	}
 	h.setEligible("")
 
+	// Nothing applied a minute after the start: the source has not
+	// delivered, and the portal serves nothing the node is asked for.
+	h.started = clock.t.Add(-61 * time.Second)
+	if code, r := get("/healthz"); code != 503 || r.Healthy || r.Reason == "" || r.Status["IPv4"].Healthy {
+		t.Errorf("/healthz with nothing applied 61s after the start: %d %+v", code, r)
+	}
+	if code, r := get("/livez"); code != 200 || !r.Healthy {
+		t.Errorf("/livez with nothing applied 61s after the start: %d %+v, want 200 (a restart would not help)", code, r)
+	}
+
 	synced := clock.t
 	h.updated(synced, false)
 	h.queued()
