@@ -6,7 +6,9 @@
 // is an in-memory table for tests. StaleUDP is the pure decision: given
 // the portals of the previous and the new sync, which entries are stale
 // (its comment explains why endpoint changes need none in a userspace
-// proxy).
+// proxy). RemovedUDP gives the entries of rules that were removed
+// (--cleanup, a run with another portal, our chains in the other iptables
+// backend).
 //
 // It leaves deciding when to clean to the sync loop, and the portals
 // themselves to package portal.

@@ -91,6 +91,17 @@ func StaleUDP(old, new []portal.Portal) []Filter {
 	return slices.Compact(out)
 }
 
+// RemovedUDP returns the filters of the UDP conntrack entries that the
+// rules of removed portals made (portal.IPTables.Removed): every UDP
+// frontend of theirs with a proxy port, by its original destination
+// (port only for a node port). Whatever replaces the rules (none, the bind
+// portal, or a later run's rules), such an entry keeps its client on the
+// old mapping, REDIRECT or DNAT to a proxy port that may be closed or
+// serve another Service, for as long as the client keeps talking.
+func RemovedUDP(removed []portal.Portal) []Filter {
+	return StaleUDP(removed, nil)
+}
+
 func compareFilters(a, b Filter) int {
 	if c := int(a.Family) - int(b.Family); c != 0 {
 		return c

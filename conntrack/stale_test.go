@@ -84,6 +84,25 @@ func TestStaleUDP(t *testing.T) {
 	}
 }
 
+// TestRemovedUDP: the rules of removed portals leave every UDP frontend
+// with a proxy port stale, and nothing else.
+func TestRemovedUDP(t *testing.T) {
+	dnsPort := state.ServicePort{Name: dns, Port: 53, ClusterIPs: ips("198.18.0.53"), NodePort: 30053,
+		ClusterEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.2.1:53")}}}
+	webPort := state.ServicePort{Name: web, Port: 80, ClusterIPs: ips("198.18.0.10"), NodePort: 30080}
+	pp := map[state.ServicePortName]uint16{dns: 41235, web: 41234}
+	want := []Filter{
+		{Family: portal.IPv4, OrigDstPort: 30053},
+		{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.18.0.53"), OrigDstPort: 53},
+	}
+	if got := RemovedUDP(portals([]state.ServicePort{dnsPort, webPort}, pp)); !slices.Equal(got, want) {
+		t.Errorf("RemovedUDP =\n%v\nwant\n%v", got, want)
+	}
+	if got := RemovedUDP(nil); len(got) != 0 {
+		t.Errorf("RemovedUDP(nil) = %v, want nothing", got)
+	}
+}
+
 func TestFilterMatch(t *testing.T) {
 	// A pod's DNS flow REDIRECTed to the proxy port, and the proxy's own
 	// flow to the endpoint.

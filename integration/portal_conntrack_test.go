@@ -3,8 +3,10 @@
 package integration
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -79,6 +81,71 @@ func TestConntrackClearUDP(t *testing.T) {
 				t.Errorf("after the endpoint change: %+v, want an answer through the same proxy port", r)
 			}
 			px.do(proxyReq{Op: "cleanup"})
+		})
+	}
+}
+
+// TestBinaryRemovedRulesLeaveNoUDPEntries: the UDP conntrack entries the
+// iptables portal's rules made go with the rules, whoever removes them
+// (--cleanup, or a run with the bind portal or none). A client that keeps
+// its source port (a resolver, a DNS forwarder's pool) refreshes its entry
+// with every datagram, so one left behind keeps it on the dead proxy port
+// for ever. The kernel applies an entry's NAT only while some nat rule is
+// loaded in the namespace, so the node has one, as any real node has (a
+// CNI's or docker's MASQUERADE): without it the test would pass unfixed.
+func TestBinaryRemovedRulesLeaveNoUDPEntries(t *testing.T) {
+	for _, next := range []string{"cleanup", "bind", "none"} {
+		t.Run(next, func(t *testing.T) {
+			w := newWorld(t)
+			startBackend(t, w.backend, "8080=be1", "8081=be6")
+			w.node.mustRun(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "198.18.200.0/24", "-j", "MASQUERADE")
+			file := filepath.Join(t.TempDir(), "services.yaml")
+			writeFile(t, file, netnsManifest)
+			px := startNodeProxy(t, w, file, "--portal=iptables")
+			px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+			const srcPort = 45454 // the same 5-tuple every time
+			clients := []struct {
+				name string
+				from netns
+				addr string
+			}{
+				{"ClusterIP from the pod", w.pod, "198.18.0.53:53"},
+				{"NodePort from the outside", w.outside, nodeOutSide + ":30053"},
+			}
+			if next == "none" {
+				clients = clients[1:] // no portal: nothing serves the ClusterIP
+			}
+			for _, c := range clients {
+				if r := dial(t, c.from, "udp", c.addr, "ping", srcPort); !strings.HasPrefix(r.Reply, "be1:") {
+					t.Fatalf("%s through the iptables portal: reply %q, err %q", c.name, r.Reply, r.Err)
+				}
+			}
+			if _, ok := px.terminate(10 * time.Second); !ok {
+				t.Fatal("the proxy did not stop on SIGTERM")
+			}
+
+			mode := next
+			if next == "cleanup" {
+				if out, err := w.node.run(proxyBin, "--cleanup"); err != nil {
+					t.Fatalf("--cleanup: %v\n%s", err, out)
+				}
+				mode = "bind"
+			}
+			px = startNodeProxy(t, w, file, "--portal="+mode)
+			if next != "cleanup" {
+				px.waitLog(0, `"Removing the iptables portal's rules a previous run left`, 1, 30*time.Second)
+			}
+			px.waitLog(0, `"Serving".*via="node-port"`, 1, 30*time.Second)
+			px.waitLog(0, `"Serving".*198.18.0.53:53|"Serving".*:30053`, 1, 30*time.Second)
+			if left := ourRules(t, w.node, "nft"); len(left) > 0 {
+				t.Fatalf("iptables rules left: %v", left)
+			}
+			for _, c := range clients {
+				if r := dial(t, c.from, "udp", c.addr, "ping", srcPort); !strings.HasPrefix(r.Reply, "be1:") || r.From != c.addr {
+					t.Errorf("%s from the same source port once the rules are gone: reply %q from %q, err %q; conntrack holds:\n%s",
+						c.name, r.Reply, r.From, r.Err, w.node.mustRun(t, "conntrack", "-L", "-p", "udp"))
+				}
+			}
 		})
 	}
 }

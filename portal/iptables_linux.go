@@ -60,6 +60,7 @@ type IPTables struct {
 	mu       sync.Mutex   // serializes Sync and Cleanup; guards the fields below
 	fams     []*famTables // the chosen backend, one per family
 	leftover []*famTables // the other backend, where our chains are still to remove
+	removed  []Portal     // what removed rules held, until Removed hands it on
 }
 
 var _ Interface = (*IPTables)(nil)
@@ -277,7 +278,7 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 			ft.wrote = nil
 		}
 	}
-	p.removeLeftovers()
+	p.removeLeftovers(ctx)
 	return errs.ErrorOrNil()
 }
 
@@ -291,14 +292,18 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 // is logged, not returned: our rules in the chosen backend are in place,
 // and a sync error would make the proxy unhealthy. It is tried again at
 // the next Sync.
-func (p *IPTables) removeLeftovers() {
+func (p *IPTables) removeLeftovers(ctx context.Context) {
 	kept := p.leftover[:0]
 	for _, ot := range p.leftover {
+		held := p.held(ctx, ot)
 		jumps, chains, err := cleanupFamily(ot.ipt)
 		if jumps+chains > 0 {
 			klog.InfoS("Removed the portal's chains from the other iptables backend", "command", ot.bin, "jumps", jumps, "chains", chains)
 		}
 		if err == nil {
+			// Gone for good: the UDP entries their rules made are stale
+			// (while they stay, they would make them again).
+			p.removed = append(p.removed, held...)
 			continue
 		}
 		kept = append(kept, ot)
@@ -385,6 +390,7 @@ func (p *IPTables) Cleanup(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		p.removed = append(p.removed, p.held(ctx, ft)...)
 		jumps, chains, err := cleanupFamily(ft.ipt)
 		if err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: cleanup (%s): %w", ft.bin, err))
@@ -456,6 +462,35 @@ func cleanupFamily(ipt iptablesCmd) (jumpsDeleted, chainsDeleted int, errs error
 func isNotExist(err error) bool {
 	var e *iptables.Error
 	return errors.As(err, &e) && e.IsNotExist()
+}
+
+// Removed returns the portals whose rules Cleanup, or a Sync removing our
+// chains from the other backend, took away since the last call, as they
+// read just before, and forgets them. The UDP conntrack entries those
+// rules made still carry their NAT, to proxy ports that may be closed or
+// reused, and a client that keeps its source port refreshes its entry
+// with every datagram: the caller deletes them (conntrack.RemovedUDP).
+func (p *IPTables) Removed() []Portal {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.removed
+	p.removed = nil
+	return out
+}
+
+// held returns the portals the nat chains of ft hold, for Removed; none
+// when they cannot be read (said at -v=2: the removal goes on).
+func (p *IPTables) held(ctx context.Context, ft *famTables) []Portal {
+	save, err := p.run(ctx, nil, ft.save, "-t", tableNAT)
+	if err == nil {
+		var tables map[string]*savedTable
+		if tables, err = parseSave(string(save)); err == nil {
+			got, _ := portalsInSave(tables, ft.fam)
+			return got
+		}
+	}
+	klog.V(2).InfoS("Cannot read the portal's rules before removing them; their UDP conntrack entries stay until they time out", "command", ft.save, "err", err)
+	return nil
 }
 
 // Existing returns the portals our chains hold now, as an earlier run left

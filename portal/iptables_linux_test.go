@@ -344,7 +344,29 @@ func TestIPTablesSyncRemovesLeftovers(t *testing.T) {
 		}
 		fakes[fam].Append(tableNAT, "PREROUTING", "-j", "SOMEONE-ELSE")
 		stale[fam] = &failingIPT{fakeIPT: fakes[fam], fail: fam == IPv6}
-		p.leftover = append(p.leftover, &famTables{fam: fam, ipt: stale[fam], bin: map[Family]string{IPv4: "iptables-legacy", IPv6: "ip6tables-legacy"}[fam]})
+		bin := map[Family]string{IPv4: "iptables-legacy", IPv6: "ip6tables-legacy"}[fam]
+		p.leftover = append(p.leftover, &famTables{fam: fam, ipt: stale[fam], bin: bin, save: bin + "-save"})
+	}
+	// What they hold, as iptables-legacy-save reads it: what Removed
+	// hands on once they are gone.
+	restore := p.run
+	p.run = func(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+		switch name {
+		case "iptables-legacy-save":
+			return render(fixedPortals(), IPv4, IPTablesConfig{}).nat, nil
+		case "ip6tables-legacy-save":
+			return render(fixedPortals(), IPv6, IPTablesConfig{}).nat, nil
+		}
+		return restore(ctx, stdin, name, args...)
+	}
+	removedFamilies := func() []Family {
+		var out []Family
+		for _, pt := range p.Removed() {
+			if !slices.Contains(out, pt.Family) {
+				out = append(out, pt.Family)
+			}
+		}
+		return out
 	}
 	ours := func(f *fakeIPT) []string {
 		var out []string
@@ -376,6 +398,9 @@ func TestIPTablesSyncRemovesLeftovers(t *testing.T) {
 	if len(p.leftover) != 1 || p.leftover[0].fam != IPv6 {
 		t.Fatalf("leftovers still to remove = %v, want IPv6 only", p.leftover)
 	}
+	if got := removedFamilies(); !slices.Equal(got, []Family{IPv4}) {
+		t.Errorf("Removed gives portals of %v, want IPv4's only (IPv6's rules are still there)", got)
+	}
 
 	// The next sync retries what failed.
 	stale[IPv6].fail = false
@@ -387,6 +412,9 @@ func TestIPTablesSyncRemovesLeftovers(t *testing.T) {
 	}
 	if len(p.leftover) != 0 {
 		t.Errorf("leftovers still to remove = %d, want none", len(p.leftover))
+	}
+	if got := removedFamilies(); !slices.Equal(got, []Family{IPv6}) {
+		t.Errorf("Removed gives portals of %v after the retry, want IPv6's only", got)
 	}
 
 	// Done: later syncs leave the other backend alone.

@@ -32,3 +32,6 @@ func (*IPTables) Backend() Backend { return "" }
 func (*IPTables) Existing(context.Context) ([]Portal, error) {
 	return nil, fmt.Errorf("portal: iptables: %w", ErrNotSupported)
 }
+
+// Removed returns nothing: there are no rules off Linux.
+func (*IPTables) Removed() []Portal { return nil }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"slices"
@@ -181,6 +182,34 @@ func removeIPTablesLeftovers(ctx context.Context, onlyFound bool) {
 	if err := ipt.Cleanup(ctx); err != nil {
 		klog.ErrorS(err, "Could not remove every iptables rule a previous run left; --cleanup removes them")
 	}
+	if err := clearRemovedUDP(ctx, ipt.Removed()); err != nil {
+		klog.ErrorS(err, "Could not delete the UDP conntrack entries of the removed iptables rules: clients that keep their source port stay on the old proxy ports until their entries time out; --cleanup deletes them")
+	}
+}
+
+// clearRemovedUDP deletes the UDP conntrack entries the rules of removed
+// portals made (conntrack.RemovedUDP), whatever portal runs now: each
+// keeps a client that goes on talking from the same port (a resolver) on
+// the removed REDIRECT or DNAT, to a proxy port nobody serves. Deleting
+// needs CAP_NET_ADMIN, which removing the rules needed too.
+func clearRemovedUDP(ctx context.Context, removed []portal.Portal) error {
+	filters := conntrack.RemovedUDP(removed)
+	if len(filters) == 0 {
+		return nil
+	}
+	ct, err := conntrack.New()
+	if err != nil {
+		return err
+	}
+	if c, ok := ct.(io.Closer); ok {
+		defer c.Close()
+	}
+	n, err := ct.ClearUDP(ctx, filters...)
+	if err != nil {
+		return err
+	}
+	klog.InfoS("Deleted the UDP conntrack entries of the removed iptables rules", "entries", n, "filters", len(filters))
+	return nil
 }
 
 // errDeferred asks the sync loop to call again after a while, without
@@ -235,8 +264,13 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 		k.lastTime = now
 		return kernelError{err}
 	}
+	var removed []portal.Portal // what rules the portal removed held (our chains in the other backend)
+	if r, ok := k.pt.(remover); ok {
+		removed = r.Removed()
+	}
 	if k.ct != nil {
 		k.stale = append(k.stale, conntrack.StaleUDP(k.last, portals)...)
+		k.stale = append(k.stale, conntrack.RemovedUDP(removed)...)
 		if held != nil {
 			// UDP flows the other rules redirected keep that mapping.
 			k.stale = append(k.stale, conntrack.StaleUDP(held, portals)...)
@@ -268,6 +302,12 @@ func (k *kernelSync) clearStale(ctx context.Context) error {
 	klog.V(2).InfoS("Deleted stale UDP conntrack entries", "entries", n, "filters", len(k.stale))
 	k.stale = nil
 	return nil
+}
+
+// remover is a portal that tells which portals' rules it removed
+// (portal.IPTables).
+type remover interface {
+	Removed() []portal.Portal
 }
 
 // drifter is a portal that can tell whether its rules are still as it

@@ -69,3 +69,42 @@ func TestKernelSync(t *testing.T) {
 		t.Fatalf("after the retry the kernel holds %v, want nothing", got)
 	}
 }
+
+// removingPortal is a portal that removed rules (our chains in the other
+// iptables backend) while syncing.
+type removingPortal struct {
+	*portal.Fake
+	removed []portal.Portal
+}
+
+func (r *removingPortal) Removed() []portal.Portal {
+	out := r.removed
+	r.removed = nil
+	return out
+}
+
+// TestKernelSyncClearsWhatRemovedRulesMade: the UDP entries of rules the
+// portal removed at a sync (our chains in the other backend) are deleted,
+// even where the new rules catch the same frontend: an entry keeps the
+// mapping of the rule that made it.
+func TestKernelSyncClearsWhatRemovedRulesMade(t *testing.T) {
+	ctx := context.Background()
+	ct := &conntrack.Fake{}
+	client := conntrack.Flow{Family: portal.IPv4, Protocol: conntrack.ProtocolUDP,
+		OrigSrc: netip.MustParseAddrPort("198.18.10.2:45454"), OrigDst: netip.MustParseAddrPort("198.18.0.53:53"),
+		ReplySrc: netip.MustParseAddrPort("198.18.10.1:39999"), ReplyDst: netip.MustParseAddrPort("198.18.10.2:45454")}
+	other := client
+	other.OrigDst = netip.MustParseAddrPort("198.18.0.54:53")
+	ct.Add(client, other)
+	now := []portal.Portal{udpPortal("198.18.0.53", 40000), udpPortal("198.18.0.54", 40001)}
+	pt := &removingPortal{Fake: &portal.Fake{}, removed: []portal.Portal{udpPortal("198.18.0.53", 39999)}}
+	// The restart's first sync keeps the chosen backend's rules as they
+	// are: nothing stale there.
+	k := &kernelSync{pt: pt, ct: ct, last: now, minPeriod: 0, resync: time.Hour}
+	if err := k.sync(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := ct.Flows(); len(got) != 1 || got[0] != other {
+		t.Errorf("conntrack holds %v after the sync that removed the rule of 198.18.0.53:53, want only %v", got, other)
+	}
+}

@@ -284,8 +284,15 @@ func cleanup(ctx context.Context, cfg *Config) error {
 	var errs *multierror.Error
 	if ipt, err := portal.NewIPTables(ctx, portal.IPTablesConfig{ForCleanup: true}); err != nil {
 		klog.InfoS("No iptables to clean up", "reason", err.Error())
-	} else if err := ipt.Cleanup(ctx); err != nil {
-		errs = multierror.Append(errs, err)
+	} else {
+		if err := ipt.Cleanup(ctx); err != nil {
+			errs = multierror.Append(errs, err)
+		}
+		// The UDP flows those rules redirected keep their mapping
+		// otherwise, whatever runs next.
+		if err := clearRemovedUDP(ctx, ipt.Removed()); err != nil {
+			errs = multierror.Append(errs, err)
+		}
 	}
 	if b, err := portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface}); err != nil {
 		klog.InfoS("No addresses to clean up", "reason", err.Error())
