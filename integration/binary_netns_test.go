@@ -641,3 +641,48 @@ func TestBinaryIPTablesPortalTargetRewritten(t *testing.T) {
 		t.Fatalf("the edit is still there:\n%s", rules)
 	}
 }
+
+// TestBinaryIPTablesPortalRestartFromDNATToRedirect: a proxy that DNATed
+// to a node address (an address-less interface carried a route) stops;
+// meanwhile the interface goes and the node address changes, so the next
+// run REDIRECTs with the same proxy ports. Its first sync compares where
+// the previous run's rules sent traffic with where its own do, and clears
+// the UDP entries DNATed to the address the host no longer has: a client
+// that keeps its source port was black-holed for ever.
+func TestBinaryIPTablesPortalRestartFromDNATToRedirect(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	// As any real node has (a CNI's MASQUERADE): with no nat rule at all
+	// the kernel would not apply an old entry's NAT.
+	w.node.mustRun(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "198.18.200.0/24", "-j", "MASQUERADE")
+	cali := newNetns(t, "cali")
+	w.node.mustRun(t, "ip", "link", "add", "cali0", "type", "veth", "peer", "name", "eth0", "netns", string(cali))
+	w.node.mustRun(t, "ip", "link", "set", "cali0", "up")
+	w.node.mustRun(t, "ip", "route", "add", "198.18.20.2/32", "dev", "cali0")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals DNAT to a node address instead of REDIRECT" IPv4="`+nodeOutSide+`"`, 1, 30*time.Second)
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	const srcPort = 45455 // the same 5-tuple every time
+	if r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", srcPort); !strings.HasPrefix(r.Reply, "be1:") {
+		t.Fatalf("through the DNAT: reply %q, err %q", r.Reply, r.Err)
+	}
+	if _, ok := px.terminate(10 * time.Second); !ok {
+		t.Fatal("the proxy did not stop on SIGTERM")
+	}
+	w.node.mustRun(t, "ip", "link", "del", "cali0")
+	w.node.mustRun(t, "ip", "addr", "del", nodeOutSide+"/24", "dev", "to-out")
+	w.node.mustRun(t, "ip", "addr", "add", "198.18.11.3/24", "dev", "to-out")
+	w.node.mustRun(t, "ip", "route", "replace", "default", "via", outsideAddr)
+
+	px = startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	if rules := w.node.mustRun(t, "iptables", "-t", "nat", "-S", "KUBE-PORTALS-CONTAINER"); strings.Contains(rules, "DNAT") {
+		t.Fatalf("the restarted proxy still DNATs:\n%s", rules)
+	}
+	if r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", srcPort); !strings.HasPrefix(r.Reply, "be1:") || r.From != "198.18.0.53:53" {
+		t.Errorf("the same client after the restart: reply %q from %q, err %q; conntrack holds:\n%s",
+			r.Reply, r.From, r.Err, w.node.mustRun(t, "conntrack", "-L", "-p", "udp"))
+	}
+}

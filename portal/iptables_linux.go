@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -501,6 +502,19 @@ func (p *IPTables) Existing(ctx context.Context) ([]Portal, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.existing(ctx)
+}
+
+// ExistingTargets is Existing with, for each family that has rules, where
+// they send traffic: each address they DNAT to, and the zero Addr where
+// they REDIRECT. After a restart, a family whose rules sent traffic
+// anywhere but where the new rules send it left UDP conntrack entries on
+// the old mapping (conntrack.RetargetedUDP), whose address may no longer
+// be this host's.
+func (p *IPTables) ExistingTargets(ctx context.Context) ([]Portal, map[Family][]netip.Addr, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ps, to, err := p.existingTargets(ctx)
+	return ps, parseTargets(to), err
 }
 
 // Drift reads our nat chains back and reports whether they still redirect

@@ -5,6 +5,7 @@ package portal
 import (
 	"context"
 	"fmt"
+	"net/netip"
 )
 
 // IPTables is the iptables portal; it exists only on Linux.
@@ -35,3 +36,8 @@ func (*IPTables) Existing(context.Context) ([]Portal, error) {
 
 // Removed returns nothing: there are no rules off Linux.
 func (*IPTables) Removed() []Portal { return nil }
+
+// ExistingTargets fails: iptables is Linux only.
+func (*IPTables) ExistingTargets(context.Context) ([]Portal, map[Family][]netip.Addr, error) {
+	return nil, nil, fmt.Errorf("portal: iptables: %w", ErrNotSupported)
+}

@@ -255,3 +255,24 @@ func portalsInSave(tables map[string]*savedTable, fam Family) (out []Portal, unr
 	slices.SortFunc(out, Portal.Compare)
 	return slices.CompactFunc(out, Portal.Equal), unreadable
 }
+
+// parseTargets turns targetsInSave's words back into addresses.
+func parseTargets(to []string) map[Family][]netip.Addr {
+	out := make(map[Family][]netip.Addr)
+	for _, t := range to {
+		fam, target, _ := strings.Cut(t, " ")
+		f := IPv4
+		if fam == IPv6.String() {
+			f = IPv6
+		}
+		switch {
+		case target == "REDIRECT":
+			out[f] = append(out[f], netip.Addr{})
+		case strings.HasPrefix(target, "DNAT "):
+			if a, err := netip.ParseAddr(strings.TrimPrefix(target, "DNAT ")); err == nil {
+				out[f] = append(out[f], a)
+			}
+		}
+	}
+	return out
+}

@@ -220,4 +220,9 @@ func TestTargetsInSave(t *testing.T) {
 	if got := targetsInSave(tables, IPv4); !slices.Equal(got, []string{"IPv4 DNAT 198.18.3.1", "IPv4 REDIRECT"}) {
 		t.Errorf("targets of a hand-edited save %q", got)
 	}
+	got := parseTargets([]string{"IPv4 DNAT 198.18.3.1", "IPv4 REDIRECT", "IPv6 DNAT fd5e:b1b5::1"})
+	want := map[Family][]netip.Addr{IPv4: {netip.MustParseAddr("198.18.3.1"), {}}, IPv6: {netip.MustParseAddr("fd5e:b1b5::1")}}
+	if len(got) != len(want) || !slices.Equal(got[IPv4], want[IPv4]) || !slices.Equal(got[IPv6], want[IPv6]) {
+		t.Errorf("parseTargets = %v, want %v", got, want)
+	}
 }

@@ -167,3 +167,17 @@ func movedFamilies(a, b map[portal.Family]netip.Addr) []portal.Family {
 	}
 	return slices.Clip(out)
 }
+
+// heldMoved returns the families whose rules, as read back (see
+// portal.IPTables.ExistingTargets), send traffic anywhere but to targets:
+// a DNAT to another address, or a REDIRECT where targets DNATs, or the
+// other way round.
+func heldMoved(held map[portal.Family][]netip.Addr, targets map[portal.Family]netip.Addr) []portal.Family {
+	var out []portal.Family
+	for _, f := range []portal.Family{portal.IPv4, portal.IPv6} {
+		if slices.ContainsFunc(held[f], func(a netip.Addr) bool { return a != targets[f] }) {
+			out = append(out, f)
+		}
+	}
+	return slices.Clip(out)
+}

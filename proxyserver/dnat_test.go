@@ -111,3 +111,48 @@ func TestKernelSyncFollowsTheTarget(t *testing.T) {
 		t.Fatalf("the same target again: err %v, %d syncs; want none", err, pt.Syncs())
 	}
 }
+
+// TestKernelSyncAfterARestartComparesTheHeldTargets: the first sync after
+// a restart compares where the new rules send traffic with where the
+// previous run's rules sent it, as read back at start: a DNAT to an
+// address the host may no longer have, now REDIRECT with the same proxy
+// ports, leaves entries on the old mapping, which are cleared; rules that
+// send traffic where they did leave the flows alone.
+func TestKernelSyncAfterARestartComparesTheHeldTargets(t *testing.T) {
+	old := netip.MustParseAddr("198.18.9.3")
+	portals := []portal.Portal{udpPortal("198.18.0.10", 40000), udpPortal("fd5e:b1b5::10", 40001)}
+	v4 := []conntrack.Filter{{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.18.0.10"), OrigDstPort: 53}}
+	tests := []struct {
+		name  string
+		held  map[portal.Family][]netip.Addr
+		host  hostRoutes
+		clear []conntrack.Filter
+	}{
+		{"DNAT then REDIRECT", map[portal.Family][]netip.Addr{portal.IPv4: {old}, portal.IPv6: {{}}}, hostRoutes{}, v4},
+		{"REDIRECT then REDIRECT", map[portal.Family][]netip.Addr{portal.IPv4: {{}}, portal.IPv6: {{}}}, hostRoutes{}, nil},
+		{"DNAT to the same address", map[portal.Family][]netip.Addr{portal.IPv4: {old}}, hostRoutes{addressless: []string{"cali1"}, node: old}, nil},
+		{"DNAT to another address", map[portal.Family][]netip.Addr{portal.IPv4: {old}}, hostRoutes{addressless: []string{"cali1"}, node: netip.MustParseAddr("198.18.9.4")}, v4},
+		{"REDIRECT and DNAT mixed", map[portal.Family][]netip.Addr{portal.IPv4: {{}, old}}, hostRoutes{}, v4},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDNATTargets(netip.IPv4Unspecified())
+			d.inspect = func() (hostRoutes, bool) { return tc.host, true }
+			ct := &conntrack.Fake{}
+			k := &kernelSync{pt: &portal.Fake{DNAT: d.target}, ct: ct, dnat: d, last: portals, heldTargets: tc.held, minPeriod: 0, resync: time.Hour}
+			if err := k.sync(context.Background(), portals); err != nil {
+				t.Fatal(err)
+			}
+			var got []conntrack.Filter
+			for _, c := range ct.Calls() {
+				got = append(got, c...)
+			}
+			if !slices.Equal(got, tc.clear) {
+				t.Errorf("cleared %v, want %v", got, tc.clear)
+			}
+			if k.heldTargets != nil {
+				t.Errorf("the previous run's targets are kept after the first sync")
+			}
+		})
+	}
+}

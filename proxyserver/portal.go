@@ -229,12 +229,16 @@ type kernelSync struct {
 	minPeriod time.Duration
 	resync    time.Duration
 
-	last     []portal.Portal              // nil before the first sync: a restart clears every UDP frontend
-	dnat     *dnatTargets                 // where the iptables portal sends traffic; nil for other portals
-	targets  map[portal.Family]netip.Addr // dnat's decision at the last sync
-	lastTime time.Time
-	synced   bool
-	stale    []conntrack.Filter // conntrack entries still to delete
+	last    []portal.Portal              // nil before the first sync: a restart clears every UDP frontend
+	dnat    *dnatTargets                 // where the iptables portal sends traffic; nil for other portals
+	targets map[portal.Family]netip.Addr // dnat's decision at the last sync
+	// heldTargets is where a previous run's rules (last, before the
+	// first sync) sent traffic, per family, as read back at start
+	// (portal.IPTables.ExistingTargets); nil once synced, or when unknown.
+	heldTargets map[portal.Family][]netip.Addr
+	lastTime    time.Time
+	synced      bool
+	stale       []conntrack.Filter // conntrack entries still to delete
 }
 
 func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
@@ -272,18 +276,28 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 		k.stale = append(k.stale, conntrack.StaleUDP(k.last, portals)...)
 		k.stale = append(k.stale, conntrack.RemovedUDP(removed)...)
 		if held != nil {
-			// UDP flows the other rules redirected keep that mapping.
+			// UDP flows the other rules redirected keep that mapping,
+			// whether they moved the proxy port or only where it is
+			// (REDIRECT, or DNAT to which address).
 			k.stale = append(k.stale, conntrack.StaleUDP(held, portals)...)
+			k.stale = append(k.stale, conntrack.RemovedUDP(held)...)
 		}
 		if k.last != nil {
 			// A flow's entry keeps the old mapping, whose address may be
-			// gone from this host.
-			for _, f := range movedFamilies(k.targets, targets) {
+			// gone from this host. After a restart the old mapping is
+			// what the previous run's rules said, not this run's
+			// (nothing) decision.
+			moved := movedFamilies(k.targets, targets)
+			if k.heldTargets != nil {
+				moved = heldMoved(k.heldTargets, targets)
+			}
+			for _, f := range moved {
 				k.stale = append(k.stale, conntrack.RetargetedUDP(portals, f)...)
 			}
 		}
 	}
 	k.last, k.targets, k.lastTime, k.synced = portals, targets, now, true
+	k.heldTargets = nil
 	klog.V(2).InfoS("Portals synced", "portals", len(portals), "took", time.Since(start))
 	return k.clearStale(ctx)
 }

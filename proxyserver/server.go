@@ -74,11 +74,12 @@ func Run(ctx context.Context, cfg *Config) error {
 		pcfg.NodeAddrs = na.NodeAddrs
 	}
 	var previous []portal.Portal
+	var previousTargets map[portal.Family][]netip.Addr
 	if ipt, ok := pt.(*portal.IPTables); ok {
 		// Keep the proxy ports a previous run's rules point at: the rules
 		// keep working through the restart, and the first sync rewrites
 		// them unchanged.
-		if previous, err = ipt.Existing(ctx); err != nil {
+		if previous, previousTargets, err = ipt.ExistingTargets(ctx); err != nil {
 			klog.ErrorS(err, "Could not read the portals a previous run left; taking new proxy ports")
 		}
 		pcfg.PreferredProxyPort = preferredPorts(previous)
@@ -94,7 +95,7 @@ func Run(ctx context.Context, cfg *Config) error {
 	}
 	p := userspace.New(pcfg)
 	defer p.Close()
-	ks := &kernelSync{pt: pt, last: previous, minPeriod: cfg.MinSyncPeriod, resync: cfg.SyncPeriod}
+	ks := &kernelSync{pt: pt, last: previous, heldTargets: previousTargets, minPeriod: cfg.MinSyncPeriod, resync: cfg.SyncPeriod}
 	if mode == PortalBind {
 		// Listeners bind to the service addresses, so adding them cannot
 		// wait for the rate limit meant for iptables-restore; an address
