@@ -149,3 +149,74 @@ func TestBinaryRemovedRulesLeaveNoUDPEntries(t *testing.T) {
 		})
 	}
 }
+
+// TestBinaryUDPSessionDrainsFromATerminatingEndpoint: a UDP flow whose
+// endpoint turns terminating but still serving stays there (kube-proxy
+// keeps such flows, KEP-1669's graceful drain) while new flows go to the
+// ready endpoint; it moves once the endpoint stops serving. The proxy
+// ended it at once, as if the endpoint were gone.
+func TestBinaryUDPSessionDrainsFromATerminatingEndpoint(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be2")
+	manifest := func(cond1, cond2 string) string {
+		return `apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: e2e}
+spec:
+  clusterIP: 198.18.0.53
+  ports: [{name: dns, protocol: UDP, port: 53}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, namespace: e2e, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports: [{name: dns, protocol: UDP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"], conditions: ` + cond1 + `}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-2, namespace: e2e, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports: [{name: dns, protocol: UDP, port: 8081}]
+endpoints: [{addresses: ["198.18.12.2"], conditions: ` + cond2 + `}]
+`
+	}
+	const ready, draining, gone = "{ready: true}", "{ready: false, serving: true, terminating: true}", "{ready: false, serving: false, terminating: true}"
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, manifest(ready, ready))
+	px := startNodeProxy(t, w, file, "--portal=iptables", "--udp-timeout=5m")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	const srcPort = 45456
+	r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", srcPort)
+	if !strings.HasPrefix(r.Reply, "be") {
+		t.Fatalf("first query: reply %q, err %q", r.Reply, r.Err)
+	}
+	first, _, _ := strings.Cut(r.Reply, ":")
+	other := map[string]string{"be1": "be2", "be2": "be1"}[first]
+	conds := func(of, rest string) string {
+		if first == "be1" {
+			return manifest(of, rest)
+		}
+		return manifest(rest, of)
+	}
+
+	from := px.lineCount()
+	replaceFile(t, file, conds(draining, ready))
+	px.waitLog(from, `"Endpoints changed"`, 1, 10*time.Second)
+	if r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", srcPort); !strings.HasPrefix(r.Reply, first+":") {
+		t.Errorf("the flow to the terminating, still serving endpoint: reply %q, err %q; want %s still", r.Reply, r.Err, first)
+	}
+	if r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", 0); !strings.HasPrefix(r.Reply, other+":") {
+		t.Errorf("a new flow: reply %q, err %q; want the ready %s", r.Reply, r.Err, other)
+	}
+	if strings.Contains(px.log(), "Ended UDP sessions") {
+		t.Errorf("sessions were ended:\n%s", px.log())
+	}
+
+	from = px.lineCount()
+	replaceFile(t, file, conds(gone, ready))
+	px.waitLog(from, `"Ended UDP sessions to endpoints removed or no longer serving"`, 1, 10*time.Second)
+	if r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", srcPort); !strings.HasPrefix(r.Reply, other+":") {
+		t.Errorf("the flow once its endpoint no longer serves: reply %q, err %q; want %s", r.Reply, r.Err, other)
+	}
+}

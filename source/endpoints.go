@@ -119,6 +119,7 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 		v6 := filter(eps, func(e *endpointInfo) bool { return !e.Addr.Addr().Is4() })
 		ports[i].ClusterEndpoints = joinFamilies(b.clusterEndpoints(v4), b.clusterEndpoints(v6))
 		ports[i].LocalEndpoints = joinFamilies(localEndpoints(v4), localEndpoints(v6))
+		ports[i].ServingEndpoints = servingEndpoints(eps)
 	}
 }
 
@@ -401,6 +402,19 @@ func localEndpoints(eps []endpointInfo) []state.Endpoint {
 		return endpoints(ready)
 	}
 	return endpoints(filter(local, func(e *endpointInfo) bool { return e.Serving && e.Terminating }))
+}
+
+// servingEndpoints lists the addresses of every endpoint that is serving,
+// ready or terminating, whatever its node or hints (see
+// state.ServicePort.ServingEndpoints); nil when none is.
+func servingEndpoints(eps []endpointInfo) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, e := range eps {
+		if e.Ready || e.Serving {
+			out = append(out, e.Addr)
+		}
+	}
+	return out
 }
 
 func filter(eps []endpointInfo, keep func(*endpointInfo) bool) []endpointInfo {

@@ -494,6 +494,37 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 	}
 }
 
+// TestBuildSnapshotServingEndpoints: the endpoints UDP sessions may stay
+// on are every serving one, ready or terminating, on any node, whatever
+// the hints; not those that stopped serving.
+func TestBuildSnapshotServingEndpoints(t *testing.T) {
+	type eps = []discoveryv1.Endpoint
+	here := Options{NodeName: "node-a", NodeLabels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}
+	svc := service("web")
+	slice := endpointSlice("web-1", discoveryv1.AddressTypeIPv4, eps{
+		endpoint("10.0.0.1", zoneHints("zone-a"), onNode("node-a")),
+		endpoint("10.0.0.2", zoneHints("zone-b"), onNode("node-b")),   // hinted away
+		endpoint("10.0.0.3", terminatingServing, zoneHints("zone-a")), // draining
+		endpoint("10.0.0.4", conditions(false, false, true)),          // terminating, no longer serving
+		endpoint("10.0.0.5", conditions(false, false, false)),         // not ready
+	})
+	snap, _ := BuildSnapshot([]*corev1.Service{svc}, []*discoveryv1.EndpointSlice{slice}, here)
+	sp := snap.Get(state.ServicePortName{Namespace: "demo", Name: "web", Port: svc.Spec.Ports[0].Name, Protocol: state.TCP})
+	if sp == nil {
+		t.Fatal("no port")
+	}
+	var got []string
+	for _, a := range sp.ServingEndpoints {
+		got = append(got, a.String())
+	}
+	if want := []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"}; !slices.Equal(got, want) {
+		t.Errorf("serving endpoints %q, want %q", got, want)
+	}
+	if got := addrs(sp.ClusterEndpoints); !slices.Equal(got, []string{"10.0.0.1:8080"}) {
+		t.Errorf("cluster endpoints %q: want the ready one the hints leave", got)
+	}
+}
+
 // TestBuildSnapshotEndpointFields checks every field of state.Endpoint, and
 // that one slice feeds every service port it names.
 func TestBuildSnapshotEndpointFields(t *testing.T) {

@@ -100,8 +100,10 @@ func compare(old, cur []ServicePort) (service, endpoints bool) {
 		delete(was, sp.Name)
 		a, b := *o, *sp
 		a.ClusterEndpoints, a.LocalEndpoints, b.ClusterEndpoints, b.LocalEndpoints = nil, nil, nil, nil
+		a.ServingEndpoints, b.ServingEndpoints = nil, nil
 		service = service || !a.Equal(&b)
-		endpoints = endpoints || !slices.Equal(o.ClusterEndpoints, sp.ClusterEndpoints) || !slices.Equal(o.LocalEndpoints, sp.LocalEndpoints)
+		endpoints = endpoints || !slices.Equal(o.ClusterEndpoints, sp.ClusterEndpoints) || !slices.Equal(o.LocalEndpoints, sp.LocalEndpoints) ||
+			!slices.Equal(o.ServingEndpoints, sp.ServingEndpoints)
 	}
 	for _, o := range was { // ports gone
 		service = true

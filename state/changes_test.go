@@ -41,6 +41,11 @@ func TestChangesBetween(t *testing.T) {
 		{name: "an endpoint more", old: base,
 			cur:  []ServicePort{port("a", "http", withEndpoint("198.18.1.1:8080"), withEndpoint("198.18.1.2:8080")), port("b", "http")},
 			want: Changes{Endpoints: names("a")}},
+		{name: "an endpoint stops serving, out of the endpoints new connections use already", old: base,
+			cur: []ServicePort{port("a", "http", withEndpoint("198.18.1.1:8080"), func(sp *ServicePort) {
+				sp.ServingEndpoints = []netip.AddrPort{netip.MustParseAddrPort("198.18.1.1:8080")}
+			}), port("b", "http")},
+			want: Changes{Endpoints: names("a")}},
 		{name: "affinity", old: base,
 			cur:  []ServicePort{port("a", "http", withEndpoint("198.18.1.1:8080")), port("b", "http", affinity)},
 			want: Changes{Services: names("b")}},

@@ -213,6 +213,17 @@ type ServicePort struct {
 	// node's endpoints only. Both are sorted by address.
 	ClusterEndpoints []Endpoint
 	LocalEndpoints   []Endpoint
+	// ServingEndpoints are every endpoint of the port that is serving
+	// (ready, or terminating and still serving), whatever its node, its
+	// topology hints or the traffic policies, sorted: those an existing
+	// UDP session may stay on. As kube-proxy's conntrack cleanup keeps
+	// such flows, a change to the Service (readiness, hints, policies,
+	// termination) moves only new connections; a session ends when its
+	// endpoint is gone or stops serving. The endpoints of ClusterEndpoints
+	// and LocalEndpoints count as serving too, so a source that leaves
+	// this nil (a test's hand-made port) ends the sessions of those it
+	// drops.
+	ServingEndpoints []netip.AddrPort
 }
 
 // HasEndpoints reports whether the port has any endpoint to send traffic
@@ -321,7 +332,8 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 		sp.HealthCheckNodePort == o.HealthCheckNodePort &&
 		sp.ProxyProtocol == o.ProxyProtocol &&
 		slices.Equal(sp.ClusterEndpoints, o.ClusterEndpoints) &&
-		slices.Equal(sp.LocalEndpoints, o.LocalEndpoints)
+		slices.Equal(sp.LocalEndpoints, o.LocalEndpoints) &&
+		slices.Equal(sp.ServingEndpoints, o.ServingEndpoints)
 }
 
 // Snapshot is the full desired state at one moment. It must not be

@@ -183,19 +183,42 @@ func (sp *servicePort) update(spec *state.ServicePort) {
 		}
 	}
 	sp.spec = spec
-	if sp.proto == state.UDP && (!slices.Equal(old.ClusterEndpoints, spec.ClusterEndpoints) || !slices.Equal(old.LocalEndpoints, spec.LocalEndpoints)) {
+	if sp.proto == state.UDP && (!slices.Equal(old.ClusterEndpoints, spec.ClusterEndpoints) || !slices.Equal(old.LocalEndpoints, spec.LocalEndpoints) ||
+		!slices.Equal(old.ServingEndpoints, spec.ServingEndpoints)) {
 		// A UDP session has no end the client shows us: one to an endpoint
 		// that is gone would carry on into the void until it idles out.
 		// End it, so the client's next datagram picks a live endpoint (what
-		// conntrack cleanup does for the kernel proxies).
+		// conntrack cleanup does for the kernel proxies). As there, only
+		// an endpoint that is gone or no longer serving ends its sessions:
+		// one that is terminating but still serving drains them (KEP-1669),
+		// and readiness, topology or traffic policies move new sessions
+		// only.
+		serving := servingSet(spec)
 		for _, s := range sp.sockets {
-			if u, ok := s.(interface{ dropStale() int }); ok {
-				if n := u.dropStale(); n > 0 {
-					klog.V(2).InfoS("Ended UDP sessions to endpoints removed or no longer ready", "service", sp.name, "sessions", n)
+			if u, ok := s.(interface {
+				dropStale(serving func(netip.AddrPort) bool) int
+			}); ok {
+				if n := u.dropStale(serving); n > 0 {
+					klog.V(2).InfoS("Ended UDP sessions to endpoints removed or no longer serving", "service", sp.name, "sessions", n)
 				}
 			}
 		}
 	}
+}
+
+// servingSet reports whether an endpoint of spec is serving (see
+// state.ServicePort.ServingEndpoints): its sessions may go on.
+func servingSet(spec *state.ServicePort) func(netip.AddrPort) bool {
+	set := make(map[netip.AddrPort]bool, len(spec.ServingEndpoints)+len(spec.ClusterEndpoints))
+	for _, a := range spec.ServingEndpoints {
+		set[a] = true
+	}
+	for _, eps := range [][]state.Endpoint{spec.ClusterEndpoints, spec.LocalEndpoints} {
+		for _, e := range eps {
+			set[e.Addr] = true
+		}
+	}
+	return func(a netip.AddrPort) bool { return set[a] }
 }
 
 // logEndpoints says how the endpoints that new connections use changed: at

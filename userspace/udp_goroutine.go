@@ -95,16 +95,16 @@ func (l *udpListener) close() {
 	l.sessWG.Wait()
 }
 
-// dropStale ends the sessions whose endpoint its balancer no longer has.
-// They leave the table at once, not when their reply goroutine gets round
-// to it: the client's next datagram must open a session to a live
-// endpoint, not go to the closed one and be lost.
-func (l *udpListener) dropStale() int {
+// dropStale ends the sessions whose endpoint is not serving (removed, or
+// no longer serving). They leave the table at once, not when their reply
+// goroutine gets round to it: the client's next datagram must open a
+// session to a live endpoint, not go to the closed one and be lost.
+func (l *udpListener) dropStale(serving func(netip.AddrPort) bool) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
 	for client, s := range l.sessions {
-		if !s.b.has(s.endpoint) {
+		if !serving(s.endpoint) {
 			delete(l.sessions, client)
 			s.tally.endBecause(&endedStale)
 			s.conn.Close()

@@ -391,6 +391,37 @@ func TestUDPSessionMovesOffRemovedEndpoint(t *testing.T) {
 	}
 }
 
+// TestUDPSessionStaysOnServingEndpoint: a session whose endpoint turns
+// terminating but still serving (or leaves the set new sessions use for
+// readiness, topology or a traffic policy) goes on there, as kube-proxy
+// keeps such flows (KEP-1669's graceful drain), while new clients go to
+// the ready endpoints; it moves once its endpoint is gone or no longer
+// serving.
+func TestUDPSessionStaysOnServingEndpoint(t *testing.T) {
+	a, b := startUDPBackend(t, "a"), startUDPBackend(t, "b")
+	p := newTestProxier(t, Config{UDPIdleTimeout: time.Hour, UDPReplyTimeout: time.Hour})
+	name := spn("dns", "", state.UDP)
+	serving := func(eps ...netip.AddrPort) []netip.AddrPort { return eps }
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(a.addr()), ServingEndpoints: serving(a.addr(), b.addr())})
+	c := dialUDP(t, proxyAddr(t, p, name))
+	if got, err := udpExchange(t, c, []byte("who")); err != nil || string(got) != "a" {
+		t.Fatalf("before: %q, %v", got, err)
+	}
+	// a terminates, still serving: b takes the new sessions.
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(b.addr()), ServingEndpoints: serving(a.addr(), b.addr())})
+	if got, err := udpExchange(t, c, []byte("who")); err != nil || string(got) != "a" {
+		t.Fatalf("the session to the terminating, serving endpoint: %q, %v; want a still", got, err)
+	}
+	if got, err := udpExchange(t, dialUDP(t, proxyAddr(t, p, name)), []byte("who")); err != nil || string(got) != "b" {
+		t.Fatalf("a new client: %q, %v; want b", got, err)
+	}
+	// a stops serving: its session moves at once.
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(b.addr()), ServingEndpoints: serving(b.addr())})
+	if got, err := udpExchange(t, c, []byte("who")); err != nil || string(got) != "b" {
+		t.Fatalf("once a no longer serves: %q, %v; want b at once", got, err)
+	}
+}
+
 // TestUDPReplyBurst: an endpoint that answers one datagram with many (more
 // than the proxy reads per wake-up) gets every reply to the client, whole
 // and in order.

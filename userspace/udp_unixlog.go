@@ -31,7 +31,7 @@ type udpTally struct {
 // Why a session ends, for the -v=4 line.
 var (
 	endedRefused  = "the endpoint refused it (ICMP port unreachable)"
-	endedStale    = "its endpoint was removed or is no longer ready"
+	endedStale    = "its endpoint was removed or is no longer serving"
 	endedShutDown = "the service port closed"
 	endedReadErr  = "reading the endpoint's replies failed"
 )

@@ -168,11 +168,11 @@ func (g *udpGroup) close() {
 	}
 }
 
-// dropStale ends the sessions whose endpoint their balancer no longer has.
-func (g *udpGroup) dropStale() int {
+// dropStale ends the sessions whose endpoint is not serving.
+func (g *udpGroup) dropStale(serving func(netip.AddrPort) bool) int {
 	n := 0
 	for _, l := range g.members {
-		n += l.dropStale()
+		n += l.dropStale(serving)
 	}
 	return n
 }
@@ -192,12 +192,12 @@ func (l *udpListener) shut() {
 
 func (l *udpListener) event(uint32) { l.readable() }
 
-// dropStale ends the sessions whose endpoint its balancer no longer has.
-func (l *udpListener) dropStale() int {
+// dropStale ends the sessions whose endpoint is not serving.
+func (l *udpListener) dropStale(serving func(netip.AddrPort) bool) int {
 	n := 0
 	l.lp.do(func() {
 		for _, s := range l.sessions {
-			if !s.b.has(s.endpoint) {
+			if !serving(s.endpoint) {
 				s.tally.endBecause(&endedStale)
 				s.close()
 				n++
