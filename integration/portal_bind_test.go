@@ -188,8 +188,13 @@ func TestBinarySwitchingPortals(t *testing.T) {
 	stop(px)
 	px = startNodeProxy(t, w, file, "--portal=none")
 	px.waitLog(0, `"Removing the service addresses a previous run's bind portal left`, 1, 30*time.Second)
-	if left := serviceAddrsOn(t, w.node, dev); len(left) > 0 {
-		t.Errorf("service addresses left on %s under no portal: %v", dev, left)
+	// The line comes before the removal: give it a moment.
+	left := serviceAddrsOn(t, w.node, dev)
+	for deadline := time.Now().Add(10 * time.Second); len(left) > 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		left = serviceAddrsOn(t, w.node, dev)
+	}
+	if len(left) > 0 {
+		t.Errorf("service addresses left on %s under no portal 10s after their removal began: %v", dev, left)
 	}
 	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
 }
