@@ -175,8 +175,11 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 				" -m " + proto + " --dport " + strconv.Itoa(int(p.Port)) + " " + target + "\n"
 		}
 		if p.Kind == NodePort {
+			// Per family, as kube-proxy reads --nodeport-addresses: a
+			// family none of the CIDRs is in (or with a zero CIDR) has
+			// its node ports on every local address.
 			dsts := []string{""}
-			if len(cfg.NodePortAddresses) > 0 {
+			if !state.NodePortsEverywhere(cfg.NodePortAddresses, fam == IPv6) {
 				dsts = dsts[:0]
 				for _, pfx := range cfg.NodePortAddresses {
 					if FamilyOf(pfx.Addr()) == fam {

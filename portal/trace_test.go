@@ -101,6 +101,7 @@ func dropped(t *testing.T, ruleText, proto string, src netip.Addr, dst netip.Add
 
 func TestTrace(t *testing.T) {
 	nodeAddrs := []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}
+	node6Addrs := []netip.Prefix{netip.MustParsePrefix("fd5e:b1b5:1::/64")}
 	pod, outside, node6 := "198.18.10.2", "198.18.11.2", "fd5e:b1b5:1::1"
 	tests := []struct {
 		hook, proto, src, dst string
@@ -129,7 +130,12 @@ func TestTrace(t *testing.T) {
 		{"PREROUTING", "tcp", node6, "[fd5e:b1b5:1::1]:30081", true, nil, 41237, false},
 		{"PREROUTING", "tcp", outside, "198.18.1.1:30080", true, nodeAddrs, 41234, false},
 		{"OUTPUT", "tcp", "127.0.0.1", "127.0.0.1:30080", true, nodeAddrs, 0, false}, // outside --nodeport-addresses
-		{"PREROUTING", "tcp", node6, "[fd5e:b1b5:1::1]:30081", true, nodeAddrs, 0, false},
+		// CIDRs of IPv4 alone leave IPv6 node ports on every address, as
+		// kube-proxy reads --nodeport-addresses per family.
+		{"PREROUTING", "tcp", node6, "[fd5e:b1b5:1::1]:30081", true, nodeAddrs, 41237, false},
+		{"PREROUTING", "tcp", node6, "[fd5e:b1b5:1::1]:30081", true, node6Addrs, 41237, false},
+		{"PREROUTING", "tcp", node6, "[fd5e:b1b5:7::1]:30081", true, node6Addrs, 0, false},
+		{"PREROUTING", "tcp", outside, "198.18.1.1:30080", true, node6Addrs, 41234, false},
 	}
 	for _, tc := range tests {
 		src, dst := netip.MustParseAddr(tc.src), netip.MustParseAddrPort(tc.dst)

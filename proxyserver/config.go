@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
@@ -68,7 +69,8 @@ type Config struct {
 	// choose.
 	ProxyPortRange string
 	// NodePortAddresses are CIDRs of the node addresses NodePorts are
-	// served on; empty means all.
+	// served on, per IP family: empty means all, and a family none of
+	// them is in (or with a zero CIDR) serves them on all its addresses.
 	NodePortAddresses []string
 	// HostnameOverride names this node; empty means the host name.
 	HostnameOverride string
@@ -146,7 +148,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "Remove every iptables rule and chain and every service address the proxy owns, in both IP families, then exit.")
 	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "The IP address proxy ports listen on; 0.0.0.0 or :: listen on every address of each IP family a service uses. With --portal=iptables proxy ports listen on every address, and the rules DNAT to this address (when it is one of this host's) instead of REDIRECTing.")
 	fs.StringVar(&c.ProxyPortRange, "proxy-port-range", c.ProxyPortRange, "Host ports for proxy ports: 'begin-end', 'begin+offset' or a single port. Empty, 0 or 0-0 lets the kernel choose.")
-	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses, "Comma-separated CIDRs of the node addresses that serve NodePorts, e.g. 127.0.0.0/8,10.0.0.0/8. Empty means every address.")
+	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses, "Comma-separated CIDRs of the node addresses that serve NodePorts, e.g. 127.0.0.0/8,10.0.0.0/8. Empty means every address; an IP family none of them is in serves NodePorts on every address of that family.")
 	fs.StringVar(&c.ClusterCIDR, "cluster-cidr", c.ClusterCIDR, "The pods' CIDRs, comma-separated for dual stack (e.g. 10.244.0.0/16,fd00:10:244::/56): traffic from a pod to a node port, external IP or load-balancer IP of a Service with externalTrafficPolicy: Local goes to all its endpoints, as kube-proxy routes it. Empty: only this host's own traffic is told apart.")
 	fs.StringVar(&c.HostnameOverride, "hostname-override", c.HostnameOverride, "The name of this node, to tell its endpoints from others'. Empty means the host name.")
 	fs.DurationVar(&c.UDPIdleTimeout, "udp-timeout", c.UDPIdleTimeout, "How long an idle UDP session is kept once its endpoint has answered (must be > 0).")
@@ -235,7 +237,9 @@ func (c *Config) Validate() error {
 		}
 		return out
 	}
-	c.nodePorts = cidrs("nodeport-addresses", "127.0.0.1/32", c.NodePortAddresses)
+	// Per IP family, as kube-proxy reads them: a family none of the
+	// CIDRs is in keeps its node ports on every address.
+	c.nodePorts = state.NodePortCIDRs(cidrs("nodeport-addresses", "127.0.0.1/32", c.NodePortAddresses))
 	c.podCIDRs = cidrs("cluster-cidr", "10.244.0.0/16", strings.Split(c.ClusterCIDR, ","))
 	if c.UDPIdleTimeout <= 0 {
 		bad("udp-timeout", "must be greater than 0, got %v", c.UDPIdleTimeout)

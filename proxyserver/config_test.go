@@ -1,6 +1,7 @@
 package proxyserver
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -72,8 +73,8 @@ func TestValidateParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	pc := c.proxierConfig(PortalNone)
-	if got := pc.NodePortAddresses[0].String(); got != "127.0.0.0/8" {
-		t.Errorf("node port prefix = %s, want it masked to 127.0.0.0/8", got)
+	if got := fmt.Sprint(pc.NodePortAddresses); got != "[127.0.0.0/8 ::/0]" {
+		t.Errorf("node port prefixes = %s, want [127.0.0.0/8 ::/0]: masked, and IPv6 (no CIDR of it) everywhere, as kube-proxy reads them", got)
 	}
 	if pc.PortRange.Base != 40000 || pc.PortRange.Size != 10 {
 		t.Errorf("port range = %+v", pc.PortRange)

@@ -161,13 +161,29 @@ func (h *healthChecks) listenAddrs() ([]netip.Addr, error) {
 		return nil, fmt.Errorf("health check node ports: list local addresses: %w", err)
 	}
 	out := []netip.Addr{} // not nil: nil is the wildcard
+	// A family whose node ports are served everywhere (none of the CIDRs
+	// is of it) listens on its wildcard address.
+	everywhere := [2]bool{state.NodePortsEverywhere(h.nodePortAddresses, false), state.NodePortsEverywhere(h.nodePortAddresses, true)}
+	if everywhere[0] {
+		out = append(out, netip.IPv4Unspecified())
+	}
+	if everywhere[1] {
+		out = append(out, netip.IPv6Unspecified())
+	}
 	for _, a := range local {
-		if userspace.InNodePortAddresses(h.nodePortAddresses, a) {
+		if a = a.Unmap(); !everywhere[b2i(a.Is6())] && userspace.InNodePortAddresses(h.nodePortAddresses, a) {
 			out = append(out, a)
 		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // listenOn pairs addrs with port; nil (no addresses given) stays nil, the

@@ -242,7 +242,7 @@ func (b *builder) capturedBy(ports []state.ServicePort) func(name state.ServiceP
 		if b.opts.HostAddrs == nil {
 			return ""
 		}
-		if n := b.opts.NodePortAddresses; len(n) > 0 && !slices.ContainsFunc(n, func(p netip.Prefix) bool { return p.Contains(ep.Addr()) }) {
+		if !state.InNodePortCIDRs(b.opts.NodePortAddresses, ep.Addr()) {
 			return "" // node ports are not served there
 		}
 		if host == nil {

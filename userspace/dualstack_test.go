@@ -220,6 +220,45 @@ func TestNodePortsKeepToTheirFamilies(t *testing.T) {
 	}
 }
 
+// TestNodePortAddressesOfOneFamily: --nodeport-addresses with CIDRs of
+// one family narrows that family's node ports only; the other family's
+// are served on every address (its wildcard), as kube-proxy adds 0.0.0.0/0
+// or ::/0 for a family none of the CIDRs is in.
+func TestNodePortAddressesOfOneFamily(t *testing.T) {
+	needIPv6Loopback(t)
+	local := func() ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")}, nil
+	}
+	tests := []struct {
+		name  string
+		cidrs []netip.Prefix
+		want  []string
+	}{
+		{"IPv4 CIDR", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, []string{"127.0.0.1", "::"}},
+		{"IPv6 CIDR", []netip.Prefix{netip.MustParsePrefix("::1/128")}, []string{"0.0.0.0", "::1"}},
+		{"IPv4 CIDR matching nothing", []netip.Prefix{netip.MustParsePrefix("198.18.77.0/24")}, []string{"::"}},
+		{"zero CIDR of IPv6", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::/0")}, []string{"127.0.0.1", "::"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newTestProxier(t, Config{ServeNodePorts: true, NodePortAddresses: tc.cidrs, LocalAddrs: local})
+			name := spn("dual", "", state.TCP)
+			mustApply(t, p, state.ServicePort{Name: name, Port: 80, NodePort: freePort(t),
+				ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("fd5e:b1b5::1")}})
+			var got []string
+			for _, l := range p.Listeners() {
+				if l.Service == name && l.Role == "node-port" {
+					got = append(got, l.Addr.Addr().String())
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("node port on %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // listenIPs is the set of addresses name's listeners are bound to.
 func listenIPs(p *Proxier, name state.ServicePortName) map[string]bool {
 	on := map[string]bool{}

@@ -265,10 +265,15 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 	// overlaps the node-port range (a node port the proxier listens on,
 	// and a health-check node port, which has a listener of its own
 	// whatever the portal).
-	var nodePorts, externalLocal, sourceRanges bool
+	var externalLocal, sourceRanges bool
+	var nodePorts [2]bool // the families of Services with node ports: IPv4, IPv6
 	hostPorts := make(map[uint16]bool)
 	for spec := range snap.All {
-		nodePorts = nodePorts || spec.NodePort != 0
+		if spec.NodePort != 0 {
+			for _, f := range families(spec) {
+				nodePorts[f.index()] = true
+			}
+		}
 		externalLocal = externalLocal || spec.ExternalLocal
 		sourceRanges = sourceRanges || len(spec.LoadBalancerSourceRanges) > 0 && len(spec.LoadBalancerIPs) > 0
 		if spec.NodePort != 0 && p.cfg.ServeNodePorts {
@@ -451,16 +456,29 @@ func (p *Proxier) isHostAddr(a netip.Addr) bool {
 	return set != nil && (*set)[a.Unmap()]
 }
 
-// checkNodePortAddrs says so when no local address matches
-// NodePortAddresses while services have node ports (wanted), which are
-// then served nowhere, and again when one does.
-func (p *Proxier) checkNodePortAddrs(wanted bool, localAddrs []netip.Addr) {
-	matched := slices.ContainsFunc(localAddrs, func(a netip.Addr) bool { return InNodePortAddresses(p.cfg.NodePortAddresses, a) })
+// checkNodePortAddrs says so when no local address of a family matches
+// NodePortAddresses while services of that family have node ports
+// (wanted, by family.index), which are then served nowhere, and again when
+// one does.
+func (p *Proxier) checkNodePortAddrs(wanted [2]bool, localAddrs []netip.Addr) {
+	matched := true
+	var missing []string
+	for i, f := range bothFamilies {
+		if !wanted[i] || state.NodePortsEverywhere(p.cfg.NodePortAddresses, f == familyIPv6) {
+			continue
+		}
+		if !slices.ContainsFunc(localAddrs, func(a netip.Addr) bool {
+			return familyOf(a) == f && InNodePortAddresses(p.cfg.NodePortAddresses, a)
+		}) {
+			matched = false
+			missing = append(missing, f.String())
+		}
+	}
 	switch {
-	case !matched && wanted && !p.noNodePortAddrs:
+	case !matched && !p.noNodePortAddrs:
 		p.noNodePortAddrs = true
 		klog.InfoS("No address of this host is in --nodeport-addresses: node ports are served nowhere until one is",
-			"nodePortAddresses", p.cfg.NodePortAddresses, "hostAddresses", localAddrs)
+			"nodePortAddresses", p.cfg.NodePortAddresses, "families", missing, "hostAddresses", localAddrs)
 	case matched && p.noNodePortAddrs:
 		p.noNodePortAddrs = false
 		klog.InfoS("An address of this host is in --nodeport-addresses again: node ports are served", "nodePortAddresses", p.cfg.NodePortAddresses)
@@ -606,16 +624,17 @@ func (p *Proxier) desiredSockets(sp *servicePort, spec *state.ServicePort, local
 	var want []sockKey
 	fams := families(spec)
 	if p.cfg.ServeNodePorts && spec.NodePort != 0 {
-		if len(p.cfg.NodePortAddresses) == 0 {
-			for _, f := range fams {
+		// Each family serves its own Services, as kube-proxy's proxier
+		// of that family does: an IPv4 Service has no node port on the
+		// host's IPv6 addresses. A family whose node ports are served
+		// everywhere listens on its wildcard address.
+		for _, f := range fams {
+			if state.NodePortsEverywhere(p.cfg.NodePortAddresses, f == familyIPv6) {
 				want = append(want, sockKey{netip.AddrPortFrom(wildcard(f), spec.NodePort), roleNodePort})
+				continue
 			}
-		} else {
-			// Each family serves its own Services, as kube-proxy's proxier
-			// of that family does: an IPv4 Service has no node port on the
-			// host's IPv6 addresses.
 			for _, a := range localAddrs {
-				if slices.Contains(fams, familyOf(a)) && InNodePortAddresses(p.cfg.NodePortAddresses, a) && !p.isFrontendAddr(a) {
+				if familyOf(a) == f && InNodePortAddresses(p.cfg.NodePortAddresses, a) && !p.isFrontendAddr(a) {
 					want = append(want, sockKey{netip.AddrPortFrom(a, spec.NodePort), roleNodePort})
 				}
 			}
@@ -659,6 +678,21 @@ func familyOf(a netip.Addr) family {
 	return familyIPv6
 }
 
+func (f family) String() string {
+	if f == familyIPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// index is 0 for IPv4 and 1 for IPv6, as in bothFamilies.
+func (f family) index() int {
+	if f == familyIPv6 {
+		return 1
+	}
+	return 0
+}
+
 func wildcard(f family) netip.Addr {
 	if f == familyIPv6 {
 		return netip.IPv6Unspecified()
@@ -684,10 +718,11 @@ var (
 	bothFamilies = []family{familyIPv4, familyIPv6}
 )
 
-// InNodePortAddresses reports whether a is in one of the CIDRs of
-// --nodeport-addresses (Config.NodePortAddresses).
+// InNodePortAddresses reports whether node ports are served on a by the
+// CIDRs of --nodeport-addresses (Config.NodePortAddresses), read per IP
+// family (state.InNodePortCIDRs).
 func InNodePortAddresses(cidrs []netip.Prefix, a netip.Addr) bool {
-	return slices.ContainsFunc(cidrs, func(pfx netip.Prefix) bool { return pfx.Contains(a) })
+	return state.InNodePortCIDRs(cidrs, a)
 }
 
 // HostAddrs lists the addresses of every interface of this host.
