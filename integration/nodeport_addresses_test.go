@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -56,5 +57,59 @@ func TestBinaryNodePortAddressesOfOneFamily(t *testing.T) {
 			expectReply(t, w.outside, "udp", nodeOutSide+":30096", "be1:ping")
 			expectReply(t, w.pod, "tcp", nodePodSide+":30095", "be1:ping")
 		})
+	}
+}
+
+// routeLoopbackVia makes ns send its traffic to 127.0.0.0/8 out through
+// gw, as a neighbour of the node can (route_localnet on the sender): its
+// own loopback routes go, and 127.0.0.0/8 is routed to gw.
+func routeLoopbackVia(t *testing.T, ns netns, gw string) {
+	t.Helper()
+	ns.mustRun(t, "sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1", "net.ipv4.conf.eth0.route_localnet=1")
+	ns.mustRun(t, "ip", "addr", "flush", "dev", "lo")
+	ns.run("ip", "route", "del", "local", "127.0.0.0/8", "dev", "lo", "table", "local")
+	ns.mustRun(t, "ip", "route", "add", "127.0.0.0/8", "via", gw, "dev", "eth0")
+}
+
+// TestBinaryIPTablesLoopbackNodePortsAreTheNodesOwn: a neighbour that sends
+// to 127.0.0.1 and a node port through the node (CVE-2020-8558's way in)
+// is not redirected, whether --nodeport-addresses is every address or
+// names 127.0.0.0/8: the PREROUTING rule rewrote that martian destination
+// before routing could drop it, and the neighbour reached the Service on
+// the node's loopback. The node's own traffic to 127.0.0.1 is served.
+func TestBinaryIPTablesLoopbackNodePortsAreTheNodesOwn(t *testing.T) {
+	for _, args := range [][]string{nil, {"--nodeport-addresses=127.0.0.0/8,198.18.11.0/24"}} {
+		t.Run(fmt.Sprint(args), func(t *testing.T) {
+			w, _ := serveNodePorts(t, "iptables", netnsManifest, "", args...)
+			routeLoopbackVia(t, w.outside, nodeOutSide)
+			// The world is right: a node port the neighbour may use.
+			expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
+			expectNoReply(t, w.outside, "tcp", "127.0.0.1:30080")
+			expectNoReply(t, w.outside, "udp", "127.0.0.1:30053")
+			expectReply(t, w.node, "tcp", "127.0.0.1:30080", "be1:ping")
+			expectReply(t, w.node, "udp", "127.0.0.1:30053", "be1:ping")
+		})
+	}
+}
+
+// TestBinaryNoLocalhostNodePorts: --iptables-localhost-nodeports=false
+// (kube-proxy's) serves node ports on no loopback address, not even to the
+// node itself, with every portal; the node's other addresses serve them.
+// It was accepted and ignored.
+func TestBinaryNoLocalhostNodePorts(t *testing.T) {
+	for _, mode := range []string{"iptables", "bind", "none"} {
+		for _, npa := range []string{"", "127.0.0.0/8,::1/128,198.18.10.0/24"} {
+			t.Run(mode+"/"+npa, func(t *testing.T) {
+				args := []string{"--iptables-localhost-nodeports=false"}
+				if npa != "" {
+					args = append(args, "--nodeport-addresses="+npa)
+				}
+				w, _ := serveNodePorts(t, mode, netnsManifest, `:30053`, args...)
+				expectReply(t, w.node, "tcp", nodePodSide+":30080", "be1:ping")
+				expectReply(t, w.pod, "udp", nodePodSide+":30053", "be1:ping")
+				expectNoReply(t, w.node, "tcp", "127.0.0.1:30080")
+				expectNoReply(t, w.node, "udp", "127.0.0.1:30053")
+			})
+		}
 	}
 }

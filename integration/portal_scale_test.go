@@ -51,9 +51,11 @@ func TestPortalIPTablesSync5000(t *testing.T) {
 	t.Logf("sync of %d service ports (%d rules, %s backend): first %v, unchanged %v, one removed %v",
 		n, rules, first.Backend, first.SyncTook.Round(time.Millisecond), again.SyncTook.Round(time.Millisecond), changed.SyncTook.Round(time.Millisecond))
 	// After svc-0 went: a portal per service port, a node-port rule each
-	// for the 999 left, one jump in each of the two host chains, and a
-	// filter rule per service port.
-	if want := (n - 1) + 999 + 2 + (n - 1); rules != want {
+	// for the 999 left, and one more each for 127.0.0.0/8 in the host
+	// chain (the container chain's first rule leaves loopback alone),
+	// one jump in each of the two host chains, and a filter rule per
+	// service port.
+	if want := (n - 1) + 2*999 + 1 + 2 + (n - 1); rules != want {
 		t.Errorf("%d rules in our chains, want %d", rules, want)
 	}
 	for _, took := range []time.Duration{first.SyncTook, again.SyncTook, changed.SyncTook} {

@@ -12,6 +12,11 @@ type IPTablesConfig struct {
 	// that drops new connections for want of a local endpoint
 	// (Portal.NoLocal) still takes theirs to external frontends.
 	ClusterCIDRs []netip.Prefix
+	// NoLocalhostNodePorts stops node ports on loopback addresses
+	// (127.0.0.0/8, ::1), kube-proxy's --iptables-localhost-nodeports=false.
+	// If false, this host's own traffic reaches them there, as before;
+	// traffic from elsewhere never does (see render).
+	NoLocalhostNodePorts bool
 	// DNAT, if set, is asked at every Sync for the node address of each
 	// family that portals DNAT to (to that address and the proxy port)
 	// instead of REDIRECTing: REDIRECT sends a packet to the first

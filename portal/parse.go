@@ -199,9 +199,6 @@ func parseComment(comment, proto string) (state.ServicePortName, error) {
 	return state.ServicePortName{Namespace: ns, Name: name, Port: port, Protocol: pr}, nil
 }
 
-// portalsInSave returns the portals our container chains hold in nat-table
-// iptables-save output of family fam, sorted; the host chains mirror them.
-// Rules it cannot read are skipped and counted.
 // targetsInSave returns where our nat chains of tables send traffic, the
 // ports aside (portalsInSave reads those): "REDIRECT", or the DNAT
 // addresses, sorted, each once, prefixed with fam.
@@ -211,10 +208,10 @@ func targetsInSave(tables map[string]*savedTable, fam Family) []string {
 		return nil
 	}
 	var out []string
-	for _, chain := range []string{ChainPortalsContainer, ChainNodePortContainer} {
+	for _, chain := range portalChains {
 		for _, args := range nat.rules[chain] {
 			_, target, ok := strings.Cut(args, " -j ")
-			if !ok {
+			if !ok || notPortal(args) {
 				continue
 			}
 			if to, isDNAT := strings.CutPrefix(target, "DNAT --to-destination "); isDNAT {
@@ -233,13 +230,33 @@ func targetsInSave(tables map[string]*savedTable, fam Family) []string {
 	return slices.Compact(out)
 }
 
+// portalChains are the nat chains whose rules are portals: the container
+// chains, and the host node-port chain, which redirects loopback
+// destinations itself (the container chain leaves them alone).
+var portalChains = []string{ChainPortalsContainer, ChainNodePortContainer, ChainNodePortHost}
+
+// notPortal reports whether a rule of portalChains is no portal: a jump
+// into another of our chains, or the container chain's return on loopback
+// destinations.
+func notPortal(args string) bool {
+	return strings.HasSuffix(args, " -j RETURN") || strings.Contains(args, " -j KUBE-")
+}
+
+// portalsInSave returns the portals our container chains (and the host
+// node-port chain, for loopback destinations) hold in nat-table
+// iptables-save output of family fam, sorted; the host chains otherwise
+// jump into the container ones. Rules it cannot read are skipped and
+// counted.
 func portalsInSave(tables map[string]*savedTable, fam Family) (out []Portal, unreadable int) {
 	nat := tables[tableNAT]
 	if nat == nil {
 		return nil, 0
 	}
-	for _, chain := range []string{ChainPortalsContainer, ChainNodePortContainer} {
+	for _, chain := range portalChains {
 		for _, args := range nat.rules[chain] {
+			if notPortal(args) {
+				continue
+			}
 			p, err := parseRule(chain, args)
 			if err != nil {
 				unreadable++

@@ -137,6 +137,7 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 	var filter, health, firewall bytes.Buffer
 	var r rules
 	accepted := make(map[string]bool)
+	guardLoopback := false // the container node-port chain may match loopback
 	for _, p := range portals {
 		if p.Family != fam || p.validate() != nil {
 			continue
@@ -187,11 +188,29 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 					}
 				}
 			}
+			// Loopback destinations are this host's alone: only its own
+			// traffic (OUTPUT, the host chain) is redirected there. From
+			// PREROUTING a packet to 127.0.0.1 comes from another host
+			// (one with route_localnet), and a REDIRECT would rewrite
+			// that martian destination before routing could drop it
+			// (CVE-2020-8558): the container chain returns on them.
+			redirected := false
 			for _, d := range dsts {
+				lo, inLoopback := loopbackPart(d, fam)
+				if lo != "" && !cfg.NoLocalhostNodePorts {
+					chains[3].WriteString("-A " + ChainNodePortHost + " " + match("", lo))
+					r.count++
+					redirected = true
+				}
+				if inLoopback {
+					continue
+				}
+				guardLoopback = guardLoopback || lo != "" || d == ""
 				chains[2].WriteString("-A " + ChainNodePortContainer + " " + match("", d))
 				r.count++
+				redirected = true
 			}
-			if len(dsts) == 0 {
+			if !redirected {
 				continue
 			}
 		} else {
@@ -261,9 +280,20 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 			}
 		}
 	}
+	if guardLoopback {
+		lo := loopback(fam).String()
+		guard := "-A " + ChainNodePortContainer + " -d " + lo + " -m comment --comment \"" + loopbackGuardComment + "\" -j RETURN\n"
+		rest := slices.Clone(chains[2].Bytes())
+		chains[2].Reset()
+		chains[2].WriteString(guard)
+		chains[2].Write(rest)
+		r.count++
+	}
 	// Locally generated traffic takes the same REDIRECTs (in OUTPUT they
 	// land on the loopback address): each host chain is one jump into its
-	// container chain, which halves the rules a sync writes.
+	// container chain, which halves the rules a sync writes. (The host
+	// node-port chain redirects loopback destinations first, which the
+	// container chain leaves alone.)
 	for _, host := range []int{1, 3} { // each host chain follows its container chain in natChains
 		if chains[host-1].Len() > 0 {
 			chains[host].WriteString("-A " + natChains[host] + " -m comment --comment \"" + hostJumpComment + "\" -j " + natChains[host-1] + "\n")
@@ -283,6 +313,36 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 	r.filter = slices.Concat([]byte("*filter\n:"+ChainNodePortNonLocal+" - [0:0]\n:"+ChainFirewall+" - [0:0]\n"),
 		filter.Bytes(), health.Bytes(), firewall.Bytes(), []byte("COMMIT\n"))
 	return r
+}
+
+// loopbackGuardComment is the comment of the container node-port chain's
+// first rule, which leaves loopback destinations alone.
+const loopbackGuardComment = "kube-userspace-proxy: loopback node ports are for this host alone"
+
+// loopback is the loopback range of fam: 127.0.0.0/8 or ::1/128.
+func loopback(fam Family) netip.Prefix {
+	if fam == IPv6 {
+		return netip.PrefixFrom(netip.IPv6Loopback(), 128)
+	}
+	return netip.MustParsePrefix("127.0.0.0/8")
+}
+
+// loopbackPart returns the loopback destinations a node-port destination
+// of the container chain (a CIDR, or "" for every local address) covers,
+// as a CIDR ("" if none), and whether it covers nothing else.
+func loopbackPart(dst string, fam Family) (lo string, only bool) {
+	l := loopback(fam)
+	if dst == "" {
+		return l.String(), false
+	}
+	d, err := netip.ParsePrefix(dst)
+	if err != nil || !d.Overlaps(l) {
+		return "", false
+	}
+	if d.Bits() >= l.Bits() {
+		return d.String(), true
+	}
+	return l.String(), false
 }
 
 // quoteComment quotes a rule comment for iptables-restore. Anything but

@@ -32,6 +32,9 @@ func tracePacket(t *testing.T, ruleText, hook, proto string, src netip.Addr, dst
 				continue
 			}
 			if p, ok := matchRule(t, args, proto, src, dst); ok {
+				if strings.HasSuffix(args, " -j RETURN") {
+					return 0, "", false // back to the calling chain, which goes on
+				}
 				return p, chain + " " + args, true
 			}
 		}
@@ -80,7 +83,7 @@ func matchRule(t *testing.T, args, proto string, src netip.Addr, dst netip.AddrP
 			to = uint16(n)
 		}
 	}
-	return to, to != 0 || strings.HasSuffix(args, " -j DROP")
+	return to, to != 0 || strings.HasSuffix(args, " -j DROP") || strings.HasSuffix(args, " -j RETURN")
 }
 
 // dropped reports whether the firewall chain of the rendered filter table
@@ -102,6 +105,8 @@ func dropped(t *testing.T, ruleText, proto string, src netip.Addr, dst netip.Add
 func TestTrace(t *testing.T) {
 	nodeAddrs := []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}
 	node6Addrs := []netip.Prefix{netip.MustParsePrefix("fd5e:b1b5:1::/64")}
+	loAddrs := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	wideAddrs := []netip.Prefix{netip.MustParsePrefix("64.0.0.0/2"), netip.MustParsePrefix("198.18.0.0/15")} // 64.0.0.0/2 holds 127.0.0.0/8
 	pod, outside, node6 := "198.18.10.2", "198.18.11.2", "fd5e:b1b5:1::1"
 	tests := []struct {
 		hook, proto, src, dst string
@@ -136,6 +141,21 @@ func TestTrace(t *testing.T) {
 		{"PREROUTING", "tcp", node6, "[fd5e:b1b5:1::1]:30081", true, node6Addrs, 41237, false},
 		{"PREROUTING", "tcp", node6, "[fd5e:b1b5:7::1]:30081", true, node6Addrs, 0, false},
 		{"PREROUTING", "tcp", outside, "198.18.1.1:30080", true, node6Addrs, 41234, false},
+		// Loopback node ports are the node's own: a packet to 127.0.0.1
+		// that comes in (PREROUTING, from a host with route_localnet) is
+		// never redirected, whatever --nodeport-addresses says
+		// (CVE-2020-8558); the node's own (OUTPUT) is.
+		{"PREROUTING", "tcp", outside, "127.0.0.1:30080", true, nil, 0, false},
+		{"PREROUTING", "udp", outside, "127.0.0.1:30053", true, nil, 0, false},
+		{"PREROUTING", "tcp", outside, "127.0.0.1:30080", true, loAddrs, 0, false},
+		{"PREROUTING", "tcp", outside, "127.0.0.1:30080", true, wideAddrs, 0, false},
+		{"PREROUTING", "tcp", outside, "127.1.2.3:30080", true, nil, 0, false},
+		{"PREROUTING", "tcp", node6, "[::1]:30081", true, nil, 0, false},
+		{"OUTPUT", "tcp", "127.0.0.1", "127.0.0.1:30080", true, loAddrs, 41234, false},
+		{"OUTPUT", "tcp", "127.0.0.1", "127.0.0.1:30080", true, wideAddrs, 41234, false},
+		{"OUTPUT", "tcp", "::1", "[::1]:30081", true, nil, 41237, false},
+		{"OUTPUT", "tcp", "127.0.0.1", "198.18.1.1:30080", true, loAddrs, 0, false},
+		{"PREROUTING", "tcp", outside, "198.18.1.1:30080", true, wideAddrs, 41234, false},
 	}
 	for _, tc := range tests {
 		src, dst := netip.MustParseAddr(tc.src), netip.MustParseAddrPort(tc.dst)
@@ -163,5 +183,31 @@ func TestTrace(t *testing.T) {
 				t.Errorf("Fake.Lookup = :%d, rules say :%d", fp, got)
 			}
 		})
+	}
+}
+
+// TestTraceNoLocalhostNodePorts: with kube-proxy's
+// --iptables-localhost-nodeports=false node ports are not served on
+// loopback addresses at all, not even to the node itself; its other
+// addresses still serve them.
+func TestTraceNoLocalhostNodePorts(t *testing.T) {
+	for _, cidrs := range [][]netip.Prefix{nil, {netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("198.18.1.0/24")}} {
+		tests := []struct {
+			hook, src, dst string
+			want           uint16
+		}{
+			{"OUTPUT", "127.0.0.1", "127.0.0.1:30080", 0},
+			{"OUTPUT", "::1", "[::1]:30081", 0},
+			{"PREROUTING", "198.18.11.2", "127.0.0.1:30080", 0},
+			{"OUTPUT", "198.18.1.1", "198.18.1.1:30080", 41234},
+			{"PREROUTING", "198.18.11.2", "198.18.1.1:30080", 41234},
+		}
+		for _, tc := range tests {
+			src, dst := netip.MustParseAddr(tc.src), netip.MustParseAddrPort(tc.dst)
+			text := Render(fixedPortals(), FamilyOf(dst.Addr()), IPTablesConfig{NodePortAddresses: cidrs, NoLocalhostNodePorts: true})
+			if got, rule, ok := tracePacket(t, text, tc.hook, "tcp", src, dst, true); got != tc.want {
+				t.Errorf("nodeports=%v: %s %s redirects to :%d (%v, %q), want :%d", cidrs, tc.hook, tc.dst, got, ok, rule, tc.want)
+			}
+		}
 	}
 }

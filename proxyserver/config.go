@@ -72,6 +72,12 @@ type Config struct {
 	// served on, per IP family: empty means all, and a family none of
 	// them is in (or with a zero CIDR) serves them on all its addresses.
 	NodePortAddresses []string
+	// LocalhostNodePorts serves node ports on loopback addresses
+	// (127.0.0.0/8, ::1) to this host's own traffic, when
+	// NodePortAddresses holds them (kube-proxy's
+	// --iptables-localhost-nodeports). If false, they are served on no
+	// loopback address. Traffic from other hosts never reaches them there.
+	LocalhostNodePorts bool
 	// HostnameOverride names this node; empty means the host name.
 	HostnameOverride string
 	// ClusterCIDR is the pods' CIDRs, comma-separated (one per IP family):
@@ -124,6 +130,7 @@ func NewConfig() *Config {
 		UDPReplyTimeout:     userspace.DefaultUDPReplyTimeout,
 		UDPMaxSessions:      userspace.DefaultUDPMaxSessions,
 		TCPHalfCloseTimeout: userspace.DefaultTCPHalfCloseTimeout,
+		LocalhostNodePorts:  true,
 		MinSyncPeriod:       time.Second,
 		SyncPeriod:          30 * time.Second,
 		HealthzBindAddress:  "0.0.0.0:10256",
@@ -149,6 +156,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "The IP address proxy ports listen on; 0.0.0.0 or :: listen on every address of each IP family a service uses. With --portal=iptables proxy ports listen on every address, and the rules DNAT to this address (when it is one of this host's) instead of REDIRECTing.")
 	fs.StringVar(&c.ProxyPortRange, "proxy-port-range", c.ProxyPortRange, "Host ports for proxy ports: 'begin-end', 'begin+offset' or a single port. Empty, 0 or 0-0 lets the kernel choose.")
 	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses, "Comma-separated CIDRs of the node addresses that serve NodePorts, e.g. 127.0.0.0/8,10.0.0.0/8. Empty means every address; an IP family none of them is in serves NodePorts on every address of that family.")
+	fs.BoolVar(&c.LocalhostNodePorts, "iptables-localhost-nodeports", c.LocalhostNodePorts, "Serve NodePorts on loopback addresses (127.0.0.1, ::1) to this host's own traffic, where --nodeport-addresses includes them. false: NodePorts are not served on loopback addresses at all. Traffic from other hosts never reaches them there.")
 	fs.StringVar(&c.ClusterCIDR, "cluster-cidr", c.ClusterCIDR, "The pods' CIDRs, comma-separated for dual stack (e.g. 10.244.0.0/16,fd00:10:244::/56): traffic from a pod to a node port, external IP or load-balancer IP of a Service with externalTrafficPolicy: Local goes to all its endpoints, as kube-proxy routes it. Empty: only this host's own traffic is told apart.")
 	fs.StringVar(&c.HostnameOverride, "hostname-override", c.HostnameOverride, "The name of this node, to tell its endpoints from others'. Empty means the host name.")
 	fs.DurationVar(&c.UDPIdleTimeout, "udp-timeout", c.UDPIdleTimeout, "How long an idle UDP session is kept once its endpoint has answered (must be > 0).")
@@ -314,13 +322,14 @@ func (c *Config) proxierConfig(portalMode string) userspace.Config {
 		ServeNodePorts: portalMode != PortalIPTables,
 		// bind puts the service addresses on the host and listens on them,
 		// so it needs no proxy ports.
-		ServeFrontends:      portalMode == PortalBind,
-		DisableProxyPorts:   portalMode == PortalBind,
-		NodePortAddresses:   c.nodePorts,
-		ClusterCIDRs:        c.podCIDRs,
-		UDPIdleTimeout:      c.UDPIdleTimeout,
-		UDPReplyTimeout:     c.UDPReplyTimeout,
-		UDPMaxSessions:      c.UDPMaxSessions,
-		TCPHalfCloseTimeout: c.TCPHalfCloseTimeout,
+		ServeFrontends:       portalMode == PortalBind,
+		DisableProxyPorts:    portalMode == PortalBind,
+		NodePortAddresses:    c.nodePorts,
+		NoLocalhostNodePorts: !c.LocalhostNodePorts,
+		ClusterCIDRs:         c.podCIDRs,
+		UDPIdleTimeout:       c.UDPIdleTimeout,
+		UDPReplyTimeout:      c.UDPReplyTimeout,
+		UDPMaxSessions:       c.UDPMaxSessions,
+		TCPHalfCloseTimeout:  c.TCPHalfCloseTimeout,
 	}
 }

@@ -27,21 +27,22 @@ const ModeUserspace = "userspace"
 // file's fields, for messages. --hostname-override is not one: as in
 // kube-proxy, the flag wins.
 var configFileFields = map[string]string{
-	"kubeconfig":               "clientConnection.kubeconfig",
-	"kube-api-qps":             "clientConnection.qps",
-	"kube-api-burst":           "clientConnection.burst",
-	"kube-api-content-type":    "clientConnection.contentType",
-	"config-sync-period":       "configSyncPeriod",
-	"bind-address":             "bindAddress",
-	"healthz-bind-address":     "healthzBindAddress",
-	"metrics-bind-address":     "metricsBindAddress",
-	"nodeport-addresses":       "nodePortAddresses",
-	"cluster-cidr":             "clusterCIDR",
-	"iptables-sync-period":     "iptables.syncPeriod",
-	"iptables-min-sync-period": "iptables.minSyncPeriod",
-	"proxy-port-range":         "portRange",
-	"udp-timeout":              "udpIdleTimeout",
-	"hostname-override":        "hostnameOverride",
+	"kubeconfig":                   "clientConnection.kubeconfig",
+	"kube-api-qps":                 "clientConnection.qps",
+	"kube-api-burst":               "clientConnection.burst",
+	"kube-api-content-type":        "clientConnection.contentType",
+	"config-sync-period":           "configSyncPeriod",
+	"bind-address":                 "bindAddress",
+	"healthz-bind-address":         "healthzBindAddress",
+	"metrics-bind-address":         "metricsBindAddress",
+	"nodeport-addresses":           "nodePortAddresses",
+	"cluster-cidr":                 "clusterCIDR",
+	"iptables-sync-period":         "iptables.syncPeriod",
+	"iptables-min-sync-period":     "iptables.minSyncPeriod",
+	"iptables-localhost-nodeports": "iptables.localhostNodePorts",
+	"proxy-port-range":             "portRange",
+	"udp-timeout":                  "udpIdleTimeout",
+	"hostname-override":            "hostnameOverride",
 }
 
 // LoadConfigFile reads the KubeProxyConfiguration file of --config, if
@@ -241,6 +242,7 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	} else if kp.DetectLocalMode == "" || kp.DetectLocalMode == "ClusterCIDR" {
 		c.ClusterCIDR = kp.ClusterCIDR // checked by Validate, which names the field
 	} // else told apart by node CIDR or interface: not supported; see inapplicable
+	c.LocalhostNodePorts = kp.IPTables.LocalhostNodePorts == nil || *kp.IPTables.LocalhostNodePorts
 	c.NodePortAddresses = nil
 	for i, a := range kp.NodePortAddresses {
 		switch a {
@@ -274,7 +276,6 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 	add(kp.ShowHiddenMetricsForVersion != "", "showHiddenMetricsForVersion")
 	add(kp.IPTables.MasqueradeAll, "iptables.masqueradeAll")
 	add(kp.IPTables.MasqueradeBit != nil, "iptables.masqueradeBit")
-	add(kp.IPTables.LocalhostNodePorts != nil, "iptables.localhostNodePorts")
 	add(!reflect.ValueOf(kp.IPVS).IsZero(), "ipvs")
 	add(!reflect.ValueOf(kp.NFTables).IsZero(), "nftables")
 	add(!reflect.ValueOf(kp.Winkernel).IsZero(), "winkernel")
@@ -381,6 +382,15 @@ func (c *Config) marshalKubeProxyConfig(verbosity int) ([]byte, error) {
 		return nil, err
 	}
 	pruneZero(fields)
+	if !c.LocalhostNodePorts {
+		// A false that means something: the field defaults to true.
+		ipt, _ := fields["iptables"].(map[string]any)
+		if ipt == nil {
+			ipt = make(map[string]any)
+			fields["iptables"] = ipt
+		}
+		ipt["localhostNodePorts"] = false
+	}
 	fields["udpIdleTimeout"] = c.UDPIdleTimeout.String()
 	data, err := yaml.Marshal(fields)
 	if err != nil {

@@ -113,6 +113,18 @@ func TestLoadConfigFile(t *testing.T) {
 		t.Errorf("inapplicable = %v", got)
 	}
 
+	// iptables.localhostNodePorts is kube-proxy's, defaulting to true.
+	if !c.LocalhostNodePorts {
+		t.Errorf("localhostNodePorts = false, want kube-proxy's default, true")
+	}
+	c, err = loadConfig(t, strings.Replace(kubeadmConfig, "  masqueradeAll: false\n", "  masqueradeAll: false\n  localhostNodePorts: false\n", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LocalhostNodePorts || !c.proxierConfig(PortalNone).NoLocalhostNodePorts {
+		t.Errorf("iptables.localhostNodePorts: false was not read")
+	}
+
 	// --hostname-override and -v on the command line win over the file.
 	c, err = loadConfig(t, kubeadmConfig, "--hostname-override=flag-node", "--v=1")
 	if err != nil {
@@ -232,7 +244,7 @@ func TestWriteConfigFile(t *testing.T) {
 			"--config-sync-period=10m", "--bind-address=::", "--healthz-bind-address=[::]:9000", "--metrics-bind-address=127.0.0.1",
 			"--nodeport-addresses=127.0.0.0/8,198.18.0.0/15", "--cluster-cidr=198.18.0.0/16,fd5e:b1b5::/48", "--iptables-sync-period=1m",
 			"--iptables-min-sync-period=0.5s", "--proxy-port-range=36000+99", "--udp-timeout=1s", "--hostname-override=node-a",
-			"--portal=iptables", "--udp-max-sessions=-1", "--master=https://192.0.2.1:6443"},
+			"--portal=iptables", "--udp-max-sessions=-1", "--master=https://192.0.2.1:6443", "--iptables-localhost-nodeports=false"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			c, err := loadConfig(t, "", args...)

@@ -32,7 +32,6 @@ var kubeProxyOnlyFlags = []struct {
 	{"feature-gates", addString},
 	{"healthz-port", addInt},
 	{"init-only", addBool},
-	{"iptables-localhost-nodeports", addBool},
 	{"iptables-masquerade-bit", addInt},
 	{"ipvs-exclude-cidrs", addStrings},
 	{"ipvs-min-sync-period", addDuration},

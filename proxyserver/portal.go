@@ -25,7 +25,7 @@ import (
 // dnat is where the iptables portal sends traffic (IPTablesConfig.DNAT).
 func choosePortal(ctx context.Context, cfg *Config, dnat func(portal.Family) netip.Addr) (portal.Interface, string, error) {
 	ipt := func() (portal.Interface, error) {
-		return portal.NewIPTables(ctx, portal.IPTablesConfig{NodePortAddresses: cfg.nodePorts, ClusterCIDRs: cfg.podCIDRs, DNAT: dnat})
+		return portal.NewIPTables(ctx, portal.IPTablesConfig{NodePortAddresses: cfg.nodePorts, NoLocalhostNodePorts: !cfg.LocalhostNodePorts, ClusterCIDRs: cfg.podCIDRs, DNAT: dnat})
 	}
 	bind := func() (portal.Interface, error) {
 		return portal.NewBind(ctx, portal.BindConfig{Interface: cfg.BindInterface})

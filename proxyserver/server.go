@@ -63,6 +63,13 @@ func Run(ctx context.Context, cfg *Config) error {
 	}
 	klog.InfoS("Starting kube-userspace-proxy", "node", node, "portal", mode, "manifests", cfg.Manifests,
 		"bindAddress", cfg.BindAddress, "proxyPortRange", cmp.Or(cfg.portRange.String(), "kernel-chosen"), "nodePortAddresses", nodePortAddrs)
+	if !cfg.LocalhostNodePorts {
+		for _, pfx := range cfg.nodePorts {
+			if pfx.Addr().IsLoopback() {
+				klog.InfoS("--nodeport-addresses includes loopback addresses, where --iptables-localhost-nodeports=false serves no node ports", "cidr", pfx, "setBy", cfg.where("iptables-localhost-nodeports"))
+			}
+		}
+	}
 	if ignored := cfg.ignoredKubeProxyFlags(); len(ignored) > 0 {
 		klog.InfoS("Flags of kube-proxy that a userspace proxy has no use for are ignored", "flags", ignored)
 	}

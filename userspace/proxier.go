@@ -50,6 +50,11 @@ type Config struct {
 	// NodePortAddresses restricts the node addresses NodePorts are served
 	// on. If empty, the wildcard address of each IP family is used.
 	NodePortAddresses []netip.Prefix
+	// NoLocalhostNodePorts keeps node ports off loopback addresses
+	// (kube-proxy's --iptables-localhost-nodeports=false): they are not
+	// listened on there, and a wildcard listener refuses what reaches it
+	// there. If false, they are served there too.
+	NoLocalhostNodePorts bool
 	// ServeFrontends makes the proxier listen on every ClusterIP,
 	// ExternalIP and load-balancer IP at the service port, for the bind
 	// portal.
@@ -427,14 +432,23 @@ func frontendsOf(snap state.Snapshot) map[netip.Addr]bool {
 // this host (see frontendAddrs).
 func (p *Proxier) isFrontendAddr(a netip.Addr) bool {
 	set := p.frontendAddrs.Load()
-	return set != nil && (*set)[a.Unmap().WithZone("")]
+	return set != nil && (*set)[a.Unmap()]
 }
 
 // nodePortRefuses reports whether a connection or datagram that reached a
 // node-port socket of role r at local address dst must be refused: dst is
 // a service address (see frontendAddrs). It logs the refusal at -v=4.
 func (sp *servicePort) nodePortRefuses(r socketRole, dst netip.Addr, client netip.AddrPort) bool {
-	if r != roleNodePort || !sp.p.isFrontendAddr(dst) {
+	if r != roleNodePort {
+		return false
+	}
+	if sp.p.cfg.NoLocalhostNodePorts && dst.Unmap().IsLoopback() {
+		if klog.V(4).Enabled() {
+			klog.InfoS("Node port reached on a loopback address (--iptables-localhost-nodeports=false); refused", "service", sp.name, "client", client, "addr", dst)
+		}
+		return true
+	}
+	if !sp.p.isFrontendAddr(dst) {
 		return false
 	}
 	if klog.V(4).Enabled() {
@@ -634,7 +648,8 @@ func (p *Proxier) desiredSockets(sp *servicePort, spec *state.ServicePort, local
 				continue
 			}
 			for _, a := range localAddrs {
-				if familyOf(a) == f && InNodePortAddresses(p.cfg.NodePortAddresses, a) && !p.isFrontendAddr(a) {
+				if familyOf(a) == f && InNodePortAddresses(p.cfg.NodePortAddresses, a) && !p.isFrontendAddr(a) &&
+					!(p.cfg.NoLocalhostNodePorts && a.Unmap().IsLoopback()) {
 					want = append(want, sockKey{netip.AddrPortFrom(a, spec.NodePort), roleNodePort})
 				}
 			}

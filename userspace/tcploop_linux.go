@@ -222,10 +222,12 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 
 // servesServiceAddrs reports whether connection cfd, accepted on a node
 // port listening on every address, reached it at a service address the
-// portal put on this host, where node ports are not served (see
-// Proxier.frontendAddrs). It costs a getsockname only with such addresses.
+// portal put on this host, or at a loopback address with
+// NoLocalhostNodePorts, where node ports are not served (see
+// Proxier.frontendAddrs). It costs a getsockname only with such addresses
+// or that option.
 func (l *tcpListener) servesServiceAddrs(cfd int, client netip.AddrPort) bool {
-	if !l.addr.IsUnspecified() || l.sp.p.frontendAddrs.Load() == nil {
+	if !l.addr.IsUnspecified() || l.sp.p.frontendAddrs.Load() == nil && !l.sp.p.cfg.NoLocalhostNodePorts {
 		return false
 	}
 	local, err := rawGetsockname(cfd)
