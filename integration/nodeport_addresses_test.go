@@ -5,6 +5,7 @@ package integration
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -112,4 +113,80 @@ func TestBinaryNoLocalhostNodePorts(t *testing.T) {
 			})
 		}
 	}
+}
+
+// linkLocal returns the IPv6 link-local address of dev in ns.
+func linkLocal(t *testing.T, ns netns, dev string) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := ns.mustRun(t, "ip", "-6", "-o", "addr", "show", "dev", dev, "scope", "link")
+		if f := strings.Fields(out); len(f) > 3 && !strings.Contains(out, "tentative") {
+			return strings.Split(f[3], "/")[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no usable link-local address on %s: %q", dev, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestBinaryNodePortsOnLinkLocalAddresses: --nodeport-addresses holding
+// IPv6 link-local addresses (fe80::/10) serves node ports on them, bound
+// with their interface, and a client on the link reaches them; every
+// sync failed (bind: invalid argument, no zone) for as long as the proxy
+// ran.
+func TestBinaryNodePortsOnLinkLocalAddresses(t *testing.T) {
+	for _, mode := range []string{"bind", "none"} {
+		t.Run(mode, func(t *testing.T) {
+			w, px := serveNodePorts(t, mode, dualStackManifest+dualStackIPv6Slice, `fe80::[0-9a-f:]+%to-out\]:30095`, "--nodeport-addresses=fe80::/10,198.18.11.0/24")
+			node := linkLocal(t, w.node, "to-out")
+			expectReply(t, w.outside, "tcp", "["+node+"%eth0]:30095", "be6:ping")
+			expectReply(t, w.outside, "udp", "["+node+"%eth0]:30096", "be6:ping")
+			expectReply(t, w.outside, "tcp", nodeOutSide+":30095", "be1:ping")
+			expectNoReply(t, w.outside, "tcp", "[fd5e:b1b5:11::1]:30095") // not link-local
+			if strings.Contains(px.log(), "Sync failed") {
+				t.Errorf("a sync failed:\n%s", px.log())
+			}
+		})
+	}
+}
+
+// TestBinaryNodePortsWaitForDAD: an IPv6 address still in duplicate
+// address detection (tentative) is not bound as a node-port address until
+// DAD succeeds, when the address watcher has it served at once; one whose
+// DAD failed is never bound. Both made every sync fail (bind: cannot
+// assign requested address), the second for ever.
+func TestBinaryNodePortsWaitForDAD(t *testing.T) {
+	for _, mode := range []string{"bind", "none"} {
+		t.Run(mode, func(t *testing.T) {
+			w, px := serveNodePorts(t, mode, dualStackManifest+dualStackIPv6Slice, `fd5e:b1b5:11::1\]:30095`, "--nodeport-addresses=fd5e:b1b5:11::/64")
+			w.node.mustRun(t, "sysctl", "-qw", "net.ipv6.conf.to-out.accept_dad=1", "net.ipv6.conf.to-out.dad_transmits=3")
+			// A duplicate: the outside host holds ::77 already.
+			w.outside.mustRun(t, "ip", "-6", "addr", "add", "fd5e:b1b5:11::77/64", "dev", "eth0", "nodad")
+			from := px.lineCount()
+			w.node.mustRun(t, "ip", "-6", "addr", "add", "fd5e:b1b5:11::99/64", "dev", "to-out")
+			w.node.mustRun(t, "ip", "-6", "addr", "add", "fd5e:b1b5:11::77/64", "dev", "to-out")
+			if out := w.node.mustRun(t, "ip", "-6", "addr", "show", "dev", "to-out"); !strings.Contains(out, "tentative") {
+				t.Fatalf("the new addresses are not tentative:\n%s", out)
+			}
+			px.waitLog(from, `"Serving".*fd5e:b1b5:11::99\]:30095`, 1, 10*time.Second)
+			expectReply(t, w.outside, "tcp", "[fd5e:b1b5:11::99]:30095", "be6:ping")
+			if out := w.node.mustRun(t, "ip", "-6", "addr", "show", "dev", "to-out"); !strings.Contains(out, "dadfailed") {
+				t.Fatalf("fd5e:b1b5:11::77 did not fail DAD:\n%s", out)
+			}
+			time.Sleep(1500 * time.Millisecond) // a retry would have come by now
+			log := px.logFrom(from)
+			if strings.Contains(log, "Sync failed") || strings.Contains(log, "fd5e:b1b5:11::77]:30095") {
+				t.Errorf("a tentative or DAD-failed address was bound:\n%s", log)
+			}
+		})
+	}
+}
+
+// logFrom is the proxy's log from line index from on.
+func (p *proxyProc) logFrom(from int) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.lines[from:], "\n")
 }

@@ -132,7 +132,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		dv.portals = func(s state.Snapshot) []portal.Portal { return redirectPortals(s, p) }
 	}
 	m.debug = dv
-	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.HostAddrs, proxyHealthy: health.healthy}
+	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.NodeAddrs, proxyHealthy: health.healthy}
 	defer hc.closeAll()
 	loop := newSyncLoop(func(s state.Snapshot) error {
 		var errs []error

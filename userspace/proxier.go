@@ -116,8 +116,10 @@ type Config struct {
 
 	// Clock is used for session-affinity expiry. If nil, the real clock.
 	Clock Clock
-	// LocalAddrs lists this host's addresses, to match NodePortAddresses.
-	// If nil, the addresses of every interface.
+	// LocalAddrs lists this host's addresses, to match NodePortAddresses;
+	// node ports listen on those that match, so an IPv6 link-local one
+	// needs its zone. If nil, NodeAddrs: the usable addresses of every
+	// interface.
 	LocalAddrs func() ([]netip.Addr, error)
 }
 
@@ -144,7 +146,7 @@ func (c *Config) setDefaults() {
 		c.Clock = realClock{}
 	}
 	if c.LocalAddrs == nil {
-		c.LocalAddrs = HostAddrs
+		c.LocalAddrs = NodeAddrs
 	}
 }
 
@@ -374,7 +376,7 @@ func (p *Proxier) readHostAddrs(needed bool, localAddrs []netip.Addr) {
 	}
 	set := make(map[netip.Addr]bool, len(localAddrs))
 	for _, a := range localAddrs {
-		set[a.Unmap()] = true
+		set[a.Unmap().WithZone("")] = true
 	}
 	p.hostAddrs.Store(&set)
 }
@@ -432,7 +434,7 @@ func frontendsOf(snap state.Snapshot) map[netip.Addr]bool {
 // this host (see frontendAddrs).
 func (p *Proxier) isFrontendAddr(a netip.Addr) bool {
 	set := p.frontendAddrs.Load()
-	return set != nil && (*set)[a.Unmap()]
+	return set != nil && (*set)[a.Unmap().WithZone("")]
 }
 
 // nodePortRefuses reports whether a connection or datagram that reached a
@@ -467,7 +469,7 @@ func (p *Proxier) isPod(a netip.Addr) bool {
 // readHostAddrs last read them.
 func (p *Proxier) isHostAddr(a netip.Addr) bool {
 	set := p.hostAddrs.Load()
-	return set != nil && (*set)[a.Unmap()]
+	return set != nil && (*set)[a.Unmap().WithZone("")]
 }
 
 // checkNodePortAddrs says so when no local address of a family matches
