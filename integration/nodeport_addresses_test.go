@@ -135,20 +135,28 @@ func linkLocal(t *testing.T, ns netns, dev string) string {
 // IPv6 link-local addresses (fe80::/10) serves node ports on them, bound
 // with their interface, and a client on the link reaches them; every
 // sync failed (bind: invalid argument, no zone) for as long as the proxy
-// ran.
+// ran. Zero CIDRs (0.0.0.0/0,::/0) mean every address, as in kube-proxy:
+// the wildcard listeners.
 func TestBinaryNodePortsOnLinkLocalAddresses(t *testing.T) {
 	for _, mode := range []string{"bind", "none"} {
-		t.Run(mode, func(t *testing.T) {
-			w, px := serveNodePorts(t, mode, dualStackManifest+dualStackIPv6Slice, `fe80::[0-9a-f:]+%to-out\]:30095`, "--nodeport-addresses=fe80::/10,198.18.11.0/24")
-			node := linkLocal(t, w.node, "to-out")
-			expectReply(t, w.outside, "tcp", "["+node+"%eth0]:30095", "be6:ping")
-			expectReply(t, w.outside, "udp", "["+node+"%eth0]:30096", "be6:ping")
-			expectReply(t, w.outside, "tcp", nodeOutSide+":30095", "be1:ping")
-			expectNoReply(t, w.outside, "tcp", "[fd5e:b1b5:11::1]:30095") // not link-local
-			if strings.Contains(px.log(), "Sync failed") {
-				t.Errorf("a sync failed:\n%s", px.log())
-			}
-		})
+		for _, tc := range []struct{ cidrs, ready string }{
+			{"fe80::/10,198.18.11.0/24", `fe80::[0-9a-f:]+%to-out\]:30095`},
+			{"0.0.0.0/0,::/0", `\[::\]:30095`},
+		} {
+			t.Run(mode+"/"+tc.cidrs, func(t *testing.T) {
+				w, px := serveNodePorts(t, mode, dualStackManifest+dualStackIPv6Slice, tc.ready, "--nodeport-addresses="+tc.cidrs)
+				node := linkLocal(t, w.node, "to-out")
+				expectReply(t, w.outside, "tcp", "["+node+"%eth0]:30095", "be6:ping")
+				expectReply(t, w.outside, "udp", "["+node+"%eth0]:30096", "be6:ping")
+				expectReply(t, w.outside, "tcp", nodeOutSide+":30095", "be1:ping")
+				if strings.HasPrefix(tc.cidrs, "fe80") {
+					expectNoReply(t, w.outside, "tcp", "[fd5e:b1b5:11::1]:30095") // not link-local
+				}
+				if strings.Contains(px.log(), "Sync failed") {
+					t.Errorf("a sync failed:\n%s", px.log())
+				}
+			})
+		}
 	}
 }
 
