@@ -198,3 +198,22 @@ func (p *proxyProc) logFrom(from int) string {
 	defer p.mu.Unlock()
 	return strings.Join(p.lines[from:], "\n")
 }
+
+// TestBinaryNodePortAddressesPrimary: --nodeport-addresses=primary
+// (kube-proxy's keyword, which it recommends) serves node ports on the
+// node's primary IPs; with --manifests, the addresses of the interface of
+// each family's default route (the node's route towards the outside host).
+// It was refused at start.
+func TestBinaryNodePortAddressesPrimary(t *testing.T) {
+	for _, mode := range []string{"iptables", "bind", "none"} {
+		t.Run(mode, func(t *testing.T) {
+			w, px := serveNodePorts(t, mode, dualStackManifest+dualStackIPv6Slice, `fd5e:b1b5:11::1\]:30095`, "--nodeport-addresses=primary")
+			px.waitLog(0, `"Node ports are served on this node's primary IPs.*nodePortAddresses=\["198.18.11.1/32","fd5e:b1b5:11::1/128"\]`, 1, time.Second)
+			expectReply(t, w.outside, "tcp", nodeOutSide+":30095", "be1:ping")
+			expectReply(t, w.outside, "tcp", "[fd5e:b1b5:11::1]:30095", "be6:ping")
+			expectReply(t, w.pod, "udp", nodeOutSide+":30096", "be1:ping")
+			expectNoReply(t, w.pod, "tcp", nodePodSide+":30095")
+			expectNoReply(t, w.pod, "tcp", "[fd5e:b1b5:10::1]:30095")
+		})
+	}
+}

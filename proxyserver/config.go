@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -109,6 +110,10 @@ type Config struct {
 	healthz   string          // HealthzBindAddress as host:port, or ""
 	metrics   string          // MetricsBindAddress as host:port, or ""
 	flags     *pflag.FlagSet  // where AddFlags registered them, or nil
+
+	// nodePortsPrimary: --nodeport-addresses=primary, the node's primary
+	// IPs, which Run reads into nodePorts.
+	nodePortsPrimary bool
 }
 
 // kube-proxy's health and metrics ports.
@@ -155,7 +160,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "Remove every iptables rule and chain and every service address the proxy owns, in both IP families, then exit.")
 	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "The IP address proxy ports listen on; 0.0.0.0 or :: listen on every address of each IP family a service uses. With --portal=iptables proxy ports listen on every address, and the rules DNAT to this address (when it is one of this host's) instead of REDIRECTing.")
 	fs.StringVar(&c.ProxyPortRange, "proxy-port-range", c.ProxyPortRange, "Host ports for proxy ports: 'begin-end', 'begin+offset' or a single port. Empty, 0 or 0-0 lets the kernel choose.")
-	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses, "Comma-separated CIDRs of the node addresses that serve NodePorts, e.g. 127.0.0.0/8,10.0.0.0/8. Empty means every address; an IP family none of them is in serves NodePorts on every address of that family.")
+	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses, "Comma-separated CIDRs of the node addresses that serve NodePorts, e.g. 127.0.0.0/8,10.0.0.0/8, or 'primary' for the node's primary IPs (the Node's InternalIPs; with --manifests, the addresses of the default route's interface). Empty means every address; an IP family none of them is in serves NodePorts on every address of that family.")
 	fs.BoolVar(&c.LocalhostNodePorts, "iptables-localhost-nodeports", c.LocalhostNodePorts, "Serve NodePorts on loopback addresses (127.0.0.1, ::1) to this host's own traffic, where --nodeport-addresses includes them. false: NodePorts are not served on loopback addresses at all. Traffic from other hosts never reaches them there.")
 	fs.StringVar(&c.ClusterCIDR, "cluster-cidr", c.ClusterCIDR, "The pods' CIDRs, comma-separated for dual stack (e.g. 10.244.0.0/16,fd00:10:244::/56): traffic from a pod to a node port, external IP or load-balancer IP of a Service with externalTrafficPolicy: Local goes to all its endpoints, as kube-proxy routes it. Empty: only this host's own traffic is told apart.")
 	fs.StringVar(&c.HostnameOverride, "hostname-override", c.HostnameOverride, "The name of this node, to tell its endpoints from others'. Empty means the host name.")
@@ -247,7 +252,17 @@ func (c *Config) Validate() error {
 	}
 	// Per IP family, as kube-proxy reads them: a family none of the
 	// CIDRs is in keeps its node ports on every address.
-	c.nodePorts = state.NodePortCIDRs(cidrs("nodeport-addresses", "127.0.0.1/32", c.NodePortAddresses))
+	c.nodePorts, c.nodePortsPrimary = nil, false
+	if list := nonBlank(c.NodePortAddresses); slices.Contains(list, NodePortAddressesPrimary) {
+		// kube-proxy's keyword for the node's primary IPs, which Run
+		// reads (primaryNodePortCIDRs); it stands alone.
+		if len(list) > 1 {
+			bad("nodeport-addresses", "%q cannot be combined with CIDRs: give primary alone, or CIDRs", NodePortAddressesPrimary)
+		}
+		c.nodePortsPrimary = true
+	} else {
+		c.nodePorts = state.NodePortCIDRs(cidrs("nodeport-addresses", "127.0.0.1/32", c.NodePortAddresses))
+	}
 	c.podCIDRs = cidrs("cluster-cidr", "10.244.0.0/16", strings.Split(c.ClusterCIDR, ","))
 	if c.UDPIdleTimeout <= 0 {
 		bad("udp-timeout", "must be greater than 0, got %v", c.UDPIdleTimeout)
@@ -280,6 +295,21 @@ func (c *Config) Validate() error {
 		bad("metrics-bind-address", "%s is the health address too: give each server its own", c.metrics)
 	}
 	return errors.Join(errs...)
+}
+
+// NodePortAddressesPrimary is kube-proxy's --nodeport-addresses keyword for
+// the node's primary IPs.
+const NodePortAddressesPrimary = "primary"
+
+// nonBlank returns list's entries trimmed, without blank ones.
+func nonBlank(list []string) []string {
+	var out []string
+	for _, s := range list {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // serverAddr reads --healthz-bind-address or --metrics-bind-address:

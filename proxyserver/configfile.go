@@ -244,14 +244,12 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	} // else told apart by node CIDR or interface: not supported; see inapplicable
 	c.LocalhostNodePorts = kp.IPTables.LocalhostNodePorts == nil || *kp.IPTables.LocalhostNodePorts
 	c.NodePortAddresses = nil
-	for i, a := range kp.NodePortAddresses {
+	for _, a := range kp.NodePortAddresses {
 		switch a {
 		case "all": // kube-proxy's keyword for every address: ours when empty
 		case "localhost":
 			c.NodePortAddresses = append(c.NodePortAddresses, "127.0.0.0/8", "::1/128")
-		case "primary":
-			errs = append(errs, fmt.Errorf("nodePortAddresses[%d]: primary (the node's primary IPs) is not supported: list their CIDRs", i))
-		default:
+		default: // CIDRs, or primary (checked by Validate)
 			c.NodePortAddresses = append(c.NodePortAddresses, a)
 		}
 	}

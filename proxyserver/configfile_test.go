@@ -154,7 +154,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"wrong type", head + "iptables: {syncPeriod: [1]}\n", "syncPeriod"},
 		{"bad duration named", head + "iptables: {syncPeriod: 30x}\n", `: iptables.syncPeriod: time: unknown unit "x" in duration "30x"`},
 		{"bad number named", head + "conntrack: {maxPerCore: lots}\n", ": conntrack.maxPerCore: cannot unmarshal string"},
-		{"primary", head + "nodePortAddresses: [primary]\n", "nodePortAddresses[0]: primary"},
+		{"primary with CIDRs", head + "nodePortAddresses: [primary, 10.0.0.0/8]\n", `: nodePortAddresses: "primary" cannot be combined with CIDRs`},
 		{"not a mode", head + "mode: Userspace\n", `mode: "Userspace" is not a mode`},
 		{"bad field named", head + "portRange: 40010-40000\nnodePortAddresses: [10.0.0.0/33]\n", ": portRange: "},
 		{"bad CIDR named", head + "nodePortAddresses: [10.0.0.0/33]\n", `: nodePortAddresses: "10.0.0.0/33" is not a CIDR`},

@@ -34,6 +34,9 @@ func Run(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
+	if cfg.nodePortsPrimary {
+		cfg.nodePorts = primaryNodePortCIDRs(ctx, cfg, node)
+	}
 	dnat := newDNATTargets(cfg.bindAddr)
 	pt, mode, err := choosePortal(ctx, cfg, dnat.target)
 	if err != nil {
