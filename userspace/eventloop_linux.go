@@ -381,6 +381,10 @@ func (lp *eventLoop) park() (int, error) {
 	if err != nil {
 		return wait()
 	}
+	if !lp.p.fds.connFD(dup) {
+		unix.Close(dup) // down to the reserve (fdreserve.go)
+		return wait()
+	}
 	f := os.NewFile(uintptr(dup), "epoll")
 	defer f.Close()
 	rc, err := f.SyscallConn()

@@ -34,20 +34,27 @@ type pipe struct{ r, w int }
 // idlePipes is shared by the event loops.
 var idlePipes = make(chan *pipe, maxIdlePipes)
 
-func getPipe() (*pipe, error) {
+// getPipe takes a pipe from the pool, or makes one whose descriptors are
+// under fds's ceiling.
+func getPipe(fds *fdCeilings) (*pipe, error) {
 	select {
 	case p := <-idlePipes:
 		return p, nil
 	default:
 	}
-	var fds [2]int
-	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+	var pfd [2]int
+	if err := unix.Pipe2(pfd[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		return nil, err
+	}
+	if !fds.connFD(max(pfd[0], pfd[1])) {
+		rawClose(pfd[0]) // down to the reserve (fdreserve.go)
+		rawClose(pfd[1])
+		return nil, errFDReserve
 	}
 	// Best effort: a larger pipe means fewer splice calls for bulk
 	// transfers; the default (64 KiB) is fine too.
-	_, _ = unix.FcntlInt(uintptr(fds[1]), unix.F_SETPIPE_SZ, spliceChunk)
-	return &pipe{r: fds[0], w: fds[1]}, nil
+	_, _ = unix.FcntlInt(uintptr(pfd[1]), unix.F_SETPIPE_SZ, spliceChunk)
+	return &pipe{r: pfd[0], w: pfd[1]}, nil
 }
 
 // putPipe returns an empty pipe to the pool.

@@ -156,6 +156,9 @@ type Proxier struct {
 	cfg    Config
 	ports  *portAllocator
 	shed   *shedder
+	fds    fdCeilings // the descriptors the data plane may keep (fdreserve.go)
+	// fdLimit reads RLIMIT_NOFILE; set by New, replaced by tests.
+	fdLimit func() uint64
 	stats  Stats
 	ctx    context.Context // cancelled by Close; bounds dials
 	cancel context.CancelFunc
@@ -195,7 +198,7 @@ type Proxier struct {
 func New(cfg Config) *Proxier {
 	cfg.setDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Proxier{
+	p := &Proxier{
 		cfg:      cfg,
 		ports:    newPortAllocator(cfg.PortRange),
 		shed:     newShedder(),
@@ -205,6 +208,8 @@ func New(cfg Config) *Proxier {
 		skipped:  make(map[state.ServicePortName]bool),
 		held:     maps.Clone(cfg.PreviousProxyPorts),
 	}
+	p.readFDLimit()
+	return p
 }
 
 // PortalSynced tells the proxier that the portal now redirects only to
@@ -255,6 +260,7 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 	}
 	var errs *multierror.Error
 	p.waiting = false
+	p.readFDLimit()
 	for name, sp := range p.services {
 		if snap.Get(name) == nil {
 			klog.V(2).InfoS("Stopping service port", "service", name)

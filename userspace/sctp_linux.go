@@ -62,6 +62,10 @@ func listenSCTP(sp *servicePort, k sockKey) (socket, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := sp.p.fds.listenerConn(ln); err != nil {
+		ln.Close()
+		return nil, err
+	}
 	l := &sctpListener{sp: sp, role: k.role, addr: k.addr.Addr(), ln: ln, done: make(chan struct{})}
 	sp.p.wg.Add(1)
 	go l.acceptLoop()

@@ -41,6 +41,10 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 		return nil, err
 	}
 	ln := nl.(*net.TCPListener)
+	if err := sp.p.fds.listenerConn(ln); err != nil {
+		ln.Close()
+		return nil, err
+	}
 	l := &tcpListener{sp: sp, role: k.role, addr: k.addr.Addr(), ln: ln, done: make(chan struct{})}
 	sp.p.wg.Add(1)
 	go l.acceptLoop()
@@ -71,6 +75,12 @@ func (l *tcpListener) acceptLoop() {
 func (l *tcpListener) serveConn(c *net.TCPConn) {
 	p := l.sp.p
 	defer p.wg.Done()
+	if !p.fds.conn(c) {
+		// Down to the reserve (fdreserve.go): shed it, as at EMFILE.
+		resetTCP(c)
+		p.shed.report(&p.stats, errFDReserve, l.sp.name.String(), true)
+		return
+	}
 	client := addrPortOf(c.RemoteAddr())
 	if !l.sp.admits(l.role, l.addr, client) || l.sp.nodePortRefuses(l.role, addrPortOf(c.LocalAddr()).Addr(), client) {
 		resetTCP(c)
@@ -89,6 +99,10 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 				return nil, err
 			}
 			tc := c.(*net.TCPConn)
+			if !p.fds.conn(tc) {
+				resetTCP(tc) // down to the reserve (fdreserve.go)
+				return nil, errFDReserve
+			}
 			if header != nil {
 				if err := sendHeader(ctx, tc, header); err != nil {
 					resetTCP(tc)

@@ -45,6 +45,9 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
+	if err := sp.p.fds.listenerFD(fd); err != nil {
+		return fail("socket", err)
+	}
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 		return fail("setsockopt SO_REUSEADDR", err)
 	}
@@ -208,6 +211,12 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			p.stats.AcceptErrors.Add(1)
 			klog.V(2).InfoS("Accept failed", "service", l.sp.name, "err", err)
 			return
+		}
+		if !p.fds.connFD(nfd) {
+			// Down to the reserve (fdreserve.go): shed it, as at EMFILE.
+			resetFD(nfd)
+			p.shed.report(&p.stats, errFDReserve, l.sp.name.String(), true)
+			continue
 		}
 		p.shed.retake()
 		p.stats.TCPAccepted.Add(1)
@@ -452,6 +461,10 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 	c.endpoint = ep
 	fam := familyOf(ep.Addr())
 	fd, err := rawSocket(domainOf(fam), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err == nil && !p.fds.connFD(fd) {
+		rawClose(fd) // down to the reserve (fdreserve.go)
+		err = errFDReserve
+	}
 	if err != nil {
 		if isResourceExhausted(err) {
 			p.stats.Shed.Add(1)
@@ -687,7 +700,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			continue
 		}
 		var err error
-		if d.p, err = getPipe(); err != nil {
+		if d.p, err = getPipe(&p.fds); err != nil {
 			// Out of descriptors for a pipe: copy through the scratch
 			// buffer instead, as for small reads. A connection already
 			// being served must not be cut for want of a pipe; pipes are

@@ -56,6 +56,10 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 		conn.Close()
 		return nil, err
 	}
+	if err := sp.p.fds.listenerConn(conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	_ = l.rc.Control(func(fd uintptr) { growRcvBuf(int(fd)) })
 	// On the wildcard address, ask for each datagram's destination, so
 	// replies can leave from it: after a REDIRECT of locally generated
@@ -171,6 +175,10 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		return nil
 	}
 	conn, err := net.DialUDP(udpNetwork(ep), nil, net.UDPAddrFromAddrPort(ep))
+	if err == nil && !p.fds.conn(conn) {
+		conn.Close() // down to the reserve (fdreserve.go)
+		err = errFDReserve
+	}
 	if err != nil {
 		l.sp.udpDialFailed(ep, err)
 		return nil

@@ -81,6 +81,10 @@ func (g *udpGroup) add(l *udpListener, addr netip.AddrPort, shared bool) error {
 	if err != nil {
 		return err
 	}
+	if err := l.sp.p.fds.listenerFD(fd); err != nil {
+		unix.Close(fd)
+		return err
+	}
 	l.fd = fd // before the loop can see an event for it
 	l.lp.do(func() { err = l.lp.register(fd, unix.EPOLLIN, l) })
 	if err != nil {
@@ -241,7 +245,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	if !ok {
 		return nil
 	}
-	fd, err := dialEndpointUDP(ep)
+	fd, err := dialEndpointUDP(ep, &l.sp.p.fds)
 	if err != nil {
 		l.sp.udpDialFailed(ep, err)
 		return nil
@@ -266,12 +270,17 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	return s
 }
 
-// dialEndpointUDP returns a non-blocking UDP socket connected to ep.
-func dialEndpointUDP(ep netip.AddrPort) (int, error) {
+// dialEndpointUDP returns a non-blocking UDP socket connected to ep, under
+// fds's ceiling.
+func dialEndpointUDP(ep netip.AddrPort, fds *fdCeilings) (int, error) {
 	f := familyOf(ep.Addr())
 	fd, err := udpSocket(f)
 	if err != nil {
 		return -1, err
+	}
+	if !fds.connFD(fd) {
+		rawClose(fd) // down to the reserve (fdreserve.go)
+		return -1, errFDReserve
 	}
 	growRcvBuf(fd) // see frontendRcvBuf
 	if err := rawConnect(fd, f, ep); err != nil {
