@@ -120,9 +120,11 @@ func fdOf(sc syscall.Conn) (int, bool) {
 	return fd, true
 }
 
-// readFDLimit sets p's ceilings from the process's RLIMIT_NOFILE, which
-// may have been changed (prlimit) since the last look. Apply calls it.
-// A test may replace p.fdLimit.
+// readFDLimit sets p's ceilings from the process's RLIMIT_NOFILE. New
+// calls it once: the limit is the one the proxy started with (Go raises
+// the soft limit to the hard one at start), and a limit lowered later
+// (prlimit) is met with shedding at EMFILE, as before, until a restart.
+// A test may replace p.fdLimit first.
 func (p *Proxier) readFDLimit() {
 	if p.fdLimit == nil {
 		p.fdLimit = fdLimit

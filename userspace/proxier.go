@@ -153,16 +153,16 @@ func (c *Config) setDefaults() {
 // Proxier serves a Snapshot: one listener per service port, load balancing
 // new connections and UDP sessions across the endpoints.
 type Proxier struct {
-	cfg    Config
-	ports  *portAllocator
-	shed   *shedder
-	fds    fdCeilings // the descriptors the data plane may keep (fdreserve.go)
-	// fdLimit reads RLIMIT_NOFILE; set by New, replaced by tests.
+	cfg   Config
+	ports *portAllocator
+	shed  *shedder
+	fds   fdCeilings // the descriptors the data plane may keep (fdreserve.go)
+	// fdLimit reads RLIMIT_NOFILE (see readFDLimit).
 	fdLimit func() uint64
-	stats  Stats
-	ctx    context.Context // cancelled by Close; bounds dials
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // every goroutine the proxier starts
+	stats   Stats
+	ctx     context.Context // cancelled by Close; bounds dials
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // every goroutine the proxier starts
 
 	mu       sync.Mutex // guards the fields below; held for a whole Apply
 	services map[state.ServicePortName]*servicePort
@@ -260,7 +260,6 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 	}
 	var errs *multierror.Error
 	p.waiting = false
-	p.readFDLimit()
 	for name, sp := range p.services {
 		if snap.Get(name) == nil {
 			klog.V(2).InfoS("Stopping service port", "service", name)
