@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -390,4 +391,248 @@ endpoints: [{addresses: ["127.0.0.1"]}]
 		t.Fatalf("prlimit: %v", err)
 	}
 	return p, np, limit
+}
+
+// startWithFDLimit starts bin with RLIMIT_NOFILE at limit from its start
+// (soft and hard, as `ulimit -n` sets them), as a DaemonSet's container
+// runtime would.
+func startWithFDLimit(t *testing.T, bin string, limit int, args ...string) *proxyProc {
+	t.Helper()
+	return startCommand(t, "/bin/sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, limit), bin}, args...)...)
+}
+
+// answers says whether url answers 200 within 5s, and why not.
+func answers(url string) error {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// echoes says whether c, a connection through the proxy to an echo
+// backend, echoes a line.
+func echoes(c net.Conn) error {
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		return err
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != "ping\n" {
+		return fmt.Errorf("echo %q", buf)
+	}
+	return nil
+}
+
+// TestBinaryHealthAnswersWhileClientsHoldEveryDescriptor: clients that
+// hold every connection the proxy can take leave it the descriptors it
+// keeps in reserve, so /livez, /healthz and /metrics still answer (a
+// liveness probe left unanswered restarts the proxy and cuts every
+// connection) and the clients it already serves go on; the clients past
+// the reserve are reset and counted as shed. Both builds, under a limit
+// set before the proxy starts. The event-loop build used every descriptor
+// and its health and metrics servers failed to accept (EMFILE).
+func TestBinaryHealthAnswersWhileClientsHoldEveryDescriptor(t *testing.T) {
+	for _, tc := range bothBuilds(t) {
+		t.Run(tc.name, func(t *testing.T) { healthWhileClientsHoldDescriptors(t, tc.bin) })
+	}
+}
+
+func healthWhileClientsHoldDescriptors(t *testing.T, bin string) {
+	const limit = 200
+	backend := echoBackend(t)
+	np, hp, mp := freePort(t), freePort(t), freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: held, namespace: e2e}
+spec:
+  type: NodePort
+  ports: [{name: tcp, port: 80, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: held-1, namespace: e2e, labels: {kubernetes.io/service-name: held}}
+addressType: IPv4
+ports: [{name: tcp, port: %d}]
+endpoints: [{addresses: ["127.0.0.1"]}]
+`, np, backend))
+	p := startWithFDLimit(t, bin, limit, append(proxyArgs(file),
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hp), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+	livez := fmt.Sprintf("http://127.0.0.1:%d/livez", hp)
+	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", hp)
+	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)
+	deadline := time.Now().Add(10 * time.Second)
+	for answers(healthz) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz never answered:\n%s", p.log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// As many idle clients as the limit: two descriptors each would take
+	// twice what the proxy has.
+	addr := fmt.Sprintf("127.0.0.1:%d", np)
+	var clients []net.Conn
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	for range limit {
+		if c, err := net.DialTimeout("tcp4", addr, 2*time.Second); err == nil {
+			clients = append(clients, c)
+		}
+	}
+	p.waitLog(0, `"Out of file descriptors`, 1, 20*time.Second)
+	// Some time for the descriptors freed by resets to be taken, if the
+	// data plane would.
+	time.Sleep(500 * time.Millisecond)
+
+	var slowest time.Duration
+	for _, url := range []string{livez, healthz, metrics, livez} {
+		start := time.Now()
+		if err := answers(url); err != nil {
+			t.Errorf("while clients hold every descriptor the data plane may use: %v", err)
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	t.Logf("the slowest of four health and metrics requests took %v", slowest)
+	if err := echoes(clients[0]); err != nil {
+		t.Errorf("the first client, served before descriptors ran short: %v", err)
+	}
+	// The clients past the reserve were reset: one that is kept reads its
+	// echo, one that was shed reads a reset or EOF.
+	served, shed := 0, 0
+	for _, c := range clients {
+		if echoes(c) == nil {
+			served++
+		} else {
+			shed++
+		}
+	}
+	t.Logf("%d clients served, %d shed, under a limit of %d", served, shed, limit)
+	if shed == 0 {
+		t.Errorf("%d clients all served under a limit of %d", len(clients), limit)
+	}
+	if served > limit/2 {
+		t.Errorf("%d clients served under a limit of %d: the reserve is not kept", served, limit)
+	}
+	if t.Failed() {
+		t.Logf("proxy log:\n%s", tail(p.log(), 40))
+	}
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// TestBinaryTooManyListenersKeepsServing: more service ports than the
+// descriptor limit allows listeners for. The proxy stops opening
+// listeners short of the limit (the ports left out are reported and
+// retried), so the ports it listens on serve their clients and /livez and
+// /metrics answer. Both builds. The proxy took every descriptor for
+// listeners, reset every connection to them and left its probes
+// unanswered, and its retries took any descriptor freed for yet another
+// listener.
+func TestBinaryTooManyListenersKeepsServing(t *testing.T) {
+	for _, tc := range bothBuilds(t) {
+		t.Run(tc.name, func(t *testing.T) { tooManyListeners(t, tc.bin) })
+	}
+}
+
+func tooManyListeners(t *testing.T, bin string) {
+	const (
+		limit = 512
+		ntcp  = 600
+		nudp  = 100
+		conns = 20 // held at once through one served port
+	)
+	backend := echoBackend(t)
+	ub := udpBackend(t, "u")
+	var m strings.Builder
+	for k := range ntcp + nudp {
+		proto, bp := "TCP", backend
+		if k >= ntcp {
+			proto, bp = "UDP", ub
+		}
+		fmt.Fprintf(&m, `---
+apiVersion: v1
+kind: Service
+metadata: {name: s%d, namespace: many}
+spec:
+  clusterIP: 198.18.%d.%d
+  ports: [{name: p, protocol: %s, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s%d-1, namespace: many, labels: {kubernetes.io/service-name: s%d}}
+addressType: IPv4
+ports: [{name: p, protocol: %s, port: %d}]
+endpoints: [{addresses: ["127.0.0.1"]}]
+`, k, 1+k/250, 1+k%250, proto, k, k, proto, bp)
+	}
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, m.String())
+	hp, mp := freePort(t), freePort(t)
+	p := startWithFDLimit(t, bin, limit, append(proxyArgs(file),
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hp), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))...)
+	p.waitLog(0, `"Serving" service="many/s0:p/TCP"`, 1, 30*time.Second)
+	// Let it sync and retry a few times.
+	time.Sleep(3 * time.Second)
+
+	served := regexp.MustCompile(`"Serving" service="many/s\d+:p/TCP" addr="(127\.0\.0\.1:\d+)"`).FindAllStringSubmatch(p.log(), -1)
+	t.Logf("%d of %d TCP ports served under a limit of %d", len(served), ntcp, limit)
+	if len(served) == 0 || len(served) >= ntcp {
+		t.Fatalf("%d of %d TCP ports served under a limit of %d:\n%s", len(served), ntcp, limit, tail(p.log(), 40))
+	}
+	for _, url := range []string{
+		fmt.Sprintf("http://127.0.0.1:%d/livez", hp),
+		fmt.Sprintf("http://127.0.0.1:%d/metrics", mp),
+	} {
+		if err := answers(url); err != nil {
+			t.Errorf("with more service ports than descriptors: %v", err)
+		}
+	}
+	// The ports it listens on serve: several clients at once on each of a
+	// few, the last opened among them.
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for _, s := range []int{0, len(served) / 2, len(served) - 1} {
+		addr := served[s][1]
+		for i := range conns / 2 {
+			c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+			if err == nil {
+				err = echoes(c)
+				held = append(held, c)
+			}
+			if err != nil {
+				t.Errorf("client %d of the served port %s: %v", i, addr, err)
+				break
+			}
+		}
+	}
+	if strings.Contains(p.log(), "too many listening sockets") == false {
+		t.Errorf("the ports left out are not reported")
+	}
+	if t.Failed() {
+		t.Logf("proxy log:\n%s", tail(p.log(), 40))
+	}
 }
