@@ -25,7 +25,10 @@
 //     poller, relayed message by message with stream ids and PPIDs kept;
 //     SCTP has no half-close, so either side's shutdown ends both;
 //   - shedding on resource exhaustion (EMFILE and friends): a connection is
-//     reset and counted, and the proxy carries on.
+//     reset and counted, and the proxy carries on; and a reserve of file
+//     descriptors below RLIMIT_NOFILE that connections, sessions, pipes
+//     and (lower still) listeners leave to the rest of the proxy: health,
+//     metrics, the API server, iptables (fdreserve.go).
 //
 // How it runs: on Linux, a few event loops (eventloop_linux.go, one per
 // core up to four) own every socket, nginx-style: a loop is a goroutine
