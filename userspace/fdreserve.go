@@ -100,13 +100,6 @@ func (c *fdCeilings) listenerConn(sc syscall.Conn) error {
 	return c.listenerFD(fd)
 }
 
-// conn reports whether sc, a connection Go's net package opened, may be
-// kept.
-func (c *fdCeilings) conn(sc syscall.Conn) bool {
-	fd, ok := fdOf(sc)
-	return !ok || c.connFD(fd)
-}
-
 // fdOf returns sc's descriptor.
 func fdOf(sc syscall.Conn) (int, bool) {
 	rc, err := sc.SyscallConn()
