@@ -357,6 +357,25 @@ func outOfDescriptorsSheds(t *testing.T, bin string) {
 	t.Logf("%d clients echoed, %d reset, shed_total %v", i, resets, shed)
 }
 
+// loopbackNodePortManifest is a NodePort Service name, on node port np,
+// with one endpoint at 127.0.0.1:endpointPort.
+func loopbackNodePortManifest(name string, np, endpointPort int) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: e2e}
+spec:
+  type: NodePort
+  ports: [{name: tcp, port: 80, nodePort: %[2]d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: %[1]s-1, namespace: e2e, labels: {kubernetes.io/service-name: %[1]s}}
+addressType: IPv4
+ports: [{name: tcp, port: %[3]d}]
+endpoints: [{addresses: ["127.0.0.1"]}]
+`, name, np, endpointPort)
+}
+
 // proxyWithFewDescriptors starts bin on a NodePort Service whose endpoint
 // is 127.0.0.1:endpointPort and, once it serves, limits its open files to
 // those it holds and spare more. It returns the proxy, the node port and
@@ -365,20 +384,7 @@ func proxyWithFewDescriptors(t *testing.T, bin string, endpointPort, spare int, 
 	t.Helper()
 	np := freePort(t)
 	file := filepath.Join(t.TempDir(), "services.yaml")
-	writeFile(t, file, fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: few, namespace: e2e}
-spec:
-  type: NodePort
-  ports: [{name: tcp, port: 80, nodePort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: few-1, namespace: e2e, labels: {kubernetes.io/service-name: few}}
-addressType: IPv4
-ports: [{name: tcp, port: %d}]
-endpoints: [{addresses: ["127.0.0.1"]}]
-`, np, endpointPort))
+	writeFile(t, file, loopbackNodePortManifest("few", np, endpointPort))
 	p := startCommand(t, bin, append(proxyArgs(file), args...)...)
 	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
 	pid := p.cmd.Process.Pid
@@ -453,20 +459,7 @@ func healthWhileClientsHoldDescriptors(t *testing.T, bin string) {
 	backend := echoBackend(t)
 	np, hp, mp := freePort(t), freePort(t), freePort(t)
 	file := filepath.Join(t.TempDir(), "services.yaml")
-	writeFile(t, file, fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: held, namespace: e2e}
-spec:
-  type: NodePort
-  ports: [{name: tcp, port: 80, nodePort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: held-1, namespace: e2e, labels: {kubernetes.io/service-name: held}}
-addressType: IPv4
-ports: [{name: tcp, port: %d}]
-endpoints: [{addresses: ["127.0.0.1"]}]
-`, np, backend))
+	writeFile(t, file, loopbackNodePortManifest("held", np, backend))
 	p := startWithFDLimit(t, bin, limit, append(proxyArgs(file),
 		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hp), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))...)
 	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
