@@ -315,7 +315,7 @@ func (c *Config) WriteConfigFile(verbosity int) ([]string, error) {
 	var keep []string
 	c.flagSet().Visit(func(f *pflag.Flag) {
 		switch {
-		case configFileFields[f.Name] != "", f.Name == "v", f.Name == "config", f.Name == "write-config-to":
+		case configFileFields[f.Name] != "", f.Name == "v", f.Name == "config", f.Name == "write-config-to", f.Name == "init-only":
 			return // in the file, or about the file
 		case isKubeProxyOnly(f.Name):
 			return // ignored either way

@@ -31,7 +31,6 @@ var kubeProxyOnlyFlags = []struct {
 	{"detect-local-mode", addString},
 	{"feature-gates", addString},
 	{"healthz-port", addInt},
-	{"init-only", addBool},
 	{"iptables-masquerade-bit", addInt},
 	{"ipvs-exclude-cidrs", addStrings},
 	{"ipvs-min-sync-period", addDuration},

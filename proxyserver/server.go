@@ -30,6 +30,13 @@ func Run(ctx context.Context, cfg *Config) error {
 	if cfg.Cleanup {
 		return cleanup(ctx, cfg)
 	}
+	if cfg.InitOnly {
+		// kube-proxy's --init-only sets sysctls as root and exits, so the
+		// proxy itself can run with fewer privileges; a userspace proxy
+		// sets none.
+		klog.InfoS("Options are valid; --init-only: nothing needs privileged set-up in a userspace proxy, exiting")
+		return nil
+	}
 	node, err := nodeName(cfg.HostnameOverride)
 	if err != nil {
 		return err
