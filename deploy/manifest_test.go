@@ -80,6 +80,12 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 				!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE"}) {
 				t.Errorf("security context %+v: want every capability dropped but NET_ADMIN, NET_RAW and NET_BIND_SERVICE", sc)
 			}
+			// Added capabilities reach a non-root user's process only as
+			// inheritable ones: an image with a non-root USER would run
+			// without NET_ADMIN.
+			if sc := c.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+				t.Errorf("security context %+v: want runAsUser: 0, or the added capabilities are lost to a non-root image user", sc)
+			}
 		}
 	}
 	// Every flag the DaemonSet passes must exist, and with the ConfigMap's

@@ -46,3 +46,50 @@ func TestBinaryInitOnly(t *testing.T) {
 		t.Fatalf("--init-only with a bad --portal exited 0:\n%s", bad.log())
 	}
 }
+
+// TestBinaryAutoPortalInCluster: following a cluster, --portal=auto
+// never falls back to none, which would capture no Service IP and still
+// answer /healthz with 200: without CAP_NET_ADMIN it refuses to start and
+// says what is missing and how to ask for none. --portal=none, asked for,
+// starts. (Manifest mode's fallback to none is TestBinaryAutoPortal's.)
+func TestBinaryAutoPortalInCluster(t *testing.T) {
+	requireRoot(t)
+	requireTool(t, "setpriv")
+	node := newNetns(t, "node")
+	// Nobody listens here: the portal is chosen before the API server is
+	// reached for.
+	const master = "http://127.0.0.1:9"
+	for _, tc := range []struct {
+		name string
+		priv []string
+	}{
+		{"unprivileged", []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"}},
+		{"root without CAP_NET_ADMIN", []string{"setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"netns", "exec", string(node)}, tc.priv...)
+			args = append(args, proxyBin, "--master", master, "--hostname-override=node", "--portal=auto",
+				"--healthz-bind-address=", "--metrics-bind-address=")
+			px := startCommand(t, "ip", args...)
+			err := px.waitExit(20 * time.Second)
+			if err == nil {
+				t.Fatalf("exit 0, want an error:\n%s", px.log())
+			}
+			log := px.log()
+			for _, want := range []string{"CAP_NET_ADMIN", "--portal=none", "iptables"} {
+				if !strings.Contains(log, want) {
+					t.Errorf("the error does not name %s:\n%s", want, log)
+				}
+			}
+			if strings.Contains(log, `"Portal chosen" portal="none"`) {
+				t.Errorf("auto chose none in cluster mode:\n%s", log)
+			}
+
+			args = append([]string{"netns", "exec", string(node)}, tc.priv...)
+			args = append(args, proxyBin, "--master", master, "--hostname-override=node", "--portal=none",
+				"--healthz-bind-address=", "--metrics-bind-address=")
+			explicit := startCommand(t, "ip", args...)
+			explicit.waitLog(0, `"Starting kube-userspace-proxy".*portal="none"`, 1, 20*time.Second)
+		})
+	}
+}

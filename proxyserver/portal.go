@@ -22,6 +22,8 @@ import (
 
 // choosePortal builds the portal for mode; auto picks iptables when it can
 // be used, else bind when we may change addresses, else none, and says why.
+// Following a cluster, auto never picks none: it is an error, since no
+// Service IP would be served (none must be asked for).
 // dnat is where the iptables portal sends traffic (IPTablesConfig.DNAT).
 func choosePortal(ctx context.Context, cfg *Config, dnat func(portal.Family) netip.Addr) (portal.Interface, string, error) {
 	ipt := func() (portal.Interface, error) {
@@ -52,7 +54,15 @@ func choosePortal(ctx context.Context, cfg *Config, dnat func(portal.Family) net
 		return p, PortalIPTables, nil
 	}
 	iptErr := err
+	// cluster: the proxy follows a cluster, whose Services' addresses
+	// clients use: none would serve none of them and stay healthy, so auto
+	// refuses it there (manifest mode keeps none, for a first run without
+	// root).
+	cluster := cfg.Manifests == ""
 	if !portal.BindAddsAddresses {
+		if cluster {
+			return nil, "", fmt.Errorf("--portal=auto: iptables is not usable (%v) and this system's bind portal cannot add service addresses, so no Service IP would be served; give --portal=none explicitly to serve only node ports and proxy ports, or --portal=bind with the service addresses added by hand", iptErr)
+		}
 		// The bind portal here only checks that someone else put the
 		// service addresses on the host: not a choice to make for them.
 		klog.InfoS("Portal chosen", "portal", PortalNone, "reason", "iptables is not usable and this system's bind portal cannot add service addresses: clients use the proxy ports and node ports directly (--portal=bind serves addresses you add)", "iptablesError", iptErr.Error())
@@ -62,6 +72,9 @@ func choosePortal(ctx context.Context, cfg *Config, dnat func(portal.Family) net
 	if err == nil {
 		klog.InfoS("Portal chosen", "portal", PortalBind, "reason", "iptables is not usable and we may change addresses", "iptablesError", iptErr.Error())
 		return bp, PortalBind, nil
+	}
+	if cluster {
+		return nil, "", fmt.Errorf("--portal=auto: neither iptables (%v) nor the bind portal (%v) can be used, so no Service IP would be served: run with CAP_NET_ADMIN (as root, runAsUser: 0, with the iptables commands for the iptables portal), or give --portal=none explicitly to serve only node ports and proxy ports", iptErr, err)
 	}
 	klog.InfoS("Portal chosen", "portal", PortalNone, "reason", "iptables is not usable and we may not change addresses: clients use the proxy ports and node ports directly", "iptablesError", iptErr.Error(), "bindError", err.Error())
 	return portal.Noop{}, PortalNone, nil
