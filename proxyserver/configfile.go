@@ -90,10 +90,30 @@ func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 		v := int(kp.Logging.Verbosity)
 		c.LogVerbosity = &v
 	}
+	if !fs.Changed("vmodule") {
+		vmodule, err := vmoduleFlag(kp.Logging.VModule)
+		if err != nil {
+			return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
+		}
+		c.LogVModule = vmodule
+	}
 	if names := inapplicable(kp); len(names) > 0 {
 		klog.InfoS("Settings of the --config file that a userspace proxy has no use for are ignored", "fields", names)
 	}
 	return nil
+}
+
+// vmoduleFlag writes a file's logging.vmodule as klog's --vmodule value
+// (pattern=N,pattern=N), as kube-proxy applies it; "" when empty.
+func vmoduleFlag(items logsapi.VModuleConfiguration) (string, error) {
+	var parts []string
+	for i, it := range items {
+		if it.FilePattern == "" || strings.ContainsAny(it.FilePattern, ",=") {
+			return "", fmt.Errorf("logging.vmodule[%d].filePattern: %q must be a file name pattern, not empty and without ',' or '='", i, it.FilePattern)
+		}
+		parts = append(parts, fmt.Sprintf("%s=%d", it.FilePattern, it.Verbosity))
+	}
+	return strings.Join(parts, ","), nil
 }
 
 // decodeMessage is err's message without the JSON decoder's prefixes,
@@ -278,7 +298,8 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 	add(!reflect.ValueOf(kp.NFTables).IsZero(), "nftables")
 	add(!reflect.ValueOf(kp.Winkernel).IsZero(), "winkernel")
 	add(kp.Logging.Format != "" && kp.Logging.Format != "text", "logging.format (logs are text)")
-	add(kp.Logging.FlushFrequency.Duration.Duration != 0 || kp.Logging.FlushFrequency.SerializeAsString, "logging.flushFrequency")
+	add(kp.Logging.FlushFrequency.Duration.Duration != 0 || kp.Logging.FlushFrequency.SerializeAsString, "logging.flushFrequency (logs are not buffered)")
+	add(!reflect.ValueOf(kp.Logging.Options).IsZero(), "logging.options")
 	add(kp.DetectLocalMode != "" && kp.DetectLocalMode != "ClusterCIDR", "detectLocalMode (only ClusterCIDR is supported)")
 	add(kp.DetectLocal.BridgeInterface != "" || kp.DetectLocal.InterfaceNamePrefix != "", "detectLocal")
 	add(kp.OOMScoreAdj != nil, "oomScoreAdj")

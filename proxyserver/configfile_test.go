@@ -22,6 +22,7 @@ func loadConfig(t *testing.T, file string, args ...string) (*Config, error) {
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	c.AddFlags(fs)
 	fs.Int("v", 0, "klog's, as main adds it")
+	fs.String("vmodule", "", "klog's, as main adds it")
 	if file != "" {
 		path := filepath.Join(t.TempDir(), "config.yaml")
 		if err := os.WriteFile(path, []byte(file), 0o644); err != nil {
@@ -132,6 +133,37 @@ func TestLoadConfigFile(t *testing.T) {
 	}
 	if c.HostnameOverride != "flag-node" || c.LogVerbosity != nil {
 		t.Errorf("hostname %q, verbosity %v: want the flags' (flag-node, none from the file)", c.HostnameOverride, c.LogVerbosity)
+	}
+}
+
+// TestLoadConfigFileLogging: the file's logging.vmodule applies as
+// --vmodule would (unless --vmodule is given, as kube-proxy lets logging
+// flags win), and what of logging cannot apply is named.
+func TestLoadConfigFileLogging(t *testing.T) {
+	head := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	file := head + "logging:\n  verbosity: 1\n  vmodule:\n  - {filePattern: proxier, verbosity: 4}\n  - {filePattern: sync*, verbosity: 2}\n"
+	c, err := loadConfig(t, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LogVModule != "proxier=4,sync*=2" || c.LogVerbosity == nil || *c.LogVerbosity != 1 {
+		t.Errorf("vmodule %q, verbosity %v: want proxier=4,sync*=2 and 1", c.LogVModule, c.LogVerbosity)
+	}
+	if got := inapplicable(mustDecode(t, file)); len(got) != 0 {
+		t.Errorf("inapplicable = %v: vmodule and verbosity apply", got)
+	}
+	c, err = loadConfig(t, file, "--vmodule=other=3")
+	if err != nil || c.LogVModule != "" {
+		t.Errorf("with --vmodule: %v, vmodule from the file %q, want none", err, c.LogVModule)
+	}
+	if _, err := loadConfig(t, head+"logging:\n  vmodule: [{filePattern: \"a=1\", verbosity: 2}]\n"); err == nil ||
+		!strings.Contains(err.Error(), "logging.vmodule[0].filePattern") {
+		t.Errorf("bad pattern: %v", err)
+	}
+	got := inapplicable(mustDecode(t, head+"logging:\n  format: json\n  flushFrequency: 1s\n  options: {text: {splitStream: true}}\n"))
+	want := []string{"logging.flushFrequency (logs are not buffered)", "logging.format (logs are text)", "logging.options"}
+	if !slices.Equal(got, want) {
+		t.Errorf("inapplicable = %q, want %q", got, want)
 	}
 }
 

@@ -75,6 +75,12 @@ func main() {
 	if cfg.LogVerbosity != nil {
 		_ = klogFlags.Set("v", fmt.Sprint(*cfg.LogVerbosity))
 	}
+	if cfg.LogVModule != "" {
+		if err := klogFlags.Set("vmodule", cfg.LogVModule); err != nil {
+			fmt.Fprintf(os.Stderr, "kube-userspace-proxy: --config %s: logging.vmodule: %v\n", cfg.ConfigFile, err)
+			os.Exit(2)
+		}
+	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: invalid options:\n%v\n", err)
 		os.Exit(2)
