@@ -201,11 +201,13 @@ func (c *Config) Validate() error {
 	bad := func(flag, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", c.where(flag), fmt.Sprintf(format, args...)))
 	}
-	if err := checkMode("--proxy-mode", c.ProxyMode); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.checkDetectLocalModeFlag(); err != nil {
-		errs = append(errs, err)
+	if c.ConfigFile == "" { // else the file's mode and detectLocalMode replace them
+		if err := checkMode("--proxy-mode", c.ProxyMode); err != nil {
+			errs = append(errs, err)
+		}
+		if err := c.checkDetectLocalModeFlag(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	switch c.Portal {
 	case PortalAuto, PortalIPTables, PortalBind, PortalNone:

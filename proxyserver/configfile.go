@@ -45,6 +45,10 @@ var configFileFields = map[string]string{
 	"hostname-override":            "hostnameOverride",
 }
 
+// overriddenModeFlags are kube-proxy's flags that the --config file's
+// mode and detectLocalMode replace; they are checked only without it.
+var overriddenModeFlags = []string{"proxy-mode", "detect-local-mode"}
+
 // LoadConfigFile reads the KubeProxyConfiguration file of --config, if
 // one is given, into c: what a kube-proxy DaemonSet's ConfigMap holds,
 // with mode userspace (or no mode). fs is the parsed command line: flags
@@ -72,6 +76,14 @@ func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 		}
 		c.fromFile[name] = true
 		if f := fs.Lookup(name); f != nil && f.Changed {
+			ignored = append(ignored, "--"+name)
+		}
+	}
+	// kube-proxy replaces these too with the file's mode and
+	// detectLocalMode: a DaemonSet's --proxy-mode=iptables beside a file
+	// with mode: userspace is not checked, only said to be overridden.
+	for _, name := range overriddenModeFlags {
+		if fs.Changed(name) {
 			ignored = append(ignored, "--"+name)
 		}
 	}
@@ -336,7 +348,7 @@ func (c *Config) WriteConfigFile(verbosity int) ([]string, error) {
 	var keep []string
 	c.flagSet().Visit(func(f *pflag.Flag) {
 		switch {
-		case configFileFields[f.Name] != "", f.Name == "v", f.Name == "config", f.Name == "write-config-to", f.Name == "init-only":
+		case configFileFields[f.Name] != "", f.Name == "v", f.Name == "config", f.Name == "write-config-to", f.Name == "init-only", f.Name == "proxy-mode":
 			return // in the file, or about the file
 		case isKubeProxyOnly(f.Name):
 			return // ignored either way

@@ -1,15 +1,18 @@
 package proxyserver
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
 )
@@ -164,6 +167,39 @@ func TestLoadConfigFileLogging(t *testing.T) {
 	want := []string{"logging.flushFrequency (logs are not buffered)", "logging.format (logs are text)", "logging.options"}
 	if !slices.Equal(got, want) {
 		t.Errorf("inapplicable = %q, want %q", got, want)
+	}
+}
+
+// TestConfigFileOverridesModeFlags: as kube-proxy, the file's mode and
+// detectLocalMode replace --proxy-mode and --detect-local-mode, so a
+// kube-proxy DaemonSet's --proxy-mode=iptables beside a file with mode:
+// userspace runs, and the log says the flags are overridden.
+func TestConfigFileOverridesModeFlags(t *testing.T) {
+	var buf bytes.Buffer
+	klog.LogToStderr(false)
+	klog.SetOutput(&buf)
+	t.Cleanup(func() { klog.LogToStderr(true) })
+	c, err := loadConfig(t, kubeadmConfig, "--proxy-mode=iptables", "--detect-local-mode=Bogus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("--proxy-mode and --detect-local-mode with --config: %v, want them overridden by the file", err)
+	}
+	klog.Flush()
+	if !regexp.MustCompile(`Flags ignored.*--detect-local-mode.*--proxy-mode`).MatchString(buf.String()) {
+		t.Errorf("the log does not say the flags are overridden:\n%s", buf.String())
+	}
+	if got := c.ignoredKubeProxyFlags(); slices.Contains(got, "--detect-local-mode") {
+		t.Errorf("--detect-local-mode also listed as meaningless (%v): it is said to be overridden", got)
+	}
+	// The file's own mode is still checked.
+	c, err = loadConfig(t, strings.Replace(kubeadmConfig, "mode: userspace", "mode: ipvs", 1), "--proxy-mode=userspace")
+	if err == nil {
+		err = c.Validate()
+	}
+	if err == nil || !strings.Contains(err.Error(), `mode: "ipvs"`) {
+		t.Errorf("file with mode: ipvs: %v", err)
 	}
 }
 

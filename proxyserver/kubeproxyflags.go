@@ -83,6 +83,9 @@ func (c *Config) ignoredKubeProxyFlags() []string {
 	}
 	var out []string
 	for _, f := range kubeProxyOnlyFlags {
+		if c.ConfigFile != "" && slices.Contains(overriddenModeFlags, f.name) {
+			continue // said to be overridden by the file (LoadConfigFile)
+		}
 		if c.flags.Changed(f.name) {
 			out = append(out, "--"+f.name)
 		}
