@@ -91,7 +91,9 @@ func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 	if len(ignored) > 0 {
 		klog.InfoS("Flags ignored: the --config file sets these instead, as in kube-proxy", "flags", ignored, "config", c.ConfigFile)
 	}
-	if err := c.fromKubeProxyConfig(kp, fs.Changed("hostname-override")); err != nil {
+	// As kube-proxy: only a non-empty --hostname-override wins over the
+	// file (an empty one, as a template may leave, is no override).
+	if err := c.fromKubeProxyConfig(kp, fs.Changed("hostname-override") && c.HostnameOverride != ""); err != nil {
 		return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
 	}
 	if udpIdle != 0 && !fs.Changed("udp-timeout") {

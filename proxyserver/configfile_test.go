@@ -137,6 +137,15 @@ func TestLoadConfigFile(t *testing.T) {
 	if c.HostnameOverride != "flag-node" || c.LogVerbosity != nil {
 		t.Errorf("hostname %q, verbosity %v: want the flags' (flag-node, none from the file)", c.HostnameOverride, c.LogVerbosity)
 	}
+	// An empty --hostname-override is no override: kube-proxy takes the
+	// flag only when it is not empty.
+	c, err = loadConfig(t, kubeadmConfig, "--hostname-override=")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HostnameOverride != "node-from-file" {
+		t.Errorf("--hostname-override= with the file's hostnameOverride: %q, want the file's node-from-file", c.HostnameOverride)
+	}
 }
 
 // TestLoadConfigFileLogging: the file's logging.vmodule applies as
