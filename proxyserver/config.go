@@ -276,6 +276,12 @@ func (c *Config) Validate() error {
 		c.nodePorts = state.NodePortCIDRs(cidrs("nodeport-addresses", "127.0.0.1/32", c.NodePortAddresses))
 	}
 	c.podCIDRs = cidrs("cluster-cidr", "10.244.0.0/16", strings.Split(c.ClusterCIDR, ","))
+	// As kube-proxy's validation: one CIDR, or a dual-stack pair.
+	if n := len(strings.FieldsFunc(c.ClusterCIDR, func(r rune) bool { return r == ',' })); n > 2 {
+		bad("cluster-cidr", "%q has %d CIDRs: give at most two, one IPv4 and one IPv6 (e.g. 10.244.0.0/16,fd00:10:244::/56)", c.ClusterCIDR, n)
+	} else if len(c.podCIDRs) == 2 && c.podCIDRs[0].Addr().Is4() == c.podCIDRs[1].Addr().Is4() {
+		bad("cluster-cidr", "%q is not a dual-stack pair: two CIDRs must be one IPv4 and one IPv6 (e.g. 10.244.0.0/16,fd00:10:244::/56)", c.ClusterCIDR)
+	}
 	if c.UDPIdleTimeout <= 0 {
 		bad("udp-timeout", "must be greater than 0, got %v", c.UDPIdleTimeout)
 	}

@@ -238,6 +238,8 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"legacy UDP timeout", head + "udpIdleTimeout: -1s\n", "udpIdleTimeout: -1s is not a positive duration"},
 		{"one address for both servers", head + "healthzBindAddress: 127.0.0.1:10300\nmetricsBindAddress: 127.0.0.1:10300\n", "127.0.0.1:10300 is the health address too"},
 		{"cluster CIDR", head + "clusterCIDR: 10.244.0.0/16,nope\n", `clusterCIDR: "nope" is not a CIDR`},
+		{"three cluster CIDRs", head + "clusterCIDR: 10.244.0.0/16,fd00::/56,10.1.0.0/16\n", `: clusterCIDR: "10.244.0.0/16,fd00::/56,10.1.0.0/16" has 3 CIDRs`},
+		{"two cluster CIDRs of one family", head + "clusterCIDR: 10.244.0.0/16,10.1.0.0/16\n", `: clusterCIDR: "10.244.0.0/16,10.1.0.0/16" is not a dual-stack pair`},
 		{"a field twice", head + "mode: userspace\niptables: {syncPeriod: 30s}\nmode: iptables\n", "line 5: mode is set twice"},
 		{"unknown detectLocalMode", head + "detectLocalMode: Bogus\n", `detectLocalMode: "Bogus" is not a mode`},
 		{"blank host name", head + "hostnameOverride: \"  \"\n", `: hostnameOverride: "  " is blank`},
