@@ -3,6 +3,8 @@
 package integration
 
 import (
+	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -91,5 +93,31 @@ func TestBinaryAutoPortalInCluster(t *testing.T) {
 			explicit := startCommand(t, "ip", args...)
 			explicit.waitLog(0, `"Starting kube-userspace-proxy".*portal="none"`, 1, 20*time.Second)
 		})
+	}
+}
+
+// TestBinaryBusyServerPortNamesConfigField: with --config, a health or
+// metrics port another program holds is reported naming the file's field
+// that set it, not the flag the file overrides.
+func TestBinaryBusyServerPortNamesConfigField(t *testing.T) {
+	dir := t.TempDir()
+	hz, mp := freePort(t), freePort(t)
+	for _, port := range []int{hz, mp} {
+		holder, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Close()
+	}
+	manifests := filepath.Join(dir, "services.yaml")
+	writeFile(t, manifests, "# no Services\n")
+	config := filepath.Join(dir, "config.yaml")
+	writeFile(t, config, fmt.Sprintf("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"+
+		"healthzBindAddress: 127.0.0.1:%d\nmetricsBindAddress: 127.0.0.1:%d\n", hz, mp))
+	px := startProxy(t, "--config", config, "--manifests", manifests, "--portal=none")
+	px.waitLog(0, `Cannot serve /healthz and /livez \(set --config \S+: healthzBindAddress to a free address`, 1, 10*time.Second)
+	px.waitLog(0, `Cannot serve /metrics \(set --config \S+: metricsBindAddress to a free address`, 1, 10*time.Second)
+	if strings.Contains(px.log(), "bind-address to a free address") {
+		t.Errorf("the flag the file overrides is named:\n%s", px.log())
 	}
 }

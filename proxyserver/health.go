@@ -192,19 +192,21 @@ func (h *proxyHealth) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_, _ = w.Write(body)
 }
 
-// serveHealth serves h on addr until ctx is done (see serveHTTP).
-func serveHealth(ctx context.Context, addr string, h http.Handler, retry time.Duration) {
-	serveHTTP(ctx, "/healthz and /livez", "--healthz-bind-address", addr, h, retry)
+// serveHealth serves h on addr until ctx is done (see serveHTTP); where
+// names what set addr (the flag, or the --config file's field).
+func serveHealth(ctx context.Context, where, addr string, h http.Handler, retry time.Duration) {
+	serveHTTP(ctx, "/healthz and /livez", where, addr, h, retry)
 }
 
 // serveHTTP serves h on addr (ip:port) until ctx is done. As kube-proxy
 // listens (netutils.MultiListen with "tcp"), 0.0.0.0 and [::] are each
 // every address of both families, one dual-stack socket (IPv4 alone on a
 // host with IPv6 off), and a specific address is that address alone. A
-// port it cannot take is logged, naming flag, and tried again every retry,
+// port it cannot take is logged, naming where (the flag or the --config
+// file's field that set addr), and tried again every retry,
 // so what serves comes up once the port is free; the proxy serves traffic
 // meanwhile.
-func serveHTTP(ctx context.Context, what, flag, addr string, h http.Handler, retry time.Duration) {
+func serveHTTP(ctx context.Context, what, where, addr string, h http.Handler, retry time.Duration) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	said := false
 	for {
@@ -224,7 +226,7 @@ func serveHTTP(ctx context.Context, what, flag, addr string, h http.Handler, ret
 			klog.ErrorS(err, "Stopped serving "+what+"; starting again", "addr", addr)
 		} else if !said {
 			said = true
-			klog.ErrorS(err, "Cannot serve "+what+" (set "+flag+" to a free address, or to empty to turn it off); trying again meanwhile", "addr", addr, "retryEvery", retry)
+			klog.ErrorS(err, "Cannot serve "+what+" (set "+where+" to a free address, or to empty to turn it off); trying again meanwhile", "addr", addr, "retryEvery", retry)
 		}
 		select {
 		case <-ctx.Done():

@@ -259,8 +259,8 @@ func (m *metrics) handler() http.Handler {
 }
 
 // serveMetrics serves m on addr until ctx is done, as serveHealth does.
-func serveMetrics(ctx context.Context, addr string, m *metrics, retry time.Duration) {
-	serveHTTP(ctx, "/metrics", "--metrics-bind-address", addr, m.handler(), retry)
+func serveMetrics(ctx context.Context, where, addr string, m *metrics, retry time.Duration) {
+	serveHTTP(ctx, "/metrics", where, addr, m.handler(), retry)
 }
 
 // statsCollector reads the data plane's counters at each scrape.

@@ -183,10 +183,10 @@ func Run(ctx context.Context, cfg *Config) error {
 		loop.run(ctx)
 	}()
 	if cfg.healthz != "" {
-		wg.Go(func() { serveHealth(ctx, cfg.healthz, health, 10*time.Second) })
+		wg.Go(func() { serveHealth(ctx, cfg.where("healthz-bind-address"), cfg.healthz, health, 10*time.Second) })
 	}
 	if cfg.metrics != "" {
-		wg.Go(func() { serveMetrics(ctx, cfg.metrics, m, 10*time.Second) })
+		wg.Go(func() { serveMetrics(ctx, cfg.where("metrics-bind-address"), cfg.metrics, m, 10*time.Second) })
 	}
 	defer func() {
 		cancel()
