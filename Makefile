@@ -17,7 +17,7 @@ all: build
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
 build:
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(PROXY) ./cmd/kube-userspace-proxy
+	$(GO) build -ldflags "-X github.com/kube-userspace-proxy/kube-userspace-proxy/internal/buildinfo.version=$(VERSION)" -o $(PROXY) ./cmd/kube-userspace-proxy
 	$(GO) build -o $(BIN)/demo ./examples/demo
 
 ## run: the proxy in the foreground on examples/demo.yaml with its demo backends (no cluster, no root).

@@ -5,7 +5,10 @@ package integration
 import (
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -119,5 +122,31 @@ func TestBinaryBusyServerPortNamesConfigField(t *testing.T) {
 	px.waitLog(0, `Cannot serve /metrics \(set --config \S+: metricsBindAddress to a free address`, 1, 10*time.Second)
 	if strings.Contains(px.log(), "bind-address to a free address") {
 		t.Errorf("the flag the file overrides is named:\n%s", px.log())
+	}
+}
+
+// TestBinaryVersionInLogAndUserAgent: as kube-proxy, the start-up log says
+// which build runs (at -v=0), and the API client names the proxy and its
+// version in its User-Agent, not client-go's v0.0.0 and $Format.
+func TestBinaryVersionInLogAndUserAgent(t *testing.T) {
+	agents := make(chan string, 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case agents <- r.UserAgent():
+		default:
+		}
+		http.Error(w, "not a real API server", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	px := startProxy(t, "--master", srv.URL, "--portal=none", "--hostname-override=node")
+	px.waitLog(0, `"Version info" version="[^"]+".*goVersion="go1\.`, 1, 10*time.Second)
+	select {
+	case ua := <-agents:
+		if !regexp.MustCompile(`^kube-userspace-proxy/[^ ]+ \(\w+/\w+\) kubernetes/\S+$`).MatchString(ua) ||
+			strings.Contains(ua, "v0.0.0") || strings.Contains(ua, "$Format") {
+			t.Errorf("User-Agent %q: want kube-userspace-proxy/<version> (os/arch) kubernetes/<commit>", ua)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the proxy sent no request to the API server")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/conntrack"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/buildinfo"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/source"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
@@ -27,6 +28,9 @@ import (
 // Run serves until ctx is done. It returns an error at once if the source
 // cannot be read at start; later failures are logged and retried.
 func Run(ctx context.Context, cfg *Config) error {
+	// As kube-proxy, first of all: which build this is.
+	v := buildinfo.Info()
+	klog.InfoS("Version info", "version", v.GitVersion, "gitCommit", v.GitCommit, "goVersion", v.GoVersion, "platform", v.Platform)
 	if cfg.Cleanup {
 		return cleanup(ctx, cfg)
 	}

@@ -8,10 +8,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
-)
 
-// userAgent names the proxy in the API server's audit log and metrics.
-const userAgent = "kube-userspace-proxy"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/buildinfo"
+)
 
 // NewClient returns a client of the API server, as kube-proxy builds its
 // own: from the kubeconfig file and/or master URL (--kubeconfig, --master;
@@ -42,7 +41,9 @@ func NewClient(kubeconfig, master string, qps float32, burst int, contentType st
 	cfg.ContentType = contentType
 	cfg.QPS = qps
 	cfg.Burst = burst
-	rest.AddUserAgent(cfg, userAgent)
+	// The proxy's name and version, not client-go's v0.0.0 and $Format,
+	// in the API server's audit log and metrics.
+	cfg.UserAgent = buildinfo.UserAgent()
 	cfg.Wrap(newContact(hint).wrap)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

@@ -3,22 +3,19 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
-	k8sversion "k8s.io/apimachinery/pkg/version"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/buildinfo"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/proxyserver"
 )
 
@@ -55,10 +52,10 @@ func main() {
 	switch *showVersion {
 	case "false":
 	case "true":
-		fmt.Println("kube-userspace-proxy", buildVersion())
+		fmt.Println("kube-userspace-proxy", buildinfo.String())
 		os.Exit(0)
 	case "raw":
-		fmt.Printf("%#v\n", rawVersion())
+		fmt.Printf("%#v\n", buildinfo.Info())
 		os.Exit(0)
 	default:
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: --version=%s: want true, false or raw (this proxy cannot report another version, as kube-proxy's --version=vX.Y.Z does)\n", *showVersion)
@@ -109,60 +106,4 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kube-userspace-proxy:", err)
 		os.Exit(1)
 	}
-}
-
-// version is set by the Makefile (-ldflags -X) to `git describe` of the
-// checkout it builds; go build and go install leave it empty.
-var version string
-
-// buildVersion describes the build: version, else the module version (or
-// "(devel)") with the commit when the go command stamped one, and the Go
-// toolchain and platform.
-func buildVersion() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return cmp.Or(version, "(unknown)") + " " + runtime.Version()
-	}
-	if version != "" {
-		return fmt.Sprintf("%s %s %s/%s", version, info.GoVersion, runtime.GOOS, runtime.GOARCH)
-	}
-	v := info.Main.Version
-	var rev, modified string
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				modified = " (modified)"
-			}
-		}
-	}
-	if rev != "" {
-		v += " commit " + rev[:min(12, len(rev))] + modified
-	}
-	return fmt.Sprintf("%s %s %s/%s", v, info.GoVersion, runtime.GOOS, runtime.GOARCH)
-}
-
-// rawVersion is the build as kube-proxy's --version=raw shows its own:
-// what buildVersion says, field by field.
-func rawVersion() k8sversion.Info {
-	info := k8sversion.Info{GitVersion: cmp.Or(version, "(devel)"), GoVersion: runtime.Version(),
-		Compiler: runtime.Compiler, Platform: runtime.GOOS + "/" + runtime.GOARCH}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if version == "" {
-			info.GitVersion = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				info.GitCommit = s.Value
-			case "vcs.modified":
-				info.GitTreeState = map[string]string{"true": "dirty", "false": "clean"}[s.Value]
-			case "vcs.time":
-				info.BuildDate = s.Value
-			}
-		}
-	}
-	return info
 }

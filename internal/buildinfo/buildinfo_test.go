@@ -1,0 +1,26 @@
+package buildinfo
+
+import (
+	"regexp"
+	"testing"
+)
+
+// TestUserAgent: client-go's shape, name/version (os/arch)
+// kubernetes/commit, with a version that is neither client-go's v0.0.0
+// nor an unexpanded $Format.
+func TestUserAgent(t *testing.T) {
+	for _, v := range []string{"", "v0.3.0-4-gabcdef0"} {
+		version = v
+		ua := UserAgent()
+		if !regexp.MustCompile(`^[^/ ]+/[^ ()]+ \([a-z0-9]+/[a-z0-9]+\) kubernetes/[^ ]+$`).MatchString(ua) {
+			t.Errorf("version %q: User-Agent %q is not name/version (os/arch) kubernetes/commit", v, ua)
+		}
+		if regexp.MustCompile(`v0\.0\.0|\$Format`).MatchString(ua) {
+			t.Errorf("version %q: User-Agent %q has client-go's placeholder version", v, ua)
+		}
+		if v != "" && !regexp.MustCompile(`/`+regexp.QuoteMeta(v)+` `).MatchString(ua) {
+			t.Errorf("User-Agent %q does not carry the stamped version %s", ua, v)
+		}
+	}
+	version = ""
+}
