@@ -150,3 +150,32 @@ func TestBinaryVersionInLogAndUserAgent(t *testing.T) {
 		t.Fatal("the proxy sent no request to the API server")
 	}
 }
+
+// TestBinaryExitsWhenConfigChanges: as kube-proxy, the proxy exits with
+// an error when its --config file changes, saying why, so that its
+// DaemonSet starts it again with the new content; a write that leaves the
+// content as it was changes nothing.
+func TestBinaryExitsWhenConfigChanges(t *testing.T) {
+	dir := t.TempDir()
+	manifests := filepath.Join(dir, "services.yaml")
+	writeFile(t, manifests, "# no Services\n")
+	config := filepath.Join(dir, "config.yaml")
+	content := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\nhealthzBindAddress: \"\"\nmetricsBindAddress: \"\"\n"
+	writeFile(t, config, content)
+	px := startProxy(t, "--config", config, "--manifests", manifests, "--portal=none", "-v=2")
+	px.waitLog(0, `"Synced"`, 1, 20*time.Second)
+	replaceFile(t, config, content) // the same: no change
+	select {
+	case <-px.done:
+		t.Fatalf("exited (%v) after a write that changed nothing:\n%s", px.err, px.log())
+	case <-time.After(2 * time.Second):
+	}
+	replaceFile(t, config, content+"portRange: 40000-40100\n")
+	err := px.waitExit(10 * time.Second)
+	if err == nil {
+		t.Fatalf("exit 0 after the --config file changed; want an error, for the DaemonSet to restart it:\n%s", px.log())
+	}
+	if !regexp.MustCompile(`"Stopping: the --config file changed".*has new content`).MatchString(px.log()) {
+		t.Errorf("the log does not say why it stopped:\n%s", px.log())
+	}
+}

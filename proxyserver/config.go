@@ -116,6 +116,7 @@ type Config struct {
 	nodePorts []netip.Prefix
 	podCIDRs  []netip.Prefix
 	fromFile  map[string]bool // flags whose value the --config file set
+	fileData  []byte          // the --config file's content, as read
 	healthz   string          // HealthzBindAddress as host:port, or ""
 	metrics   string          // MetricsBindAddress as host:port, or ""
 	flags     *pflag.FlagSet  // where AddFlags registered them, or nil

@@ -68,6 +68,7 @@ func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 	if err != nil {
 		return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
 	}
+	c.fileData = data
 	c.fromFile = make(map[string]bool)
 	var ignored []string
 	for name := range configFileFields {

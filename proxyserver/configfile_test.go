@@ -360,7 +360,7 @@ func TestWriteConfigFile(t *testing.T) {
 			}
 			c.fromFile, back.fromFile = nil, nil
 			c.flags, back.flags = nil, nil
-			c.WriteConfigTo, back.ConfigFile, back.LogVerbosity = "", "", nil
+			c.WriteConfigTo, back.ConfigFile, back.LogVerbosity, back.fileData = "", "", nil, nil
 			if !reflect.DeepEqual(c, back) {
 				t.Errorf("read back as\n%+v\nwant\n%+v\nfile:\n%s", back, c, data)
 			}

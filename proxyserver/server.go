@@ -45,6 +45,21 @@ func Run(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
+	if cfg.ConfigFile != "" && cfg.fileData != nil {
+		// As kube-proxy: a changed --config file ends the proxy, with an
+		// error, so its DaemonSet runs it again with the new content.
+		var stop context.CancelCauseFunc
+		ctx, stop = context.WithCancelCause(ctx)
+		var watchers sync.WaitGroup
+		defer watchers.Wait()
+		watchers.Go(func() {
+			if err := (&configWatch{Path: cfg.ConfigFile, Loaded: cfg.fileData}).run(ctx); err != nil {
+				klog.InfoS("Stopping: the --config file changed", "reason", err.Error())
+				stop(err)
+			}
+		})
+		defer stop(nil) // runs before watchers.Wait
+	}
 	if cfg.nodePortsPrimary {
 		cfg.nodePorts = primaryNodePortCIDRs(ctx, cfg, node)
 	}
@@ -254,6 +269,9 @@ func Run(ctx context.Context, cfg *Config) error {
 	st := p.Stats()
 	klog.InfoS("Shutting down; open connections and sessions are closed", "tcpConnections", st.TCPActive.Load(),
 		"udpSessions", st.UDPSessionsActive.Load(), "sctpAssociations", st.SCTPActive.Load())
+	if err := context.Cause(ctx); errors.Is(err, errConfigChanged) {
+		return err
+	}
 	return nil
 }
 

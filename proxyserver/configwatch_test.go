@@ -1,0 +1,115 @@
+package proxyserver
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestConfigWatch: the watch reports a new content of the file, written in
+// place, renamed over it, swapped in as a ConfigMap volume does (a ..data
+// link to a new directory), or the file removed; a write of the same
+// content, or a change of another key of the ConfigMap, is none.
+func TestConfigWatch(t *testing.T) {
+	const old, updated = "mode: userspace\n", "mode: userspace\nportRange: 40000-40100\n"
+	// configMap lays out a ConfigMap volume in dir, as the kubelet does:
+	// config.conf -> ..data/config.conf, ..data -> ..<version>.
+	configMap := func(t *testing.T, dir, version, content, other string) {
+		t.Helper()
+		v := filepath.Join(dir, ".."+version)
+		if err := os.Mkdir(v, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for name, c := range map[string]string{"config.conf": content, "kubeconfig.conf": other} {
+			if err := os.WriteFile(filepath.Join(v, name), []byte(c), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(".."+version, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"config.conf", "kubeconfig.conf"} {
+			_ = os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name))
+		}
+	}
+	write := func(t *testing.T, path, content string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name   string
+		setup  func(t *testing.T, dir string) string // returns the path
+		change func(t *testing.T, dir, path string)
+		want   string // in the error; "" for no change reported
+	}{
+		{"written in place", func(t *testing.T, dir string) string {
+			p := filepath.Join(dir, "config.conf")
+			write(t, p, old)
+			return p
+		}, func(t *testing.T, _, path string) { write(t, path, updated) }, "has new content"},
+		{"same content written", func(t *testing.T, dir string) string {
+			p := filepath.Join(dir, "config.conf")
+			write(t, p, old)
+			return p
+		}, func(t *testing.T, _, path string) { write(t, path, old) }, ""},
+		{"renamed over", func(t *testing.T, dir string) string {
+			p := filepath.Join(dir, "config.conf")
+			write(t, p, old)
+			return p
+		}, func(t *testing.T, dir, path string) {
+			write(t, filepath.Join(dir, "new"), updated)
+			if err := os.Rename(filepath.Join(dir, "new"), path); err != nil {
+				t.Fatal(err)
+			}
+		}, "has new content"},
+		{"removed", func(t *testing.T, dir string) string {
+			p := filepath.Join(dir, "config.conf")
+			write(t, p, old)
+			return p
+		}, func(t *testing.T, _, path string) { os.Remove(path) }, "is gone"},
+		{"ConfigMap update", func(t *testing.T, dir string) string {
+			configMap(t, dir, "v1", old, "a")
+			return filepath.Join(dir, "config.conf")
+		}, func(t *testing.T, dir, _ string) { configMap(t, dir, "v2", updated, "a") }, "has new content"},
+		{"ConfigMap update of another key", func(t *testing.T, dir string) string {
+			configMap(t, dir, "v1", old, "a")
+			return filepath.Join(dir, "config.conf")
+		}, func(t *testing.T, dir, _ string) { configMap(t, dir, "v2", old, "b") }, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := tc.setup(t, dir)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			// No wait for the watch to be set: a change made before it is
+			// found by the read it makes once its watches are set.
+			go func() {
+				w := &configWatch{Path: path, Loaded: []byte(old), Debounce: 20 * time.Millisecond, Resync: time.Hour}
+				done <- w.run(ctx)
+			}()
+			tc.change(t, dir, path)
+			select {
+			case err := <-done:
+				if tc.want == "" || !errors.Is(err, errConfigChanged) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("run = %v, want a change with %q", err, tc.want)
+				}
+			case <-time.After(time.Second):
+				if tc.want != "" {
+					t.Fatalf("no change reported, want one with %q", tc.want)
+				}
+			}
+		})
+	}
+}
