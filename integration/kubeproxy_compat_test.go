@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -178,4 +179,70 @@ func TestBinaryExitsWhenConfigChanges(t *testing.T) {
 	if !regexp.MustCompile(`"Stopping: the --config file changed".*has new content`).MatchString(px.log()) {
 		t.Errorf("the log does not say why it stopped:\n%s", px.log())
 	}
+}
+
+// TestBinaryClientMetricsAndConfigz: following a real API server, the
+// metrics port serves client-go's request metrics as kube-proxy's does
+// (rest_client_requests_total and rest_client_request_duration_seconds,
+// which the kubernetes-mixin proxy dashboard plots), counting the proxy's
+// requests, kubernetes_build_info, and /configz with the effective
+// configuration as JSON.
+func TestBinaryClientMetricsAndConfigz(t *testing.T) {
+	api := requireAPIServer(t)
+	mp := freePort(t)
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d", mp)
+	px := startProxy(t, "--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32",
+		"--hostname-override=node", "--metrics-bind-address="+metricsURL[len("http://"):])
+	px.waitLog(0, `"Serving /metrics"`, 1, 20*time.Second)
+	host := regexp.QuoteMeta(strings.TrimPrefix(api.URL, "https://"))
+	// The informers list and watch with streaming watches (client-go's
+	// WatchListClient), which client-go counts in requests_total but times
+	// in no request_duration_seconds, as in kube-proxy; the unit tests see
+	// that one served.
+	requests := regexp.MustCompile(`(?m)^rest_client_requests_total\{code="200",host="` + host + `",method="GET"\} ([1-9][0-9]*)$`)
+	var body string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		body, _ = curl(t, metricsURL+"/metrics")
+		if requests.MatchString(body) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no rest_client_requests_total for GETs to %s:\n%s", api.URL, grepLines(body, "rest_client"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !regexp.MustCompile(`(?m)^kubernetes_build_info\{.*go_version="go1\.[^"]*".*\} 1$`).MatchString(body) {
+		t.Errorf("no kubernetes_build_info:\n%s", grepLines(body, "build_info"))
+	}
+
+	configz, err := curl(t, metricsURL+"/configz")
+	if err != nil {
+		t.Fatalf("/configz: %v", err)
+	}
+	var got map[string]struct {
+		Mode             string `json:"mode"`
+		ClientConnection struct {
+			Kubeconfig string `json:"kubeconfig"`
+		} `json:"clientConnection"`
+		MetricsBindAddress string `json:"metricsBindAddress"`
+	}
+	if err := json.Unmarshal([]byte(configz), &got); err != nil {
+		t.Fatalf("/configz is not JSON: %v\n%s", err, configz)
+	}
+	kp, ok := got["kubeproxy.config.k8s.io"]
+	if !ok || kp.Mode != "userspace" || kp.ClientConnection.Kubeconfig != api.Kubeconfig || kp.MetricsBindAddress != metricsURL[len("http://"):] {
+		t.Errorf("/configz = %s; want the effective configuration under kubeproxy.config.k8s.io", configz)
+	}
+}
+
+// grepLines is the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -1,6 +1,7 @@
 package proxyserver
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -388,25 +389,7 @@ func (c *Config) flagSet() *pflag.FlagSet {
 // value (which read back as kube-proxy's defaults, as if absent), and the
 // legacy userspace mode's udpIdleTimeout.
 func (c *Config) marshalKubeProxyConfig(verbosity int) ([]byte, error) {
-	kp := kubeproxyv1alpha1.KubeProxyConfiguration{
-		Mode:               ModeUserspace,
-		HostnameOverride:   c.HostnameOverride,
-		BindAddress:        c.BindAddress,
-		HealthzBindAddress: c.HealthzBindAddress,
-		MetricsBindAddress: c.MetricsBindAddress,
-		ClusterCIDR:        c.ClusterCIDR,
-		PortRange:          c.ProxyPortRange,
-		NodePortAddresses:  c.NodePortAddresses,
-	}
-	kp.APIVersion, kp.Kind = kubeProxyAPIVersion, "KubeProxyConfiguration"
-	kp.ClientConnection.Kubeconfig = c.Kubeconfig
-	kp.ClientConnection.QPS = c.KubeAPIQPS
-	kp.ClientConnection.Burst = int32(c.KubeAPIBurst)
-	kp.ClientConnection.ContentType = c.KubeAPIContentType
-	kp.ConfigSyncPeriod.Duration = c.ConfigSyncPeriod
-	kp.IPTables.SyncPeriod.Duration = c.SyncPeriod
-	kp.IPTables.MinSyncPeriod.Duration = c.MinSyncPeriod
-	kp.Logging.Verbosity = logsapi.VerbosityLevel(verbosity)
+	kp := c.kubeProxyConfig(verbosity)
 	typed, err := yaml.Marshal(&kp)
 	if err != nil {
 		return nil, err
@@ -432,6 +415,60 @@ func (c *Config) marshalKubeProxyConfig(verbosity int) ([]byte, error) {
 	}
 	header := "# Written by kube-userspace-proxy --write-config-to; run it with --config and this file.\n"
 	return append([]byte(header), data...), nil
+}
+
+// kubeProxyConfig returns c as a KubeProxyConfiguration (mode
+// userspace), with verbosity as logging.verbosity: the fields kube-proxy's
+// flags stand for.
+func (c *Config) kubeProxyConfig(verbosity int) kubeproxyv1alpha1.KubeProxyConfiguration {
+	kp := kubeproxyv1alpha1.KubeProxyConfiguration{
+		Mode:               ModeUserspace,
+		HostnameOverride:   c.HostnameOverride,
+		BindAddress:        c.BindAddress,
+		HealthzBindAddress: c.HealthzBindAddress,
+		MetricsBindAddress: c.MetricsBindAddress,
+		ClusterCIDR:        c.ClusterCIDR,
+		PortRange:          c.ProxyPortRange,
+		NodePortAddresses:  c.NodePortAddresses,
+	}
+	kp.APIVersion, kp.Kind = kubeProxyAPIVersion, "KubeProxyConfiguration"
+	kp.ClientConnection.Kubeconfig = c.Kubeconfig
+	kp.ClientConnection.QPS = c.KubeAPIQPS
+	kp.ClientConnection.Burst = int32(c.KubeAPIBurst)
+	kp.ClientConnection.ContentType = c.KubeAPIContentType
+	kp.ConfigSyncPeriod.Duration = c.ConfigSyncPeriod
+	kp.IPTables.SyncPeriod.Duration = c.SyncPeriod
+	kp.IPTables.MinSyncPeriod.Duration = c.MinSyncPeriod
+	kp.Logging.Verbosity = logsapi.VerbosityLevel(verbosity)
+	return kp
+}
+
+// configzBody is what /configz answers, as kube-proxy's (component-base
+// configz): the effective configuration under its API group's name, here
+// as the versioned KubeProxyConfiguration, with kube-proxy's defaults for
+// what the options leave out.
+func (c *Config) configzBody(verbosity int) ([]byte, error) {
+	kp := c.kubeProxyConfig(verbosity)
+	if c.HostnameOverride == "" {
+		kp.HostnameOverride = "" // the host name, as kube-proxy leaves it
+	}
+	kp.FeatureGates = map[string]bool{}
+	kp.Logging.Format = "text"
+	kp.Logging.VModule = nil
+	if c.LogVModule != "" {
+		for _, item := range strings.Split(c.LogVModule, ",") {
+			pat, v, _ := strings.Cut(item, "=")
+			var n int
+			fmt.Sscan(v, &n)
+			kp.Logging.VModule = append(kp.Logging.VModule, logsapi.VModuleItem{FilePattern: pat, Verbosity: logsapi.VerbosityLevel(n)})
+		}
+	}
+	if kp.NodePortAddresses == nil {
+		kp.NodePortAddresses = []string{"all"}
+	}
+	localhost := c.LocalhostNodePorts
+	kp.IPTables.LocalhostNodePorts = &localhost
+	return json.Marshal(map[string]any{kubeproxyv1alpha1.GroupName: kp})
 }
 
 // pruneZero deletes from m, recursively, the values that decode as if

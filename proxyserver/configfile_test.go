@@ -2,6 +2,12 @@ package proxyserver
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,9 +18,12 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	clientmetrics "k8s.io/client-go/tools/metrics"
 	"k8s.io/klog/v2"
 	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
 // loadConfig parses args, writes file (if not empty) for --config, and
@@ -425,5 +434,79 @@ logging: {verbosity: 2, options: {text: {splitStream: true, bogus: 1}}}
 	want := []string{"clientConnection.qpss", "foo", "iptables.syncPeriodd", "logging.options.text.bogus"}
 	if !slices.Equal(got, want) {
 		t.Errorf("unknown fields %q, want %q", got, want)
+	}
+}
+
+// TestConfigz: /configz answers as kube-proxy's does, the effective
+// configuration as JSON under its API group's name, with the file's values
+// and kube-proxy's defaults for the rest.
+func TestConfigz(t *testing.T) {
+	c, err := loadConfig(t, kubeadmConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	m := newMetrics(&userspace.Stats{}, []string{"IPv4"})
+	if m.configz, err = c.configzBody(3); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/configz", nil))
+	if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("/configz: %d %q", rec.Code, rec.Header().Get("Content-Type"))
+	}
+	var got map[string]kubeproxyv1alpha1.KubeProxyConfiguration
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+		t.Fatalf("/configz: %v\n%s", err, rec.Body)
+	}
+	kp, ok := got["kubeproxy.config.k8s.io"]
+	if !ok || len(got) != 1 {
+		t.Fatalf("/configz keys: %v, want kubeproxy.config.k8s.io alone", slices.Collect(maps.Keys(got)))
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"mode", string(kp.Mode), "userspace"},
+		{"kubeconfig", kp.ClientConnection.Kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf"},
+		{"qps", kp.ClientConnection.QPS, float32(7)},
+		{"healthz (defaulted)", kp.HealthzBindAddress, "0.0.0.0:10256"},
+		{"sync period", kp.IPTables.SyncPeriod.Duration, 45 * time.Second},
+		{"port range", kp.PortRange, "36000-37999"},
+		{"cluster CIDR", kp.ClusterCIDR, "10.244.0.0/16"},
+		{"verbosity", int(kp.Logging.Verbosity), 3},
+		{"hostname", kp.HostnameOverride, "node-from-file"},
+	}
+	for _, ck := range checks {
+		if ck.got != ck.want {
+			t.Errorf("%s = %v, want %v", ck.name, ck.got, ck.want)
+		}
+	}
+	// kubernetes_build_info is served beside it.
+	rec = httptest.NewRecorder()
+	m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if !regexp.MustCompile(`(?m)^kubernetes_build_info\{.*git_version="[^"]+".*go_version="go1\.[^"]*".*\} 1$`).MatchString(rec.Body.String()) {
+		t.Errorf("no kubernetes_build_info in /metrics:\n%s", rec.Body)
+	}
+}
+
+// TestClientMetrics: client-go's request metrics reach /metrics under
+// kube-proxy's names and labels.
+func TestClientMetrics(t *testing.T) {
+	m := newMetrics(&userspace.Stats{}, []string{"IPv4"})
+	u := url.URL{Scheme: "https", Host: "192.0.2.1:6443", Path: "/api/v1/services"}
+	clientmetrics.RequestLatency.Observe(context.Background(), "GET", u, 30*time.Millisecond)
+	clientmetrics.RequestResult.Increment(context.Background(), "200", "GET", u.Host)
+	rec := httptest.NewRecorder()
+	m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, want := range []string{ // counts add up over -count=N
+		`rest_client_request_duration_seconds_bucket\{host="192\.0\.2\.1:6443",verb="GET",le="0\.1"\} [1-9]`,
+		`rest_client_requests_total\{code="200",host="192\.0\.2\.1:6443",method="GET"\} [1-9]`,
+	} {
+		if !regexp.MustCompile(want).MatchString(rec.Body.String()) {
+			t.Errorf("/metrics has no %s:\n%s", want, rec.Body)
+		}
 	}
 }

@@ -27,6 +27,8 @@ import (
 type metrics struct {
 	reg   *prometheus.Registry
 	debug http.Handler // /debug/services; may be nil
+	// configz is /configz's answer (Config.configzBody); nil: no /configz.
+	configz []byte
 	// families are the IP families the sync metrics have series for:
 	// those /healthz's status names (proxyHealth.families).
 	families []string
@@ -140,8 +142,9 @@ func newMetrics(stats *userspace.Stats, families []string) *metrics {
 	}
 	m.reg.MustRegister(m.syncDuration, m.lastSynced, m.lastQueued, m.healthzAnswer, m.livezAnswer, m.noLocal, m.syncFailures, m.programming,
 		m.serviceChanges, m.servicePending, m.endpointChanges, m.endpointPending,
-		statsCollector{stats},
+		statsCollector{stats}, buildInfoCollector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(clientCollectors()...)
 	return m
 }
 
@@ -254,6 +257,12 @@ func (m *metrics) handler() http.Handler {
 	}
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	if m.configz != nil {
+		mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(m.configz)
+		})
+	}
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("userspace")) })
 	return mux
 }

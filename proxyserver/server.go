@@ -161,6 +161,9 @@ func Run(ctx context.Context, cfg *Config) error {
 		dv.portals = func(s state.Snapshot) []portal.Portal { return redirectPortals(s, p) }
 	}
 	m.debug = dv
+	if m.configz, err = cfg.configzBody(logVerbosity()); err != nil {
+		klog.ErrorS(err, "No /configz: the configuration cannot be written as JSON")
+	}
 	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.NodeAddrs, proxyHealthy: health.healthy}
 	defer hc.closeAll()
 	loop := newSyncLoop(func(s state.Snapshot) error {
@@ -404,4 +407,15 @@ func checkBindAddress(addr netip.Addr, where string) error {
 		return fmt.Errorf("%s %s: %w", where, addr, err)
 	}
 	return l.Close()
+}
+
+// logVerbosity is klog's -v, as far as this file's calls see it.
+func logVerbosity() int {
+	v := 0
+	for n := 1; n <= 10; n++ {
+		if klog.V(klog.Level(n)).Enabled() {
+			v = n
+		}
+	}
+	return v
 }
