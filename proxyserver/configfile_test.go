@@ -478,6 +478,7 @@ func TestConfigz(t *testing.T) {
 		{"cluster CIDR", kp.ClusterCIDR, "10.244.0.0/16"},
 		{"verbosity", int(kp.Logging.Verbosity), 3},
 		{"hostname", kp.HostnameOverride, "node-from-file"},
+		{"localhost node ports (defaulted)", kp.IPTables.LocalhostNodePorts != nil && *kp.IPTables.LocalhostNodePorts, true},
 	}
 	for _, ck := range checks {
 		if ck.got != ck.want {
