@@ -21,21 +21,21 @@ import (
 var (
 	restRequestLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rest_client_request_duration_seconds",
-		Help:    "Request latency in seconds. Broken down by verb, and host.",
+		Help:    "How long the proxy's requests to the API server took, in seconds, by verb and host.",
 		Buckets: []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0},
 	}, []string{"verb", "host"})
 	restRateLimiterLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rest_client_rate_limiter_duration_seconds",
-		Help:    "Client side rate limiter latency in seconds. Broken down by verb, and host.",
+		Help:    "How long the proxy's requests to the API server waited for its client-side rate limiter, in seconds, by verb and host.",
 		Buckets: []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0},
 	}, []string{"verb", "host"})
 	restRequestResult = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rest_client_requests_total",
-		Help: "Number of HTTP requests, partitioned by status code, method, and host.",
+		Help: "The proxy's requests to the API server, by HTTP status code, method and host.",
 	}, []string{"code", "method", "host"})
 	restRequestRetry = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rest_client_request_retries_total",
-		Help: "Number of request retries, partitioned by status code, verb, and host.",
+		Help: "The proxy's retried requests to the API server, by HTTP status code, verb and host.",
 	}, []string{"code", "verb", "host"})
 	registerClientMetrics sync.Once
 )
