@@ -4,10 +4,12 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -33,10 +35,16 @@ func (p *proxyProc) waitExit(within time.Duration) error {
 // without serving anything; bad options still fail it.
 func TestBinaryInitOnly(t *testing.T) {
 	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	// Nobody listens at its server: nothing may be reached for.
+	writeFile(t, kubeconfig, "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:9\n"+
+		"contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: t\n")
 	config := filepath.Join(dir, "config.yaml")
-	writeFile(t, config, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\nclientConnection:\n  kubeconfig: /nonexistent/kubeconfig\n")
-	// No API server, no kubeconfig: nothing may be reached for.
-	px := startProxy(t, "--init-only", "--config", config, "--portal=none")
+	configWith := func(kubeconfig string) string {
+		return "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\nclientConnection:\n  kubeconfig: " + kubeconfig + "\n"
+	}
+	writeFile(t, config, configWith(kubeconfig))
+	px := startProxy(t, "--init-only", "--config", config, "--portal=none", "--kubeconfig=/ignored/with/config")
 	if err := px.waitExit(10 * time.Second); err != nil {
 		t.Fatalf("--init-only: exit status %v, want 0\n%s", err, px.log())
 	}
@@ -46,10 +54,42 @@ func TestBinaryInitOnly(t *testing.T) {
 	if strings.Contains(px.log(), "Starting kube-userspace-proxy") {
 		t.Errorf("--init-only started the proxy:\n%s", px.log())
 	}
+	// As kube-proxy's, the first line says which build runs, before
+	// what reading the --config file logs.
+	if first, _, _ := strings.Cut(px.log(), "\n"); !strings.Contains(first, `"Version info"`) {
+		t.Errorf("the first line is not Version info:\n%s", px.log())
+	}
 
 	bad := startProxy(t, "--init-only", "--config", config, "--portal=nowhere")
 	if err := bad.waitExit(10 * time.Second); err == nil {
 		t.Fatalf("--init-only with a bad --portal exited 0:\n%s", bad.log())
+	}
+
+	// A kubeconfig that does not exist, or does not parse, is an error
+	// of the options (exit 2), as the API client would find it.
+	garbage := filepath.Join(dir, "garbage")
+	writeFile(t, garbage, "clusters: [\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing, by flag", []string{"--kubeconfig", "/nonexistent"}, "--kubeconfig: open /nonexistent"},
+		{"unparsable, by flag", []string{"--kubeconfig", garbage}, "--kubeconfig " + garbage},
+		{"missing, by file", []string{"--config", filepath.Join(dir, "missing.yaml")}, "clientConnection.kubeconfig: open /nonexistent/kubeconfig"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			writeFile(t, filepath.Join(dir, "missing.yaml"), configWith("/nonexistent/kubeconfig"))
+			px := startProxy(t, append([]string{"--init-only", "--portal=none"}, tc.args...)...)
+			err := px.waitExit(10 * time.Second)
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+				t.Fatalf("exit %v, want status 2:\n%s", err, px.log())
+			}
+			if !strings.Contains(px.log(), tc.want) {
+				t.Errorf("the error does not say %q:\n%s", tc.want, px.log())
+			}
+		})
 	}
 }
 

@@ -117,9 +117,12 @@ type Config struct {
 	podCIDRs  []netip.Prefix
 	fromFile  map[string]bool // flags whose value the --config file set
 	fileData  []byte          // the --config file's content, as read
-	healthz   string          // HealthzBindAddress as host:port, or ""
-	metrics   string          // MetricsBindAddress as host:port, or ""
-	flags     *pflag.FlagSet  // where AddFlags registered them, or nil
+	// kubeconfigData is the Kubeconfig file's content, as LoadKubeconfig
+	// read it, or nil.
+	kubeconfigData []byte
+	healthz        string         // HealthzBindAddress as host:port, or ""
+	metrics        string         // MetricsBindAddress as host:port, or ""
+	flags          *pflag.FlagSet // where AddFlags registered them, or nil
 
 	// nodePortsPrimary: --nodeport-addresses=primary, the node's primary
 	// IPs, which Run reads into nodePorts.

@@ -7,27 +7,34 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/klog/v2"
 )
 
-// errConfigChanged is why Run stops when the --config file changes.
-var errConfigChanged = errors.New("the --config file changed")
+// errConfigChanged is why Run stops when the --config file, or the
+// kubeconfig it names, changes.
+var errConfigChanged = errors.New("a file the options were read from changed")
 
-// configWatch follows the --config file as kube-proxy does: it does not
-// reload it, but reports a change, so that the proxy exits and its
-// DaemonSet starts it again with the new content.
+// configWatch follows the --config file (or the kubeconfig it names) as
+// kube-proxy follows its --config file: it does not reload it, but
+// reports a change, so that the proxy exits and its DaemonSet starts it
+// again with the new content.
 type configWatch struct {
 	// Path is the file; it may be a symbolic link, as in a ConfigMap
 	// volume, where the kubelet swaps a ..data link to a new directory.
 	Path string
+	// What names the file in messages. If empty, "the --config file".
+	What string
 	// Loaded is the content the options were read from.
 	Loaded []byte
 	// Debounce is how long the directory must stay quiet after an event
 	// before the file is read again, so a swap in several steps is read
-	// once it is done. If zero, 100ms.
+	// once it is done; a read that finds the file empty, or that differs
+	// from the read one Debounce later, is a write still under way and
+	// is read again. If zero, 100ms.
 	Debounce time.Duration
 	// Resync is how often the file is read without an event, for
 	// filesystems that deliver none. If zero, 1 minute.
@@ -37,34 +44,52 @@ type configWatch struct {
 // run waits until the file's content differs from Loaded (or the file is
 // gone) and returns an error wrapping errConfigChanged that says how; or
 // nil when ctx is done. Edits that leave the content as it was (a touch,
-// a ConfigMap update of another key) are no change.
+// a ConfigMap update of another key, a slow rewrite of the same bytes)
+// are no change.
 func (w *configWatch) run(ctx context.Context) error {
-	debounce := w.Debounce
-	if debounce == 0 {
-		debounce = 100 * time.Millisecond
-	}
-	resync := w.Resync
-	if resync == 0 {
-		resync = time.Minute
-	}
+	debounce := cmpOr(w.Debounce, 100*time.Millisecond)
+	resync := cmpOr(w.Resync, time.Minute)
+	what := w.what()
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
-		klog.ErrorS(err, "Cannot watch the --config file for changes; it is read again every minute", "config", w.Path)
+		klog.ErrorS(err, "Cannot watch a file for changes; it is read again every minute", "file", w.Path, "what", what)
 	} else {
 		defer fw.Close()
-		// The file's directory sees it replaced (an editor's rename, a
-		// ConfigMap's ..data swap); where it is a link, the directory of
-		// what it points at sees it written in place.
-		dirs := []string{filepath.Dir(w.Path)}
-		if real, err := filepath.EvalSymlinks(w.Path); err == nil && filepath.Dir(real) != dirs[0] {
-			dirs = append(dirs, filepath.Dir(real))
+	}
+	// watched maps each directory watched to what it was when the watch
+	// was set: a directory moved away (mv dir dir.old; mv dir.new dir)
+	// keeps its watch, which then sees nothing of the new one at the
+	// path, so the watch is set again on what is at the path now.
+	watched := make(map[string]os.FileInfo)
+	rewatch := func() {
+		if fw == nil {
+			return
 		}
-		for _, d := range dirs {
-			if err := fw.Add(d); err != nil {
-				klog.ErrorS(err, "Cannot watch the --config file's directory; the file is read again every minute", "dir", d)
+		want := w.dirs()
+		for d, fi := range watched {
+			now, err := os.Stat(d)
+			if slices.Contains(want, d) && err == nil && os.SameFile(fi, now) {
+				continue
 			}
+			_ = fw.Remove(d) // may be gone with the directory
+			delete(watched, d)
+		}
+		for _, d := range want {
+			if _, ok := watched[d]; ok {
+				continue
+			}
+			fi, err := os.Stat(d)
+			if err == nil {
+				err = fw.Add(d)
+			}
+			if err != nil {
+				klog.ErrorS(err, "Cannot watch a file's directory; the file is read again every minute", "dir", d, "what", what)
+				continue
+			}
+			watched[d] = fi
 		}
 	}
+	rewatch()
 	var events <-chan fsnotify.Event
 	var errs <-chan error
 	if fw != nil {
@@ -73,6 +98,9 @@ func (w *configWatch) run(ctx context.Context) error {
 	tick := time.NewTicker(resync)
 	defer tick.Stop()
 	quiet := time.NewTimer(0) // read once at start: it may have changed since it was loaded
+	var pending []byte        // what the last read found while a write seemed under way
+	var unsettled bool
+	var emptySince time.Time // when reads began to find the file empty
 	for {
 		select {
 		case <-ctx.Done():
@@ -81,27 +109,76 @@ func (w *configWatch) run(ctx context.Context) error {
 			quiet.Reset(debounce)
 			continue
 		case err := <-errs:
-			klog.ErrorS(err, "Watching the --config file", "config", w.Path)
+			klog.ErrorS(err, "Watching a file", "file", w.Path, "what", what)
 			continue
 		case <-tick.C:
 		case <-quiet.C:
 		}
-		if how := w.changed(); how != "" {
-			return fmt.Errorf("%w (%s): exiting so that it is read again, as kube-proxy does (a DaemonSet restarts the proxy)", errConfigChanged, how)
+		rewatch()
+		data, how := w.read()
+		if len(data) > 0 || how != "" {
+			emptySince = time.Time{}
+		} else if emptySince.IsZero() {
+			emptySince = time.Now()
+		}
+		switch {
+		case how != "" || bytes.Equal(data, w.Loaded):
+			unsettled = false
+		case len(data) == 0 && time.Since(emptySince) >= emptyGrace:
+			how = w.Path + " is empty"
+		case len(data) == 0 || !unsettled || !bytes.Equal(data, pending):
+			// Empty (truncated, not yet written) or not yet read twice
+			// alike: perhaps a write under way. Read again after a pause.
+			pending, unsettled = data, true
+			quiet.Reset(debounce)
+			continue
+		default:
+			how = w.Path + " has new content"
+		}
+		if how != "" {
+			return fmt.Errorf("%w: %s (%s): exiting so that it is read again, as kube-proxy does (a DaemonSet restarts the proxy)", errConfigChanged, what, how)
 		}
 	}
 }
 
-// changed says how the file differs from Loaded, or "".
-func (w *configWatch) changed() string {
+// emptyGrace is how long the file may stay empty (truncated by a write
+// that has not written yet) before that is its new content.
+const emptyGrace = 5 * time.Second
+
+func (w *configWatch) what() string {
+	if w.What == "" {
+		return "the --config file"
+	}
+	return w.What
+}
+
+// dirs are the directories whose events may mean a change of the file:
+// its own, which sees it replaced (an editor's rename, a ConfigMap's
+// ..data swap), and, where it is a link, the directory of what it points
+// at now, which sees it written in place.
+func (w *configWatch) dirs() []string {
+	dirs := []string{filepath.Dir(w.Path)}
+	if real, err := filepath.EvalSymlinks(w.Path); err == nil && filepath.Dir(real) != dirs[0] {
+		dirs = append(dirs, filepath.Dir(real))
+	}
+	return dirs
+}
+
+// read returns the file's content, or says how it is gone or unreadable.
+func (w *configWatch) read() ([]byte, string) {
 	data, err := os.ReadFile(w.Path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return w.Path + " is gone"
+		return nil, w.Path + " is gone"
 	case err != nil:
-		return fmt.Sprintf("%s cannot be read: %v", w.Path, err)
-	case !bytes.Equal(data, w.Loaded):
-		return w.Path + " has new content"
+		return nil, fmt.Sprintf("%s cannot be read: %v", w.Path, err)
 	}
-	return ""
+	return data, ""
+}
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
 }

@@ -85,6 +85,47 @@ func TestConfigWatch(t *testing.T) {
 			configMap(t, dir, "v1", old, "a")
 			return filepath.Join(dir, "config.conf")
 		}, func(t *testing.T, dir, _ string) { configMap(t, dir, "v2", old, "b") }, ""},
+		{"slow rewrite of the same content", func(t *testing.T, dir string) string {
+			p := filepath.Join(dir, "config.conf")
+			write(t, p, old)
+			return p
+		}, func(t *testing.T, _, path string) {
+			// Truncated, then written well after the debounce: the empty
+			// file between is a write under way, not new content.
+			f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			time.Sleep(300 * time.Millisecond)
+			if _, err := f.WriteString(old); err != nil {
+				t.Fatal(err)
+			}
+		}, ""},
+		{"directory replaced, then written in place", func(t *testing.T, dir string) string {
+			d := filepath.Join(dir, "conf")
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			write(t, filepath.Join(d, "config.conf"), old)
+			return filepath.Join(d, "config.conf")
+		}, func(t *testing.T, dir, path string) {
+			// mv conf conf.old; mv conf.new conf: the watch set on conf
+			// follows conf.old unless it is set again.
+			d := filepath.Join(dir, "conf")
+			if err := os.Mkdir(d+".new", 0o755); err != nil {
+				t.Fatal(err)
+			}
+			write(t, filepath.Join(d+".new", "config.conf"), old)
+			if err := os.Rename(d, d+".old"); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(d+".new", d); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond) // the debounced read after the moves
+			write(t, path, updated)
+		}, "has new content"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -25,12 +25,15 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
+// LogVersion logs which build this is, as kube-proxy's first log line.
+func LogVersion() {
+	v := buildinfo.Info()
+	klog.InfoS("Version info", "version", v.GitVersion, "gitCommit", v.GitCommit, "goVersion", v.GoVersion, "platform", v.Platform)
+}
+
 // Run serves until ctx is done. It returns an error at once if the source
 // cannot be read at start; later failures are logged and retried.
 func Run(ctx context.Context, cfg *Config) error {
-	// As kube-proxy, first of all: which build this is.
-	v := buildinfo.Info()
-	klog.InfoS("Version info", "version", v.GitVersion, "gitCommit", v.GitCommit, "goVersion", v.GoVersion, "platform", v.Platform)
 	if cfg.Cleanup {
 		return cleanup(ctx, cfg)
 	}
@@ -52,12 +55,21 @@ func Run(ctx context.Context, cfg *Config) error {
 		ctx, stop = context.WithCancelCause(ctx)
 		var watchers sync.WaitGroup
 		defer watchers.Wait()
-		watchers.Go(func() {
-			if err := (&configWatch{Path: cfg.ConfigFile, Loaded: cfg.fileData}).run(ctx); err != nil {
-				klog.InfoS("Stopping: the --config file changed", "reason", err.Error())
-				stop(err)
-			}
-		})
+		watches := []*configWatch{{Path: cfg.ConfigFile, Loaded: cfg.fileData}}
+		if cfg.kubeconfigData != nil {
+			// The file's clientConnection.kubeconfig, which client-go
+			// reads once: in a ConfigMap beside the file, an edit of it
+			// (its server address, say) leaves the file as it was.
+			watches = append(watches, &configWatch{Path: cfg.Kubeconfig, What: "the kubeconfig the --config file names", Loaded: cfg.kubeconfigData})
+		}
+		for _, w := range watches {
+			watchers.Go(func() {
+				if err := w.run(ctx); err != nil {
+					klog.InfoS("Stopping: "+w.what()+" changed", "reason", err.Error())
+					stop(err)
+				}
+			})
+		}
 		defer stop(nil) // runs before watchers.Wait
 	}
 	if cfg.nodePortsPrimary {

@@ -65,6 +65,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: unexpected arguments %q (every option is a flag)\n", fs.Args())
 		os.Exit(2)
 	}
+	// As kube-proxy, first of all: which build this is (before what
+	// reading the --config file logs).
+	proxyserver.LogVersion()
 	if err := cfg.LoadConfigFile(fs); err != nil {
 		fmt.Fprintln(os.Stderr, "kube-userspace-proxy:", err)
 		os.Exit(2)
@@ -95,6 +98,10 @@ func main() {
 		}
 		fmt.Println()
 		os.Exit(0)
+	}
+	if err := cfg.LoadKubeconfig(); err != nil {
+		fmt.Fprintln(os.Stderr, "kube-userspace-proxy:", err)
+		os.Exit(2)
 	}
 	// SIGHUP too: a closed terminal or a stray reload request ends the
 	// proxy as cleanly, and as visibly, as SIGTERM.
