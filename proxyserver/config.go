@@ -42,9 +42,9 @@ type Config struct {
 	// LogVerbosity is the file's logging.verbosity, when the command line
 	// gave no -v; nil otherwise. The caller applies it to klog.
 	LogVerbosity *int
-	// LogVModule is the file's logging.vmodule in --vmodule's syntax
-	// (pattern=N,...), when the command line gave no --vmodule; ""
-	// otherwise. The caller applies it to klog.
+	// LogVModule is --vmodule's value (pattern=N,...) as LoadConfigFile
+	// sets it: the command line's, or else the file's logging.vmodule;
+	// "" for none. The caller applies it to klog.
 	LogVModule string
 	// Manifests is a file of Service and EndpointSlice manifests to serve.
 	// If empty, the proxy follows a cluster.

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,6 +59,9 @@ var overriddenModeFlags = []string{"proxy-mode", "detect-local-mode"}
 // The file's fields that mean nothing to a userspace proxy are ignored,
 // and the ones set are named in the log.
 func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
+	if f := fs.Lookup("vmodule"); f != nil && f.Changed {
+		c.LogVModule = f.Value.String() // shown in /configz and written by --write-config-to
+	}
 	if c.ConfigFile == "" {
 		return nil
 	}
@@ -352,7 +356,7 @@ func (c *Config) WriteConfigFile(verbosity int) ([]string, error) {
 	var keep []string
 	c.flagSet().Visit(func(f *pflag.Flag) {
 		switch {
-		case configFileFields[f.Name] != "", f.Name == "v", f.Name == "config", f.Name == "write-config-to", f.Name == "init-only", f.Name == "proxy-mode":
+		case configFileFields[f.Name] != "", f.Name == "v", f.Name == "vmodule", f.Name == "config", f.Name == "write-config-to", f.Name == "init-only", f.Name == "proxy-mode":
 			return // in the file, or about the file
 		case isKubeProxyOnly(f.Name):
 			return // ignored either way
@@ -440,6 +444,14 @@ func (c *Config) kubeProxyConfig(verbosity int) kubeproxyv1alpha1.KubeProxyConfi
 	kp.IPTables.SyncPeriod.Duration = c.SyncPeriod
 	kp.IPTables.MinSyncPeriod.Duration = c.MinSyncPeriod
 	kp.Logging.Verbosity = logsapi.VerbosityLevel(verbosity)
+	for _, item := range strings.Split(c.LogVModule, ",") {
+		pat, v, _ := strings.Cut(strings.TrimSpace(item), "=")
+		if pat == "" {
+			continue
+		}
+		n, _ := strconv.Atoi(v)
+		kp.Logging.VModule = append(kp.Logging.VModule, logsapi.VModuleItem{FilePattern: pat, Verbosity: logsapi.VerbosityLevel(n)})
+	}
 	return kp
 }
 
@@ -454,15 +466,6 @@ func (c *Config) configzBody(verbosity int) ([]byte, error) {
 	}
 	kp.FeatureGates = map[string]bool{}
 	kp.Logging.Format = "text"
-	kp.Logging.VModule = nil
-	if c.LogVModule != "" {
-		for _, item := range strings.Split(c.LogVModule, ",") {
-			pat, v, _ := strings.Cut(item, "=")
-			var n int
-			fmt.Sscan(v, &n)
-			kp.Logging.VModule = append(kp.Logging.VModule, logsapi.VModuleItem{FilePattern: pat, Verbosity: logsapi.VerbosityLevel(n)})
-		}
-	}
 	if kp.NodePortAddresses == nil {
 		kp.NodePortAddresses = []string{"all"}
 	}
@@ -516,6 +519,9 @@ func (c *Config) readsBackAs(data []byte, verbosity int) error {
 		if got != want {
 			errs = append(errs, fmt.Errorf("--%s=%s cannot be written: a KubeProxyConfiguration's %s would read back as %s", name, want, configFileFields[name], got))
 		}
+	}
+	if vmodule, err := vmoduleFlag(kp.Logging.VModule); err != nil || vmodule != c.LogVModule {
+		errs = append(errs, fmt.Errorf("--vmodule=%s cannot be written: logging.vmodule would read back as %s", c.LogVModule, vmodule))
 	}
 	if int(kp.Logging.Verbosity) != verbosity {
 		errs = append(errs, fmt.Errorf("-v=%d cannot be written: logging.verbosity would read back as %d", verbosity, kp.Logging.Verbosity))

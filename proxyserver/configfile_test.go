@@ -174,8 +174,8 @@ func TestLoadConfigFileLogging(t *testing.T) {
 		t.Errorf("inapplicable = %v: vmodule and verbosity apply", got)
 	}
 	c, err = loadConfig(t, file, "--vmodule=other=3")
-	if err != nil || c.LogVModule != "" {
-		t.Errorf("with --vmodule: %v, vmodule from the file %q, want none", err, c.LogVModule)
+	if err != nil || c.LogVModule != "other=3" {
+		t.Errorf("with --vmodule: %v, vmodule %q, want the command line's other=3", err, c.LogVModule)
 	}
 	if _, err := loadConfig(t, head+"logging:\n  vmodule: [{filePattern: \"a=1\", verbosity: 2}]\n"); err == nil ||
 		!strings.Contains(err.Error(), "logging.vmodule[0].filePattern") {
@@ -332,7 +332,8 @@ func TestWriteConfigFile(t *testing.T) {
 			"--config-sync-period=10m", "--bind-address=::", "--healthz-bind-address=[::]:9000", "--metrics-bind-address=127.0.0.1",
 			"--nodeport-addresses=127.0.0.0/8,198.18.0.0/15", "--cluster-cidr=198.18.0.0/16,fd5e:b1b5::/48", "--iptables-sync-period=1m",
 			"--iptables-min-sync-period=0.5s", "--proxy-port-range=36000+99", "--udp-timeout=1s", "--hostname-override=node-a",
-			"--portal=iptables", "--udp-max-sessions=-1", "--master=https://192.0.2.1:6443", "--iptables-localhost-nodeports=false"},
+			"--portal=iptables", "--udp-max-sessions=-1", "--master=https://192.0.2.1:6443", "--iptables-localhost-nodeports=false",
+			"--vmodule=proxier=4,sync*=2"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			c, err := loadConfig(t, "", args...)
@@ -375,7 +376,7 @@ func TestWriteConfigFile(t *testing.T) {
 			}
 			var want []string
 			for _, a := range args {
-				if name := strings.SplitN(strings.TrimPrefix(a, "--"), "=", 2)[0]; configFileFields[name] == "" {
+				if name := strings.SplitN(strings.TrimPrefix(a, "--"), "=", 2)[0]; configFileFields[name] == "" && name != "vmodule" {
 					want = append(want, a)
 				}
 			}
@@ -508,6 +509,32 @@ func TestClientMetrics(t *testing.T) {
 	} {
 		if !regexp.MustCompile(want).MatchString(rec.Body.String()) {
 			t.Errorf("/metrics has no %s:\n%s", want, rec.Body)
+		}
+	}
+}
+
+// TestConfigzCommandLineVModule: /configz shows a command-line --vmodule
+// as logging.vmodule, as it shows the file's, with or without --config.
+func TestConfigzCommandLineVModule(t *testing.T) {
+	for _, file := range []string{"", kubeadmConfig} {
+		c, err := loadConfig(t, file, "--vmodule=proxier=4,sync*=2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		body, err := c.configzBody(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got map[string]kubeproxyv1alpha1.KubeProxyConfiguration
+		if err := json.Unmarshal(body, &got); err != nil {
+			t.Fatal(err)
+		}
+		vm := got["kubeproxy.config.k8s.io"].Logging.VModule
+		if len(vm) != 2 || vm[0].FilePattern != "proxier" || vm[0].Verbosity != 4 || vm[1].FilePattern != "sync*" || vm[1].Verbosity != 2 {
+			t.Errorf("with --config %v: logging.vmodule = %+v, want proxier=4,sync*=2", file != "", vm)
 		}
 	}
 }
