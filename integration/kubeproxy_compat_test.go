@@ -130,6 +130,14 @@ func TestBinaryAutoPortalInCluster(t *testing.T) {
 			if strings.Contains(log, `"Portal chosen" portal="none"`) {
 				t.Errorf("auto chose none in cluster mode:\n%s", log)
 			}
+			if strings.Contains(log, "\n) nor") {
+				t.Errorf("iptables' error is not on one line:\n%s", log)
+			}
+			// Root without the capability (a container dropping ALL) is
+			// told what it lacks, not to run as root.
+			if root := tc.name != "unprivileged"; root && (strings.Contains(log, "run as root") || strings.Contains(log, "run with CAP_NET_ADMIN (as root")) {
+				t.Errorf("a root process is told to run as root:\n%s", log)
+			}
 
 			args = append([]string{"netns", "exec", string(node)}, tc.priv...)
 			args = append(args, proxyBin, "--master", master, "--hostname-override=node", "--portal=none",

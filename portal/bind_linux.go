@@ -472,6 +472,10 @@ func CheckNetAdmin() error {
 		return fmt.Errorf("read this process's capabilities: %w", err)
 	}
 	if data[unix.CAP_NET_ADMIN/32].Effective&(1<<(unix.CAP_NET_ADMIN%32)) == 0 {
+		if os.Geteuid() == 0 {
+			// Root whose bounding set lacks it (a container with drop: [ALL]).
+			return errors.New("changing the network configuration takes CAP_NET_ADMIN, which this process does not have although it runs as root (grant the capability)")
+		}
 		return errors.New("changing the network configuration takes CAP_NET_ADMIN, which this process does not have (run as root, or grant the capability)")
 	}
 	// The capability may be held only in a user namespace that does not

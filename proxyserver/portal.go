@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,10 +75,30 @@ func choosePortal(ctx context.Context, cfg *Config, dnat func(portal.Family) net
 		return bp, PortalBind, nil
 	}
 	if cluster {
-		return nil, "", fmt.Errorf("--portal=auto: neither iptables (%v) nor the bind portal (%v) can be used, so no Service IP would be served: run with CAP_NET_ADMIN (as root, runAsUser: 0, with the iptables commands for the iptables portal), or give --portal=none explicitly to serve only node ports and proxy ports", iptErr, err)
+		return nil, "", noPortalError(iptErr, err, os.Geteuid() == 0)
 	}
 	klog.InfoS("Portal chosen", "portal", PortalNone, "reason", "iptables is not usable and we may not change addresses: clients use the proxy ports and node ports directly", "iptablesError", iptErr.Error(), "bindError", err.Error())
 	return portal.Noop{}, PortalNone, nil
+}
+
+// noPortalError is --portal=auto's refusal in cluster mode when neither
+// iptables (iptErr) nor the bind portal (bindErr) can be used. root says
+// the process runs as uid 0: then what it lacks is the capability (a
+// container's bounding set without it, as with drop: [ALL]), and running
+// as root is no advice.
+func noPortalError(iptErr, bindErr error, root bool) error {
+	how := "run with CAP_NET_ADMIN (as root, runAsUser: 0, with the iptables commands for the iptables portal)"
+	if root {
+		how = "this process runs as root but without CAP_NET_ADMIN (not in its capability bounding set, as in a container whose securityContext drops ALL): add NET_ADMIN to securityContext.capabilities.add"
+	}
+	return fmt.Errorf("--portal=auto: neither iptables (%s) nor the bind portal (%s) can be used, so no Service IP would be served: %s, or give --portal=none explicitly to serve only node ports and proxy ports",
+		flatMessage(iptErr), flatMessage(bindErr), how)
+}
+
+// flatMessage is err's message on one line: a command's stderr, as
+// iptables errors carry it, ends in a newline and may hold several lines.
+func flatMessage(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
 // removeOtherPortal removes what a previous run with another portal left,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,5 +107,32 @@ func TestKernelSyncClearsWhatRemovedRulesMade(t *testing.T) {
 	}
 	if got := ct.Flows(); len(got) != 1 || got[0] != other {
 		t.Errorf("conntrack holds %v after the sync that removed the rule of 198.18.0.53:53, want only %v", got, other)
+	}
+}
+
+// TestNoPortalError: --portal=auto's refusal in cluster mode puts each
+// portal's error on one line (iptables' stderr ends in a newline), and
+// tells a root process without CAP_NET_ADMIN what it lacks, not to run
+// as root.
+func TestNoPortalError(t *testing.T) {
+	iptErr := errors.New("iptables: running iptables -w -t nat -S: exit status 4: iptables v1.8.9 (nf_tables): Could not fetch rule set generation id: Permission denied (you must be root)\n")
+	bindErr := errors.New("bind portal: changing the network configuration takes CAP_NET_ADMIN")
+	for _, tc := range []struct {
+		name      string
+		root      bool
+		want, not string
+	}{
+		{"unprivileged", false, "run with CAP_NET_ADMIN (as root", "runs as root but"},
+		{"root without CAP_NET_ADMIN", true, "runs as root but without CAP_NET_ADMIN", "run with CAP_NET_ADMIN (as root"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := noPortalError(iptErr, bindErr, tc.root).Error()
+			if strings.Contains(msg, "\n") || !strings.Contains(msg, "(you must be root)) nor the bind portal") {
+				t.Errorf("not on one line: %q", msg)
+			}
+			if !strings.Contains(msg, tc.want) || strings.Contains(msg, tc.not) || !strings.Contains(msg, "--portal=none") {
+				t.Errorf("%q: want it to say %q, not %q", msg, tc.want, tc.not)
+			}
+		})
 	}
 }
