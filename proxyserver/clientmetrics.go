@@ -18,6 +18,12 @@ import (
 // the kubernetes-mixin "Kubernetes / Proxy" dashboard plots them. client-go
 // takes its adapters once per process (metrics.Register), so the
 // collectors are the process's; each metrics registry serves them.
+//
+// client-go observes the two histograms only for requests that are not
+// watches (Request.Do and Stream): the informers' streaming lists
+// (WatchList) and watches go through Request.Watch, which neither times
+// nor rate-limits them, so the histograms usually have no series. The
+// README says so; nothing here stands in for the missing observations.
 var (
 	restRequestLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rest_client_request_duration_seconds",
