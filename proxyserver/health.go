@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -212,7 +213,7 @@ func serveHTTP(ctx context.Context, what, where, addr string, h http.Handler, re
 	for {
 		ln, err := net.Listen("tcp", addr)
 		if err == nil {
-			klog.InfoS("Serving "+what, listening(addr, ln)...)
+			klog.InfoS("Serving "+what, listening(addr, ln, hostFamilies())...)
 			stop := context.AfterFunc(ctx, func() {
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				defer cancel()
@@ -239,16 +240,18 @@ func serveHTTP(ctx context.Context, what, where, addr string, h http.Handler, re
 // listening is the key-value pairs that tell where ln, listening on addr,
 // serves: its address, and on a wildcard the families it takes (a
 // dual-stack socket names itself [::] even when asked for 0.0.0.0, so addr
-// keeps the host asked for).
-func listening(addr string, ln net.Listener) []any {
+// keeps the host asked for). host are the families the host serves
+// (hostFamilies): with IPv6 off (disable_ipv6), a [::] socket still
+// binds, but takes IPv4 alone, as /healthz's status says.
+func listening(addr string, ln net.Listener, host []string) []any {
 	ta, ok := ln.Addr().(*net.TCPAddr)
 	if !ok || !ta.IP.IsUnspecified() {
 		return []any{"addr", ln.Addr().String()}
 	}
 	families := "IPv4"
-	if ta.IP.To4() == nil {
+	if ta.IP.To4() == nil && slices.Contains(host, "IPv6") {
 		families = "IPv4,IPv6"
 	}
-	host, _, _ := net.SplitHostPort(addr)
-	return []any{"addr", net.JoinHostPort(host, strconv.Itoa(ta.Port)), "families", families}
+	h, _, _ := net.SplitHostPort(addr)
+	return []any{"addr", net.JoinHostPort(h, strconv.Itoa(ta.Port)), "families", families}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -373,4 +375,30 @@ func seriesFamily(series string) (string, bool) {
 	}
 	f, _, _ := strings.Cut(rest, `"`)
 	return f, true
+}
+
+// TestListeningFamilies: the log of a wildcard listener names the
+// families it takes: a [::] socket takes IPv6 only where the host has it
+// (with disable_ipv6=1 it still binds, but serves IPv4 alone).
+func TestListeningFamilies(t *testing.T) {
+	ln, err := net.Listen("tcp", "[::]:0")
+	if err != nil {
+		t.Skipf("no IPv6 wildcard socket here: %v", err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct {
+		name string
+		host []string
+		want string
+	}{
+		{"dual-stack host", []string{"IPv4", "IPv6"}, "IPv4,IPv6"},
+		{"IPv6 off", []string{"IPv4"}, "IPv4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kv := listening("[::]:10256", ln, tc.host)
+			if got := fmt.Sprint(kv[len(kv)-1]); got != tc.want {
+				t.Errorf("families=%s, want %s (%v)", got, tc.want, kv)
+			}
+		})
+	}
 }
