@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	netutils "k8s.io/utils/net"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
@@ -250,14 +251,16 @@ func (c *Config) Validate() error {
 	if c.portRange, err = userspace.ParsePortRange(c.ProxyPortRange); err != nil {
 		bad("proxy-port-range", "%v", err)
 	}
-	// cidrs parses a list of CIDRs (blank entries skipped), masked.
+	// cidrs parses a list of CIDRs (blank entries skipped), masked, as
+	// kube-proxy does (ParseCIDRSloppy: IPv4 parts with leading zeros,
+	// 010.000.0.0/8, are decimal).
 	cidrs := func(flag, example string, list []string) []netip.Prefix {
 		var out []netip.Prefix
 		for _, s := range list {
 			if s = strings.TrimSpace(s); s == "" {
 				continue
 			}
-			pfx, err := netip.ParsePrefix(s)
+			pfx, err := parseCIDRSloppy(s)
 			if err != nil {
 				bad(flag, "%q is not a CIDR (e.g. %s)", s, example)
 				continue
@@ -280,8 +283,11 @@ func (c *Config) Validate() error {
 		c.nodePorts = state.NodePortCIDRs(cidrs("nodeport-addresses", "127.0.0.1/32", c.NodePortAddresses))
 	}
 	c.podCIDRs = cidrs("cluster-cidr", "10.244.0.0/16", strings.Split(c.ClusterCIDR, ","))
-	// As kube-proxy's validation: one CIDR, or a dual-stack pair.
-	if n := len(strings.FieldsFunc(c.ClusterCIDR, func(r rune) bool { return r == ',' })); n > 2 {
+	// As kube-proxy's validation: one CIDR, or a dual-stack pair; an
+	// empty entry (10.0.0.0/8, or a,,b) is no CIDR.
+	if entries := strings.Split(c.ClusterCIDR, ","); strings.TrimSpace(c.ClusterCIDR) != "" && slices.ContainsFunc(entries, func(e string) bool { return strings.TrimSpace(e) == "" }) {
+		bad("cluster-cidr", "%q has an empty entry: give one CIDR, or two (one IPv4 and one IPv6) separated by a comma", c.ClusterCIDR)
+	} else if n := len(entries); n > 2 {
 		bad("cluster-cidr", "%q has %d CIDRs: give at most two, one IPv4 and one IPv6 (e.g. 10.244.0.0/16,fd00:10:244::/56)", c.ClusterCIDR, n)
 	} else if len(c.podCIDRs) == 2 && c.podCIDRs[0].Addr().Is4() == c.podCIDRs[1].Addr().Is4() {
 		bad("cluster-cidr", "%q is not a dual-stack pair: two CIDRs must be one IPv4 and one IPv6 (e.g. 10.244.0.0/16,fd00:10:244::/56)", c.ClusterCIDR)
@@ -317,6 +323,29 @@ func (c *Config) Validate() error {
 		bad("metrics-bind-address", "%s is the health address too: give each server its own", c.metrics)
 	}
 	return errors.Join(errs...)
+}
+
+// parseCIDRSloppy parses a CIDR as kube-proxy does
+// (k8s.io/utils/net.ParseCIDRSloppy), taking IPv4 parts with leading
+// zeros as decimal, as Go did before 1.17.
+func parseCIDRSloppy(s string) (netip.Prefix, error) {
+	ip, ipnet, err := netutils.ParseCIDRSloppy(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", s)
+	}
+	if ip.To4() != nil {
+		a = a.Unmap()
+	}
+	bits, _ := ipnet.Mask.Size()
+	pfx := netip.PrefixFrom(a, bits)
+	if !pfx.IsValid() {
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", s)
+	}
+	return pfx, nil
 }
 
 // NodePortAddressesPrimary is kube-proxy's --nodeport-addresses keyword for

@@ -2,6 +2,7 @@ package proxyserver
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -39,6 +40,13 @@ func TestValidate(t *testing.T) {
 		{name: "two IPv4 cluster CIDRs", args: []string{"--manifests", "x", "--cluster-cidr", "10.244.0.0/16,10.245.0.0/16"},
 			want: `--cluster-cidr: "10.244.0.0/16,10.245.0.0/16" is not a dual-stack pair`},
 		{name: "two IPv6 cluster CIDRs", args: []string{"--manifests", "x", "--cluster-cidr", "fd00:1::/56,fd00:2::/56"}, want: "is not a dual-stack pair"},
+		// As kube-proxy's ParseCIDRSloppy: leading zeros are decimal.
+		{name: "cluster CIDR with leading zeros", args: []string{"--manifests", "x", "--cluster-cidr", "010.000.0.0/8"}},
+		{name: "node port CIDR with leading zeros", args: []string{"--manifests", "x", "--nodeport-addresses", "127.000.000.001/32"}},
+		// As kube-proxy: an empty entry is no CIDR.
+		{name: "cluster CIDR with a trailing comma", args: []string{"--manifests", "x", "--cluster-cidr", "10.0.0.0/8,"},
+			want: `--cluster-cidr: "10.0.0.0/8," has an empty entry`},
+		{name: "cluster CIDRs with an empty entry", args: []string{"--manifests", "x", "--cluster-cidr", "10.0.0.0/8,,fd00::/48"}, want: "has an empty entry"},
 		{name: "IPv6 then IPv4 cluster CIDRs", args: []string{"--manifests", "x", "--cluster-cidr", "fd00:10:244::/56,10.244.0.0/16"}},
 		{name: "healthz off", args: []string{"--manifests", "x", "--healthz-bind-address="}},
 		{name: "healthz IPv6", args: []string{"--manifests", "x", "--healthz-bind-address=[::1]:10256"}},
@@ -196,5 +204,18 @@ func TestServerAddr(t *testing.T) {
 		if got, err := serverAddr(bad, 10256); err == nil {
 			t.Errorf("serverAddr(%q) = %q, want an error", bad, got)
 		}
+	}
+}
+
+// TestClusterCIDRSloppy: 010.000.0.0/8 reads as kube-proxy reads it,
+// 10.0.0.0/8.
+func TestClusterCIDRSloppy(t *testing.T) {
+	c := NewConfig()
+	c.Manifests, c.ClusterCIDR = "x", "010.000.0.0/8"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.podCIDRs) != 1 || c.podCIDRs[0] != netip.MustParsePrefix("10.0.0.0/8") {
+		t.Errorf("pod CIDRs %v, want [10.0.0.0/8]", c.podCIDRs)
 	}
 }
