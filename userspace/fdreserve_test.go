@@ -142,8 +142,12 @@ func TestConnectionsKeepTheReserve(t *testing.T) {
 	if !shed {
 		t.Fatal("20 clients served with room for about four")
 	}
+	// The count may come just after the reset the client saw.
+	for deadline := time.Now().Add(5 * time.Second); p.stats.Shed.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if n := p.stats.Shed.Load(); n == 0 {
-		t.Error("the reset client is not counted as shed")
+		t.Error("the reset client is not counted as shed within 5s")
 	}
 	// The first client is still served.
 	if _, err := held[0].Write([]byte("ping\n")); err != nil {
