@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 )
@@ -24,13 +26,19 @@ import (
 // accepted onto one (counted and logged as shed, as at EMFILE), closes a
 // dialed socket, session socket or splice pipe that got one (the
 // connection is shed, the session refused, the data copied through memory
-// instead), and it refuses a listening socket numbered at or above a
-// lower ceiling, so the listeners of many service ports leave room for
-// their connections. The numbers from the ceiling to the limit are then
-// never the data plane's for longer than a reset takes, and the rest of
-// the process always finds the reserve free. It costs one comparison of a
-// number the system call returned anyway: no system call, no shared
-// counter, nothing on the fast path to keep in step with every close.
+// instead), and refuses a listening socket that got one. The numbers from
+// the ceiling to the limit are then never the data plane's for longer than
+// a reset takes, and the rest of the process always finds the reserve
+// free. It costs one comparison of a number the system call returned
+// anyway: no system call, no shared counter, nothing on the fast path to
+// keep in step with every close.
+//
+// Listening sockets are also counted, where they are opened and closed
+// (never per connection): the listeners of many service ports, and the
+// health-check node ports' (Proxier.CountListener), stop short of the
+// ceiling, so the ports listened on leave room for their connections. A
+// count, not a lower ceiling on numbers: connections hold the low numbers
+// under load, and a Service added then must still get its listener.
 
 // fdReserveMax is the reserve, in descriptors, above the data plane's
 // ceiling. What the rest of the proxy holds at once stays well under it:
@@ -43,59 +51,103 @@ import (
 // nodes run with (0.3% of 20,000).
 const fdReserveMax = 64
 
-// errFDReserve is what a socket refused for the reserve's sake reports; it
-// counts as running out of descriptors (isResourceExhausted).
-var errFDReserve = fmt.Errorf("file descriptors down to the last %d or fewer, which are kept for health, metrics, the API server and iptables: %w", fdReserveMax, syscall.EMFILE)
+// reserveError is what a socket refused for the reserve's sake reports; it
+// counts as running out of descriptors (isResourceExhausted) and names the
+// reserve of this process's limit.
+type reserveError struct{ reserve int64 }
+
+func (e *reserveError) Error() string {
+	return fmt.Sprintf("file descriptors down to the last %d or fewer, which are kept for health, metrics, the API server and iptables: %v", e.reserve, syscall.EMFILE)
+}
+
+func (e *reserveError) Unwrap() error { return syscall.EMFILE }
 
 // errListenerRoom is what a listening socket refused so that connections
 // keep some room reports.
 var errListenerRoom = errors.New("too many listening sockets for RLIMIT_NOFILE: the descriptors left are kept for connections and for health, metrics, the API server and iptables")
 
-// fdCeilings says which descriptor numbers the data plane may keep.
+// ErrListenerRoom is what CountListener returns for a listening socket
+// that would take room kept for connections or for the reserve.
+var ErrListenerRoom = errListenerRoom
+
+// fdCeilings says which descriptors the data plane may keep.
 type fdCeilings struct {
-	// conns: connections, sessions and pipes keep no descriptor numbered
-	// this or more. listeners: listening sockets keep none numbered this or
-	// more. Both are math.MaxInt where no limit is known.
-	conns, listeners atomic.Int64
+	// conns: connections, sessions, pipes and listening sockets keep no
+	// descriptor numbered this or more; math.MaxInt where no limit is
+	// known.
+	conns atomic.Int64
+	// maxListeners bounds how many listening sockets are open at once;
+	// math.MaxInt where no limit is known. listeners counts them.
+	maxListeners, listeners atomic.Int64
+	// measured says the first listening socket took its bound down by
+	// the descriptors the rest of the process held then.
+	measured atomic.Bool
+	// errReserve is what a socket refused at conns reports.
+	errReserve atomic.Pointer[reserveError]
 }
 
 // set sets the ceilings for a RLIMIT_NOFILE of limit (0: none known).
 // The reserve is fdReserveMax, but at most a quarter of a small limit.
-// Listening sockets stop another eighth of what is left (at least a
-// reserve's worth) below the connections' ceiling: a service port that is
-// listened on but has no descriptor left for its connections serves
+// Listening sockets number another eighth of what is left (at least a
+// reserve's worth) fewer than the connections' ceiling, and fewer still by
+// what the rest of the process holds (see listenerFD): a service port that
+// is listened on but has no descriptor left for its connections serves
 // nobody, and its listener only takes what a served port needs.
 func (c *fdCeilings) set(limit uint64) {
 	if limit == 0 || limit >= math.MaxInt32 {
 		c.conns.Store(math.MaxInt)
-		c.listeners.Store(math.MaxInt)
+		c.maxListeners.Store(math.MaxInt)
+		c.errReserve.Store(&reserveError{fdReserveMax})
 		return
 	}
 	l := int64(limit)
 	reserve := min(fdReserveMax, l/4)
 	conns := l - reserve
 	c.conns.Store(conns)
-	c.listeners.Store(conns - max(reserve, conns/8))
+	c.maxListeners.Store(conns - max(reserve, conns/8))
+	c.errReserve.Store(&reserveError{reserve})
 }
+
+// errFDReserve returns the error of a socket refused for the reserve.
+func (c *fdCeilings) errFDReserve() error { return c.errReserve.Load() }
 
 // connFD reports whether fd, just created for a connection, a session or a
 // pipe, is one the data plane may keep.
 func (c *fdCeilings) connFD(fd int) bool { return int64(fd) < c.conns.Load() }
 
-// listenerFD returns errListenerRoom when fd, a new listening socket's, is
-// one listeners may not keep.
+// listenerFD counts fd, a new listening socket's, among the listeners, or
+// returns why it may not be kept: listeners are at their bound
+// (errListenerRoom), or fd is in the reserve (the reserve's error). Once
+// it returned nil, listenerClosed must follow the socket's close.
 func (c *fdCeilings) listenerFD(fd int) error {
-	if int64(fd) >= c.listeners.Load() {
+	if !c.connFD(fd) {
+		return c.errFDReserve()
+	}
+	n := c.listeners.Add(1)
+	if c.measured.CompareAndSwap(false, true) {
+		// The first listening socket, opened before any connection:
+		// the descriptors below its number are the rest of the
+		// process's (the health, metrics and API connections, the event
+		// loops', the shedder's spare), which stay open as listeners
+		// come and go.
+		c.maxListeners.Add(-max(0, int64(fd)-(n-1)))
+	}
+	if n > c.maxListeners.Load() {
+		c.listeners.Add(-1)
 		return errListenerRoom
 	}
 	return nil
 }
 
+// listenerClosed gives back the place of a listening socket listenerFD
+// counted.
+func (c *fdCeilings) listenerClosed() { c.listeners.Add(-1) }
+
 // listenerConn is listenerFD for a socket Go's net package opened.
 func (c *fdCeilings) listenerConn(sc syscall.Conn) error {
 	fd, ok := fdOf(sc)
 	if !ok {
-		return nil
+		fd = -1 // unknown: counted all the same
 	}
 	return c.listenerFD(fd)
 }
@@ -123,4 +175,35 @@ func (p *Proxier) readFDLimit() {
 		p.fdLimit = fdLimit
 	}
 	p.fds.set(p.fdLimit())
+}
+
+// CountListener counts ln, a listening socket the proxy opens besides the
+// data plane's (a health-check node port), among the data plane's
+// listening sockets, under the same bound: it returns ln wrapped so that
+// closing it gives its place back, or closes ln and returns an error that
+// wraps ErrListenerRoom, or EMFILE for a descriptor in the reserve. A
+// listener whose descriptor cannot be read is returned as it is.
+func (p *Proxier) CountListener(ln net.Listener) (net.Listener, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return ln, nil
+	}
+	if err := p.fds.listenerConn(sc); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return &countedListener{Listener: ln, fds: &p.fds}, nil
+}
+
+// countedListener is a listener CountListener counted.
+type countedListener struct {
+	net.Listener
+	fds  *fdCeilings
+	once sync.Once
+}
+
+func (l *countedListener) Close() error {
+	err := l.Listener.Close()
+	l.once.Do(l.fds.listenerClosed)
+	return err
 }

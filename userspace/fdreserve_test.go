@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,13 +19,15 @@ func TestFDCeilings(t *testing.T) {
 		name                     string
 		limit                    uint64
 		wantConns, wantListeners int64
+		wantReserve              string
 	}{
-		{"unknown", 0, math.MaxInt, math.MaxInt},
-		{"huge", 1 << 40, math.MaxInt, math.MaxInt},
-		{"this host", 20000, 20000 - 64, 19936 - 19936/8},
-		{"1024", 1024, 960, 960 - 120},
-		{"small: a quarter", 200, 150, 100},
-		{"tiny", 8, 6, 4},
+		{"unknown", 0, math.MaxInt, math.MaxInt, "last 64 "},
+		{"huge", 1 << 40, math.MaxInt, math.MaxInt, "last 64 "},
+		{"this host", 20000, 20000 - 64, 19936 - 19936/8, "last 64 "},
+		{"1024", 1024, 960, 960 - 120, "last 64 "},
+		{"small: a quarter", 200, 150, 100, "last 50 "},
+		{"100", 100, 75, 50, "last 25 "},
+		{"tiny", 8, 6, 4, "last 2 "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c fdCeilings
@@ -32,13 +35,39 @@ func TestFDCeilings(t *testing.T) {
 			if got := c.conns.Load(); got != tc.wantConns {
 				t.Errorf("conns ceiling %d, want %d", got, tc.wantConns)
 			}
-			if got := c.listeners.Load(); got != tc.wantListeners {
-				t.Errorf("listeners ceiling %d, want %d", got, tc.wantListeners)
+			if got := c.maxListeners.Load(); got != tc.wantListeners {
+				t.Errorf("listeners' bound %d, want %d", got, tc.wantListeners)
 			}
 			if tc.limit > 0 && tc.limit < math.MaxInt32 && c.conns.Load() >= int64(tc.limit) {
 				t.Errorf("no reserve under a limit of %d", tc.limit)
 			}
+			// The error names this limit's reserve, and counts as
+			// running out of descriptors.
+			err := c.errFDReserve()
+			if !strings.Contains(err.Error(), tc.wantReserve) || !errors.Is(err, syscall.EMFILE) || !isResourceExhausted(err) {
+				t.Errorf("reserve error %q (EMFILE: %v), want it to name the %s descriptors", err, errors.Is(err, syscall.EMFILE), tc.wantReserve)
+			}
 		})
+	}
+}
+
+// TestListenersBoundLeavesTheRestOfTheProcess: the first listening socket
+// takes the listeners' bound down by the descriptors the rest of the
+// process holds, once.
+func TestListenersBoundLeavesTheRestOfTheProcess(t *testing.T) {
+	var c fdCeilings
+	c.set(1024)
+	if err := c.listenerFD(30); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.listenerFD(31); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.maxListeners.Load(); got != 840-30 {
+		t.Fatalf("listeners' bound %d, want %d", got, 840-30)
+	}
+	if got := c.listeners.Load(); got != 2 {
+		t.Fatalf("%d listeners counted, want 2", got)
 	}
 }
 
@@ -53,11 +82,10 @@ func lowestFreeFD(t *testing.T) int {
 	return fd
 }
 
-// TestListenersStopAtTheirCeiling: a listening socket that would take a
-// descriptor listeners may not keep is refused, and the service port is
-// reported as not served (Apply fails for it, and retries it), while the
-// ports already served go on.
-func TestListenersStopAtTheirCeiling(t *testing.T) {
+// TestListenersStopAtTheirBound: a listening socket past the listeners'
+// bound is refused, and the service port is reported as not served (Apply
+// fails for it, and retries it), while the ports already served go on.
+func TestListenersStopAtTheirBound(t *testing.T) {
 	be := startTCPBackend(t, "a")
 	ub := startUDPBackend(t, "u")
 	p := newTestProxier(t, Config{})
@@ -65,7 +93,7 @@ func TestListenersStopAtTheirCeiling(t *testing.T) {
 	mustApply(t, p, state.ServicePort{Name: served, Port: 80, ClusterEndpoints: eps(be.addr())})
 	addr := proxyAddr(t, p, served)
 
-	p.fds.listeners.Store(int64(lowestFreeFD(t)))
+	p.fds.maxListeners.Store(p.fds.listeners.Load())
 	tcp, udp := spn("more", "", state.TCP), spn("dns", "", state.UDP)
 	ports := []state.ServicePort{
 		{Name: served, Port: 80, ClusterEndpoints: eps(be.addr())},

@@ -49,7 +49,7 @@ func getPipe(fds *fdCeilings) (*pipe, error) {
 	if !fds.connFD(max(pfd[0], pfd[1])) {
 		rawClose(pfd[0]) // down to the reserve (fdreserve.go)
 		rawClose(pfd[1])
-		return nil, errFDReserve
+		return nil, fds.errFDReserve()
 	}
 	// Best effort: a larger pipe means fewer splice calls for bulk
 	// transfers; the default (64 KiB) is fine too.

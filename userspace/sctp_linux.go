@@ -75,7 +75,7 @@ func listenSCTP(sp *servicePort, k sockKey) (socket, error) {
 func (l *sctpListener) port() uint16 { return l.ln.Addr().Port() }
 
 func (l *sctpListener) close() {
-	l.once.Do(func() { l.ln.Close() })
+	l.once.Do(func() { l.ln.Close(); l.sp.p.fds.listenerClosed() })
 	<-l.done
 }
 

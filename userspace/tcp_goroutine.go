@@ -56,7 +56,7 @@ func (l *tcpListener) port() uint16 {
 }
 
 func (l *tcpListener) close() {
-	l.once.Do(func() { l.ln.Close() })
+	l.once.Do(func() { l.ln.Close(); l.sp.p.fds.listenerClosed() })
 	<-l.done
 }
 
@@ -78,7 +78,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	if !p.fds.conn(c) {
 		// Down to the reserve (fdreserve.go): shed it, as at EMFILE.
 		resetTCP(c)
-		p.shed.report(&p.stats, errFDReserve, l.sp.name.String(), true)
+		p.shed.report(&p.stats, p.fds.errFDReserve(), l.sp.name.String(), true)
 		return
 	}
 	client := addrPortOf(c.RemoteAddr())
@@ -101,7 +101,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 			tc := c.(*net.TCPConn)
 			if !p.fds.conn(tc) {
 				resetTCP(tc) // down to the reserve (fdreserve.go)
-				return nil, errFDReserve
+				return nil, p.fds.errFDReserve()
 			}
 			if header != nil {
 				if err := sendHeader(ctx, tc, header); err != nil {

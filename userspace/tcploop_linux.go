@@ -41,12 +41,14 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("socket: %w", err)
 	}
+	if err := sp.p.fds.listenerFD(fd); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("socket: %w", err)
+	}
 	fail := func(op string, err error) (socket, error) {
 		unix.Close(fd)
+		sp.p.fds.listenerClosed()
 		return nil, fmt.Errorf("%s: %w", op, err)
-	}
-	if err := sp.p.fds.listenerFD(fd); err != nil {
-		return fail("socket", err)
 	}
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 		return fail("setsockopt SO_REUSEADDR", err)
@@ -123,6 +125,7 @@ func (l *tcpListener) close() {
 	}
 	unix.Close(l.fd)
 	l.fd = -1
+	l.sp.p.fds.listenerClosed()
 }
 
 // tcpAccepter is a listening socket's registration with one loop: every
@@ -215,7 +218,7 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 		if !p.fds.connFD(nfd) {
 			// Down to the reserve (fdreserve.go): shed it, as at EMFILE.
 			resetFD(nfd)
-			p.shed.report(&p.stats, errFDReserve, l.sp.name.String(), true)
+			p.shed.report(&p.stats, p.fds.errFDReserve(), l.sp.name.String(), true)
 			continue
 		}
 		p.shed.retake()
@@ -463,7 +466,7 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 	fd, err := rawSocket(domainOf(fam), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err == nil && !p.fds.connFD(fd) {
 		rawClose(fd) // down to the reserve (fdreserve.go)
-		err = errFDReserve
+		err = p.fds.errFDReserve()
 	}
 	if err != nil {
 		if isResourceExhausted(err) {

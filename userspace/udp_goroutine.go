@@ -74,6 +74,7 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 	}
 	if err != nil {
 		conn.Close()
+		sp.p.fds.listenerClosed()
 		return nil, err
 	}
 	sp.p.wg.Add(1)
@@ -87,7 +88,7 @@ func (l *udpListener) port() uint16 {
 
 // close stops the reader, ends every session and waits for them.
 func (l *udpListener) close() {
-	l.once.Do(func() { l.conn.Close() })
+	l.once.Do(func() { l.conn.Close(); l.sp.p.fds.listenerClosed() })
 	<-l.done
 	l.mu.Lock()
 	l.closing = true
@@ -177,7 +178,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	conn, err := net.DialUDP(udpNetwork(ep), nil, net.UDPAddrFromAddrPort(ep))
 	if err == nil && !p.fds.conn(conn) {
 		conn.Close() // down to the reserve (fdreserve.go)
-		err = errFDReserve
+		err = p.fds.errFDReserve()
 	}
 	if err != nil {
 		l.sp.udpDialFailed(ep, err)

@@ -89,6 +89,7 @@ func (g *udpGroup) add(l *udpListener, addr netip.AddrPort, shared bool) error {
 	l.lp.do(func() { err = l.lp.register(fd, unix.EPOLLIN, l) })
 	if err != nil {
 		unix.Close(fd)
+		l.sp.p.fds.listenerClosed()
 		return err
 	}
 	g.members = append(g.members, l)
@@ -192,6 +193,7 @@ func (l *udpListener) shut() {
 	}
 	l.lp.closeFD(l.fd)
 	l.fd = -1
+	l.sp.p.fds.listenerClosed()
 }
 
 func (l *udpListener) event(uint32) { l.readable() }
@@ -280,7 +282,7 @@ func dialEndpointUDP(ep netip.AddrPort, fds *fdCeilings) (int, error) {
 	}
 	if !fds.connFD(fd) {
 		rawClose(fd) // down to the reserve (fdreserve.go)
-		return -1, errFDReserve
+		return -1, fds.errFDReserve()
 	}
 	growRcvBuf(fd) // see frontendRcvBuf
 	if err := rawConnect(fd, f, ep); err != nil {
