@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 )
@@ -25,8 +26,9 @@ func proxyFDs(t *testing.T, pid int) int {
 // holdThrough connects n idle clients to addr, each echoed once, and
 // closes them when the test ends; it fails the test at the first one not
 // served.
-func holdThrough(t *testing.T, p *proxyProc, addr string, n int) {
+func holdThrough(t *testing.T, p *proxyProc, addr string, n int) []net.Conn {
 	t.Helper()
+	var held []net.Conn
 	for i := range n {
 		c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
 		if err == nil {
@@ -36,7 +38,9 @@ func holdThrough(t *testing.T, p *proxyProc, addr string, n int) {
 		if err != nil {
 			t.Fatalf("client %d of %d: %v\n%s", i, n, err, tail(p.log(), 30))
 		}
+		held = append(held, c)
 	}
+	return held
 }
 
 // TestBinaryServiceAddedUnderConnectionLoad: clients hold about 90% of the
@@ -101,4 +105,100 @@ func serviceAddedUnderLoad(t *testing.T, bin string) {
 	}
 	// The clients already held are still served.
 	holdThrough(t, p, addr, 1)
+}
+
+// TestBinaryHealthAnswersAfterManyLocalLoadBalancers: Services with
+// externalTrafficPolicy: Local added while clients hold most of the
+// connections' room: their health-check node ports are counted as
+// listening sockets, so those past the bound are refused (reported, and
+// retried) instead of taking the descriptors kept for the proxy's own
+// work; /livez, /healthz and /metrics answer, the clients held are served,
+// and no health-check server logs accept errors every second. Both
+// builds, under a limit of 100. Health-check ports were plain listeners
+// that took the connections' room and then the reserve: the probes went
+// unanswered and each port's server logged "http: Accept error: ... too
+// many open files; retrying in 1s" once a second.
+func TestBinaryHealthAnswersAfterManyLocalLoadBalancers(t *testing.T) {
+	for _, tc := range bothBuilds(t) {
+		t.Run(tc.name, func(t *testing.T) { healthAfterManyLocalLBs(t, tc.bin) })
+	}
+}
+
+func healthAfterManyLocalLBs(t *testing.T, bin string) {
+	const (
+		limit   = 100
+		conns   = 75 // the connections' ceiling
+		lbs     = 32
+		clients = 15
+	)
+	backend := echoBackend(t)
+	np, hp, mp := freePort(t), freePort(t), freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	base := loopbackNodePortManifest("held", np, backend)
+	writeFile(t, file, base)
+	p := startWithFDLimit(t, bin, limit, append(proxyArgs(file), "--hostname-override=node", "-v=1",
+		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hp), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+	urls := []string{
+		fmt.Sprintf("http://127.0.0.1:%d/livez", hp),
+		fmt.Sprintf("http://127.0.0.1:%d/healthz", hp),
+		fmt.Sprintf("http://127.0.0.1:%d/metrics", mp),
+	}
+	for deadline := time.Now().Add(10 * time.Second); answers(urls[1]) != nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz never answered:\n%s", p.log())
+		}
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", np)
+	held := holdThrough(t, p, addr, clients)
+	t.Logf("%d clients hold the proxy's descriptors up to %d (connections' ceiling %d)", clients, proxyFDs(t, p.cmd.Process.Pid), conns)
+
+	var m strings.Builder
+	m.WriteString(base)
+	for i := range lbs {
+		fmt.Fprintf(&m, `---
+apiVersion: v1
+kind: Service
+metadata: {name: lb%[1]d, namespace: e2e}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  externalTrafficPolicy: Local
+  healthCheckNodePort: %[2]d
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb%[1]d-1, namespace: e2e, labels: {kubernetes.io/service-name: lb%[1]d}}
+addressType: IPv4
+ports: [{name: http, port: %[3]d}]
+endpoints: [{addresses: [127.0.0.1], nodeName: node}]
+`, i, freePort(t), backend)
+	}
+	replaceFile(t, file, m.String())
+	p.waitLog(0, `"Serving" service="e2e/lb0:http/TCP"`, 1, 20*time.Second)
+	// A few syncs and retries, and time for accept errors to repeat.
+	time.Sleep(4 * time.Second)
+
+	for _, url := range urls {
+		if err := answers(url); err != nil {
+			t.Errorf("after %d Local LoadBalancers were added under load: %v", lbs, err)
+		}
+	}
+	for i, c := range held {
+		if err := echoes(c); err != nil {
+			t.Errorf("held client %d: %v", i, err)
+		}
+	}
+	log := p.log()
+	t.Logf("%d health check node ports served, %d proxy descriptors", strings.Count(log, `"Serving health check node port"`), proxyFDs(t, p.cmd.Process.Pid))
+	if n := strings.Count(log, "http: Accept error"); n > 0 {
+		t.Errorf("%d accept errors logged by HTTP servers", n)
+	}
+	if !strings.Contains(log, "too many listening sockets") && !strings.Contains(log, "down to the last 25") {
+		t.Errorf("no listener refused: %d Local LoadBalancers fit under a limit of %d?", lbs, limit)
+	}
+	if t.Failed() {
+		t.Logf("proxy log:\n%s", tail(log, 30))
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -40,6 +41,13 @@ type healthChecks struct {
 	// it does not, every port answers 503, so load balancers send their
 	// traffic to other nodes. Nil means it always does.
 	proxyHealthy func() bool
+	// countListener counts a listening socket among the data plane's
+	// (userspace.Proxier.CountListener), under their bound, so that
+	// health-check ports take neither the connections' room nor the
+	// descriptors kept for /livez, /healthz, /metrics and the API server;
+	// a port refused is reported and retried at the next sync, as a
+	// service port is. Nil counts nothing.
+	countListener func(net.Listener) (net.Listener, error)
 
 	mu      sync.Mutex // guards servers; held for a whole sync
 	servers map[uint16]*healthServer
@@ -134,7 +142,7 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		if err != nil || listen != nil && len(listen) == 0 {
 			continue // no addresses to listen on (yet)
 		}
-		srv, serr := startHealthServer(port, listenOn(listen, port), st, h.proxyHealthy)
+		srv, serr := startHealthServer(port, listenOn(listen, port), st, h.proxyHealthy, h.countListener)
 		if serr != nil {
 			errs = append(errs, fmt.Errorf("health check node port %d of Service %s/%s: %w", port, st.namespace, st.name, serr))
 			continue
@@ -199,15 +207,18 @@ func listenOn(addrs []netip.Addr, port uint16) []netip.AddrPort {
 	return out
 }
 
-func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, healthy func() bool) (*healthServer, error) {
+func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, healthy func() bool, count func(net.Listener) (net.Listener, error)) (*healthServer, error) {
 	s := &healthServer{port: port, healthy: healthy, addrs: addrs, done: make(chan struct{})}
 	s.status.Store(st)
 	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	var lns []net.Listener
 	listen := func(network, addr string) error {
 		ln, err := net.Listen(network, addr)
+		if err == nil && count != nil {
+			ln, err = count(ln) // closes ln when it refuses it
+		}
 		if err == nil {
-			lns = append(lns, ln)
+			lns = append(lns, &quietListener{Listener: ln, port: port, closed: make(chan struct{})})
 		}
 		return err
 	}
@@ -239,6 +250,48 @@ func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, h
 		close(s.done)
 	}()
 	return s, nil
+}
+
+// quietListener keeps a health-check server's accept errors for want of
+// descriptors to itself: it waits and accepts again, saying so once until
+// an accept succeeds, where Go's http.Server logs "http: Accept error: ...
+// too many open files; retrying in 1s" every second, for every port.
+type quietListener struct {
+	net.Listener
+	port      uint16
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+// emfileRetry is how long a health-check port waits to accept again when
+// the process is out of descriptors.
+const emfileRetry = 200 * time.Millisecond
+
+func (l *quietListener) Accept() (net.Conn, error) {
+	said := false
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil || !errors.Is(err, syscall.EMFILE) && !errors.Is(err, syscall.ENFILE) {
+			if said && err == nil {
+				klog.InfoS("Health check node port accepts again", "port", l.port)
+			}
+			return c, err
+		}
+		if !said {
+			klog.ErrorS(err, "Health check node port cannot accept for want of file descriptors; retrying quietly", "port", l.port)
+			said = true
+		}
+		select {
+		case <-time.After(emfileRetry):
+		case <-l.closed:
+			return nil, net.ErrClosed
+		}
+	}
+}
+
+func (l *quietListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
 }
 
 // ServeHTTP answers every request with the Service's status in the IP

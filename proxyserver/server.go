@@ -176,7 +176,7 @@ func Run(ctx context.Context, cfg *Config) error {
 	if m.configz, err = cfg.configzBody(logVerbosity()); err != nil {
 		klog.ErrorS(err, "No /configz: the configuration cannot be written as JSON")
 	}
-	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.NodeAddrs, proxyHealthy: health.healthy}
+	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.NodeAddrs, proxyHealthy: health.healthy, countListener: p.CountListener}
 	defer hc.closeAll()
 	loop := newSyncLoop(func(s state.Snapshot) error {
 		var errs []error
