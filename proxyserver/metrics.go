@@ -303,7 +303,7 @@ func gauge(name, help string, value func(s *snap) int64) statDesc {
 }
 
 var statDescs = []statDesc{
-	counter("tcp_connections_accepted_total", "TCP client connections accepted.", func(s *snap) uint64 { return s.TCPAccepted }),
+	counter("tcp_connections_accepted_total", "TCP client connections taken from listening sockets, including those then reset: shed for want of descriptors (also in shed_total) or refused.", func(s *snap) uint64 { return s.TCPAccepted }),
 	gauge("tcp_connections_active", "Proxied TCP connections open now.", func(s *snap) int64 { return s.TCPActive }),
 	counter("tcp_no_endpoints_total", "TCP connections reset because the service port had no endpoints.", func(s *snap) uint64 { return s.TCPNoEndpoints }),
 	counter("tcp_dial_failures_total", "Failed dials to TCP endpoints (each attempt).", func(s *snap) uint64 { return s.TCPDialFailures }),
@@ -311,7 +311,7 @@ var statDescs = []statDesc{
 	counter("tcp_half_close_timeouts_total", "TCP connections ended because a half-closed side stayed silent too long.", func(s *snap) uint64 { return s.HalfCloseTimeouts }),
 	counter("bytes_total", "Bytes proxied over TCP, by direction.", func(s *snap) uint64 { return s.BytesToBackend }, "direction", "to_endpoint"),
 	counter("bytes_total", "Bytes proxied over TCP, by direction.", func(s *snap) uint64 { return s.BytesToClient }, "direction", "to_client"),
-	counter("sctp_associations_accepted_total", "SCTP client associations accepted.", func(s *snap) uint64 { return s.SCTPAccepted }),
+	counter("sctp_associations_accepted_total", "SCTP client associations taken from listening sockets, including those then aborted: shed for want of descriptors (also in shed_total) or refused.", func(s *snap) uint64 { return s.SCTPAccepted }),
 	gauge("sctp_associations_active", "Proxied SCTP association pairs open now.", func(s *snap) int64 { return s.SCTPActive }),
 	counter("sctp_no_endpoints_total", "SCTP associations aborted because the service port had no endpoints.", func(s *snap) uint64 { return s.SCTPNoEndpoints }),
 	counter("sctp_dial_failures_total", "Failed associations to SCTP endpoints (each attempt).", func(s *snap) uint64 { return s.SCTPDialFailures }),

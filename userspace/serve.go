@@ -39,6 +39,7 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 			if isResourceExhausted(err) {
 				switch shed() {
 				case shedOne:
+					accepted.Add(1) // taken, and shed (see Stats.TCPAccepted)
 					p.shed.report(&p.stats, err, sp.name.String(), true)
 					continue
 				case shedFailed:

@@ -5,7 +5,7 @@ import "sync/atomic"
 // Stats counts what the data plane did since the Proxier started. All
 // fields are safe for concurrent use; read them with Stats.Snapshot.
 type Stats struct {
-	TCPAccepted       atomic.Uint64 // client connections accepted
+	TCPAccepted       atomic.Uint64 // client connections taken from listening sockets, the shed and refused ones too
 	TCPActive         atomic.Int64  // proxied connections open now
 	TCPNoEndpoints    atomic.Uint64 // connections reset because the port had no endpoints
 	TCPDialFailures   atomic.Uint64 // failed dials to endpoints (each attempt)
@@ -16,7 +16,7 @@ type Stats struct {
 	BytesToBackend    atomic.Uint64
 	BytesToClient     atomic.Uint64
 
-	SCTPAccepted     atomic.Uint64 // client associations accepted
+	SCTPAccepted     atomic.Uint64 // client associations taken from listening sockets, the shed and refused ones too
 	SCTPActive       atomic.Int64  // proxied association pairs open now
 	SCTPNoEndpoints  atomic.Uint64 // associations aborted because the port had no endpoints
 	SCTPDialFailures atomic.Uint64 // failed associations to endpoints (each attempt)

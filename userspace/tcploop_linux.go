@@ -204,6 +204,9 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			if none {
 				return // another loop took the connection: none waits
 			}
+			if shed {
+				p.stats.TCPAccepted.Add(1) // taken, and shed (see Stats.TCPAccepted)
+			}
 			p.shed.report(&p.stats, err, l.sp.name.String(), shed)
 			if !shed {
 				a.pause()
@@ -215,6 +218,7 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			klog.V(2).InfoS("Accept failed", "service", l.sp.name, "err", err)
 			return
 		}
+		p.stats.TCPAccepted.Add(1)
 		if !p.fds.connFD(nfd) {
 			// Down to the reserve (fdreserve.go): shed it, as at EMFILE.
 			resetFD(nfd)
@@ -222,7 +226,6 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			continue
 		}
 		p.shed.retake()
-		p.stats.TCPAccepted.Add(1)
 		if !l.sp.admits(l.role, l.addr, client) || l.role == roleNodePort && l.servesServiceAddrs(nfd, client) {
 			resetFD(nfd)
 			continue
