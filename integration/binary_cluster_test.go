@@ -447,6 +447,37 @@ func TestBinaryClusterSemantics(t *testing.T) {
 	})
 }
 
+// TestBinaryReportsUnmatchedSlicePort: an EndpointSlice port whose name
+// matches no port of its Service feeds nothing, as in kube-proxy, and the
+// proxy says so in its log and /debug/services, as it does for the same
+// mistake in a manifest file.
+func TestBinaryReportsUnmatchedSlicePort(t *testing.T) {
+	api := requireAPIServer(t)
+	w := newWorld(t)
+	kubeconfig := relayAPIServer(t, api, w.node)
+	c := api.Client
+	ns := testNamespace(t, c)
+	px := startCommand(t, "ip", "netns", "exec", string(w.node), proxyBin, "--kubeconfig", kubeconfig,
+		"--portal=iptables", "--hostname-override=node", "-v=2")
+	px.waitLog(0, `"Portals synced"`, 1, 60*time.Second)
+
+	createService(t, c, newService(ns, "web", func(s *corev1.Service) { s.Spec.ClusterIP = "198.18.0.67" }))
+	bad := newSlice(ns, "web", "web-1", readyEP("198.18.12.2"))
+	bad.Ports[0].Name = new("htp")
+	putSlice(t, c, bad)
+	want := fmt.Sprintf(`port name "htp" with protocol TCP matches no port of Service %s/web`, ns)
+	px.waitLog(0, regexp.QuoteMeta(strings.ReplaceAll(want, `"`, `\"`)), 1, 20*time.Second)
+	if !strings.Contains(px.log(), `"Ignoring part of an object from the API server"`) {
+		t.Errorf("the log does not say the slice port is ignored:\n%s", px.log())
+	}
+	code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services")
+	if code != "200" || !strings.Contains(view, "Parts of objects from the API server are ignored:\n") ||
+		!regexp.MustCompile(`(?m)^  EndpointSlice `+regexp.QuoteMeta(ns+"/web-1: ports[0]: "+want)).MatchString(view) ||
+		!regexp.MustCompile(`(?m)^  endpoints: +none`).MatchString(view) {
+		t.Errorf("/debug/services: %s\n%s", code, view)
+	}
+}
+
 // TestBinarySurvivesAPIServerOutage stops the API server for 30 s: traffic
 // through the proxy never stops, the proxy says it cannot reach the server
 // and, later, that it answers again, and a change made after it is back

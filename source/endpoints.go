@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
@@ -297,17 +298,28 @@ func (b *builder) targets(s *discoveryv1.EndpointSlice, ref objectRef, ports []s
 				continue
 			}
 		}
+		matched := false
 		for _, idx := range indexes {
 			name := ports[idx].Name
 			if name.Port != *p.Name || name.Protocol != proto {
 				continue
 			}
+			matched = true
 			if seen[name] {
 				b.report("EndpointSlice", ref, path, fmt.Errorf("duplicate port %q/%s; the first one is used", *p.Name, proto))
 				break
 			}
 			seen[name] = true
 			out = append(out, target{index: idx, port: uint16(*p.Port)})
+		}
+		if !matched {
+			// As in kube-proxy, the slice port feeds nothing; say so,
+			// as the manifest checks do. A port of the Service that is
+			// not served was reported with the Service.
+			svc := objectRef{s.Namespace, s.Labels[discoveryv1.LabelServiceName]}
+			if field, err := portMismatch(b.specPorts[svc], *p.Name, corev1.Protocol(proto), svc.namespace, svc.name); err != nil {
+				b.report("EndpointSlice", ref, path+field, err)
+			}
 		}
 	}
 	return out

@@ -121,6 +121,9 @@ type builder struct {
 	opts     Options
 	zone     string
 	problems []error
+	// specPorts holds, per served Service, the name/protocol keys of all
+	// its spec.ports (see portKey), served or not.
+	specPorts map[objectRef]map[string]bool
 }
 
 // objectRef names one object: its namespace and name.
@@ -157,6 +160,14 @@ func (b *builder) servicePorts(services []*corev1.Service) ([]state.ServicePort,
 			continue
 		}
 		seen[ref] = true
+		if b.specPorts == nil {
+			b.specPorts = make(map[objectRef]map[string]bool)
+		}
+		keys := make(map[string]bool, len(svc.Spec.Ports))
+		for _, p := range svc.Spec.Ports {
+			keys[portKey(p.Name, orTCP(p.Protocol))] = true
+		}
+		b.specPorts[ref] = keys
 		for _, sp := range b.service(svc) {
 			bySvc[ref] = append(bySvc[ref], len(ports))
 			ports = append(ports, sp)

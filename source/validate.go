@@ -404,7 +404,7 @@ func (m *manifest) crossCheck() {
 		at := m.origins[objectKey{"Service", ref}]
 		ports[ref] = make(map[string]bool)
 		for i, p := range svc.Spec.Ports {
-			ports[ref][p.Name+"/"+string(orTCP(p.Protocol))] = true
+			ports[ref][portKey(p.Name, orTCP(p.Protocol))] = true
 			if p.NodePort == 0 {
 				continue
 			}
@@ -463,24 +463,35 @@ func (m *manifest) crossCheck() {
 			if p.Protocol != nil {
 				proto = orTCP(*p.Protocol)
 			}
-			if svcPorts[name+"/"+string(proto)] {
-				continue
+			if field, err := portMismatch(svcPorts, name, proto, s.Namespace, svcName); err != nil {
+				warn(fmt.Sprintf("ports[%d]%s", i, field), err)
 			}
-			other := ""
-			for _, pr := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP} {
-				if pr != proto && svcPorts[name+"/"+string(pr)] {
-					other = string(pr)
-				}
-			}
-			if other != "" {
-				warn(fmt.Sprintf("ports[%d].protocol", i), fmt.Errorf("port %q is %s here but %s in Service %s/%s, so it matches nothing (a slice port without a protocol is TCP)",
-					name, proto, other, s.Namespace, svcName))
-				continue
-			}
-			warn(fmt.Sprintf("ports[%d]", i), fmt.Errorf("port name %q with protocol %s matches no port of Service %s/%s (ports are matched by name; an unnamed port is \"\")",
-				name, proto, s.Namespace, svcName))
 		}
 	}
+}
+
+// portKey is how portMismatch finds a port: its name and protocol.
+func portKey(name string, proto corev1.Protocol) string {
+	return name + "/" + string(proto)
+}
+
+// portMismatch says why an EndpointSlice port named name with protocol
+// proto feeds no port of Service ns/svc, whose spec.ports have the keys
+// svcPorts (see portKey), or returns nil when it matches one. field is
+// what to append to the slice port's path. Manifest checks and
+// BuildSnapshot (for the objects of an API server) report it alike.
+func portMismatch(svcPorts map[string]bool, name string, proto corev1.Protocol, ns, svc string) (field string, err error) {
+	if svcPorts[portKey(name, proto)] {
+		return "", nil
+	}
+	for _, pr := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP} {
+		if pr != proto && svcPorts[portKey(name, pr)] {
+			return ".protocol", fmt.Errorf("port %q is %s here but %s in Service %s/%s, so it matches nothing (a slice port without a protocol is TCP)",
+				name, proto, pr, ns, svc)
+		}
+	}
+	return "", fmt.Errorf("port name %q with protocol %s matches no port of Service %s/%s (ports are matched by name; an unnamed port is \"\")",
+		name, proto, ns, svc)
 }
 
 // clusterIPsShared reports cluster IPs given to more than one Service. In a

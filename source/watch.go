@@ -270,12 +270,20 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 		}
 		klog.InfoS("Manifest warning", append(logValues(w), "reason", reason(w))...)
 	}
-	snap, problems := BuildSnapshot(m.services, m.slices, l.opts)
+	snap, built := BuildSnapshot(m.services, m.slices, l.opts)
+	warned := make(map[string]bool, len(m.warnings))
+	for _, w := range m.warnings {
+		warned[w.Error()] = true
+	}
 	said := l.problems
-	l.problems = make(map[string]bool, len(problems))
-	for i, p := range problems {
+	l.problems = make(map[string]bool, len(built))
+	var problems []error
+	for _, p := range built {
 		p = m.locate(p)
-		problems[i] = p
+		if warned[p.Error()] {
+			continue // a warning said it (a slice port that matches no port)
+		}
+		problems = append(problems, p)
 		l.problems[p.Error()] = true
 		if !rebuild || !said[p.Error()] {
 			klog.ErrorS(p, "Manifest object partly ignored", logValues(p)...)
