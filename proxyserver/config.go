@@ -185,8 +185,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.TCPHalfCloseTimeout, "tcp-half-close-timeout", c.TCPHalfCloseTimeout, "How long a TCP connection stays open after one side has finished sending while the other side is silent.")
 	fs.DurationVar(&c.MinSyncPeriod, "iptables-min-sync-period", c.MinSyncPeriod, "The least time between two syncs of kernel state (e.g. '1s').")
 	fs.DurationVar(&c.SyncPeriod, "iptables-sync-period", c.SyncPeriod, "The longest time between two full resyncs (e.g. '30s'); must be greater than 0.")
-	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port of /healthz and /livez ('[::]:10256' for IPv6; an IP alone means port 10256). They answer 503 once a change has waited more than twice --iptables-sync-period because the portal cannot be programmed; /healthz also while this node's Node is going away. Empty turns them off.")
-	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port of /metrics (Prometheus; kube-proxy's sync metrics and the data plane's counters), '0.0.0.0:10249' for every IPv4 address; an IP alone means port 10249. Empty turns it off.")
+	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port of /healthz and /livez; an unspecified address ('0.0.0.0' or '[::]') listens in both IP families, and an IP alone means port 10256. They answer 503 once a change has waited more than twice --iptables-sync-period because the portal cannot be programmed; /healthz also while this node's Node is going away. Empty turns them off.")
+	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port of /metrics (Prometheus; kube-proxy's sync metrics and the data plane's counters), an unspecified address ('0.0.0.0:10249' or '[::]:10249') listens in both IP families, and an IP alone means port 10249. Empty turns it off.")
 	c.addKubeProxyFlags(fs)
 }
 
