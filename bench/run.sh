@@ -81,9 +81,11 @@ install_peers
 log "building the load generator, backends and go-iocopy"
 go build -o bin/bench/ ./bench/cmd/...
 
-proxy=bin/kube-userspace-proxy
+# Built as `make build` builds it (stamped with the version), into
+# bin/bench/, so the binary `make build` made keeps its own stamp.
+proxy=bin/bench/kube-userspace-proxy
 log "building $proxy"
-if ! go build -o "$proxy" ./cmd/kube-userspace-proxy; then
+if ! make --no-print-directory -s build PROXY="$proxy"; then
 	log "cannot build ./cmd/kube-userspace-proxy; benchmarking the other peers only"
 	proxy=""
 fi
