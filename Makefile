@@ -15,9 +15,12 @@ all: build
 # The version --version prints: git describe of this checkout, when git can
 # tell (the go command's own stamping is off, see GOFLAGS above).
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+# The commit, for --version, the start-up log and kubernetes_build_info.
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+BUILDINFO := github.com/kube-userspace-proxy/kube-userspace-proxy/internal/buildinfo
 
 build:
-	$(GO) build -ldflags "-X github.com/kube-userspace-proxy/kube-userspace-proxy/internal/buildinfo.version=$(VERSION)" -o $(PROXY) ./cmd/kube-userspace-proxy
+	$(GO) build -ldflags "-X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)" -o $(PROXY) ./cmd/kube-userspace-proxy
 	$(GO) build -o $(BIN)/demo ./examples/demo
 
 ## run: the proxy in the foreground on examples/demo.yaml with its demo backends (no cluster, no root).

@@ -1,17 +1,16 @@
 // Package buildinfo says which build of the proxy is running: for
 // --version, the start-up log, the kubernetes_build_info metric and the
-// API client's User-Agent. It owns the version the Makefile stamps
-// (-ldflags "-X .../internal/buildinfo.version=..."); what the go command
-// stamped (module version, VCS revision) fills in the rest.
+// API client's User-Agent. It owns the version and commit the Makefile
+// stamps (-ldflags "-X .../internal/buildinfo.version=... -X
+// .../internal/buildinfo.commit=..."); what the go command stamped
+// (module version, VCS revision) fills in the rest.
 //
-//	fmt.Println(buildinfo.String()) // v0.3.0-12-gabc go1.26.8 linux/amd64
+//	fmt.Println(buildinfo.String()) // v0.3.0-12-gabc commit abc0123def45 go1.26.8 linux/amd64
 package buildinfo
 
 import (
 	"cmp"
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -23,7 +22,14 @@ import (
 // checkout it builds; go build and go install leave it empty.
 var version string
 
-// Name is the binary's name, for the User-Agent when os.Args[0] has none.
+// commit is set by the Makefile (-ldflags -X) to the full hash of the
+// commit it builds (git rev-parse HEAD); empty when git could not tell.
+// The Makefile turns the go command's own VCS stamping off, so without it
+// no commit is known.
+var commit string
+
+// Name is the proxy's name, the product in its User-Agent whatever the
+// binary is called.
 const Name = "kube-userspace-proxy"
 
 // String describes the build: version, else the module version (or
@@ -35,7 +41,11 @@ func String() string {
 		return cmp.Or(version, "(unknown)") + " " + runtime.Version()
 	}
 	if version != "" {
-		return fmt.Sprintf("%s %s %s/%s", version, info.GoVersion, runtime.GOOS, runtime.GOARCH)
+		v := version
+		if commit != "" {
+			v += " commit " + commit[:min(12, len(commit))]
+		}
+		return fmt.Sprintf("%s %s %s/%s", v, info.GoVersion, runtime.GOOS, runtime.GOARCH)
 	}
 	v := info.Main.Version
 	var rev, modified string
@@ -76,22 +86,27 @@ func Info() k8sversion.Info {
 			}
 		}
 	}
+	if commit != "" {
+		info.GitCommit = commit
+		// git describe --dirty, as the Makefile runs it, marks a tree
+		// with uncommitted changes.
+		info.GitTreeState = "clean"
+		if strings.HasSuffix(version, "-dirty") {
+			info.GitTreeState = "dirty"
+		}
+	}
 	return info
 }
 
 // UserAgent is the API client's User-Agent, in client-go's shape
 // (rest.DefaultKubernetesUserAgent) but with this proxy's name and version
 // where client-go would put its own (v0.0.0, $Format): e.g.
-// "kube-userspace-proxy/v0.3.0 (linux/amd64) kubernetes/abc1234".
+// "kube-userspace-proxy/v0.3.0 (linux/amd64) kubernetes/abc1234". The
+// product is always Name, whatever the binary is called, so audit logs
+// and API priority rules can match it.
 func UserAgent() string {
 	info := Info()
-	name := Name
-	if len(os.Args) > 0 {
-		if b := filepath.Base(os.Args[0]); b != "" && b != "." && b != "/" {
-			name = b
-		}
-	}
 	v := strings.Trim(info.GitVersion, "()") // "(devel)" is no product version
-	commit := cmp.Or(info.GitCommit, "unknown")
-	return fmt.Sprintf("%s/%s (%s) kubernetes/%s", name, v, info.Platform, commit[:min(7, len(commit))])
+	rev := cmp.Or(info.GitCommit, "unknown")
+	return fmt.Sprintf("%s/%s (%s) kubernetes/%s", Name, v, info.Platform, rev[:min(7, len(rev))])
 }

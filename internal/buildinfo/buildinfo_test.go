@@ -24,3 +24,19 @@ func TestUserAgent(t *testing.T) {
 	}
 	version = ""
 }
+
+// TestStampedCommit: the commit the Makefile stamps is in String, Info
+// and the User-Agent, and the User-Agent's product is the proxy's name.
+func TestStampedCommit(t *testing.T) {
+	version, commit = "v0.3.0-4-gabcdef0-dirty", "abcdef0123456789abcdef0123456789abcdef01"
+	defer func() { version, commit = "", "" }()
+	if s := String(); !regexp.MustCompile(`^v0\.3\.0-4-gabcdef0-dirty commit abcdef012345 `).MatchString(s) {
+		t.Errorf("String() = %q, want the version and commit", s)
+	}
+	if i := Info(); i.GitCommit != commit || i.GitTreeState != "dirty" {
+		t.Errorf("Info() = %+v, want GitCommit %s and GitTreeState dirty", i, commit)
+	}
+	if ua := UserAgent(); !regexp.MustCompile(`^kube-userspace-proxy/v0\.3\.0-4-gabcdef0-dirty \(.*\) kubernetes/abcdef0$`).MatchString(ua) {
+		t.Errorf("UserAgent() = %q", ua)
+	}
+}
