@@ -160,7 +160,7 @@ func NewConfig() *Config {
 // AddFlags registers the proxy's flags, with kube-proxy's names where
 // kube-proxy has them.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1), such as a kube-proxy DaemonSet's ConfigMap holds, with mode: userspace or no mode. It sets what kube-proxy's flags would (those flags are then ignored), except --hostname-override and -v; this proxy's own flags still apply.")
+	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1), such as a kube-proxy DaemonSet's ConfigMap holds, with mode: userspace or no mode. It sets what kube-proxy's flags would (those flags are then ignored), except that a non-empty --hostname-override, -v and --vmodule given on the command line win; this proxy's own flags still apply.")
 	fs.StringVar(&c.WriteConfigTo, "write-config-to", c.WriteConfigTo, "Write the KubeProxyConfiguration file that stands for the other options (what --config would read), then exit. Options it cannot hold are named, to be kept on the command line.")
 	fs.StringVar(&c.Manifests, "manifests", c.Manifests, "Serve the Services and EndpointSlices in this YAML or JSON file (what 'kubectl apply -f' takes) instead of a cluster's. The file is watched: edits apply within a second, and a broken edit is reported while the last good state keeps serving.")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "Path to a kubeconfig file with the cluster and credentials. With --master empty too, the in-cluster configuration is used.")
