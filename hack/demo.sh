@@ -37,8 +37,12 @@ bin/demo udp 127.0.0.1:30053 10 | sed 's/:.*//' | sort | uniq -c | sed 's/^/  se
 
 echo
 echo "== the proxy's health (/healthz, as kube-proxy answers it)"
-curl -sS --max-time 5 -w ' (HTTP %{http_code})\n' http://127.0.0.1:10256/healthz | sed 's/^/  /' \
-  || echo "  no answer: another program holds 127.0.0.1:10256 (the proxy's log says so)"
+if ! curl -sS --max-time 5 -w ' (HTTP %{http_code})\n' http://127.0.0.1:10256/healthz | sed 's/^/  /'; then
+  echo "  no answer: another program holds 127.0.0.1:10256? The proxy's log says:"
+  # The log is removed on exit: show what it says about the health port.
+  grep -E '"(Cannot serve|Stopped serving|Serving) /healthz' "$log" | tail -3 | sed 's/^.*\] /  proxy: /' | grep . \
+    || echo "  proxy: (nothing about /healthz)"
+fi
 
 echo
 echo "demo: done"
