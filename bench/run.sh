@@ -4,7 +4,7 @@
 # 127.0.0.1. Usage, from anywhere:
 #
 #   bench/run.sh            # the full run, about 2-3 minutes on 2 cores
-#   bench/run.sh -short     # a smoke run, about 20-30 seconds
+#   bench/run.sh -short     # a smoke run, about 30 seconds (45 with builds)
 #   bench/run.sh -peers none,haproxy -tests latency
 #
 # Every argument is handed to bin/bench/loadgen; see `bin/bench/loadgen -h`.
