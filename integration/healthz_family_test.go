@@ -111,3 +111,29 @@ func TestBinaryHealthCheckNodePortPerFamily(t *testing.T) {
 		})
 	}
 }
+
+// TestBinaryBindPortalHealthCheckNotOnServiceAddresses: under the bind
+// portal, a health-check node port is a node port: it answers on the
+// node's addresses, and not on the service addresses the portal put on the
+// node (a ClusterIP, or a load-balancer IP, where it would get round
+// loadBalancerSourceRanges), which refuse it as they refuse node ports.
+func TestBinaryBindPortalHealthCheckNotOnServiceAddresses(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, hcFamilyManifest("node", "node"))
+	px := startNodeProxy(t, w, file, "--portal=bind")
+	px.waitLog(0, `"Serving health check node port"`, 1, 30*time.Second)
+	px.waitLog(0, `"Serving".*198.18.0.70:80`, 1, 30*time.Second)
+	run := func(url string) (string, string) { return curlCodeIn(t, w.pod, url) }
+	healthzAnswers(t, run, "http://"+nodePodSide+":30110/", "200", `"localEndpoints":1`)
+	// The node port itself is refused on the service address: the
+	// health-check port must be too.
+	expectNoReply(t, w.pod, "tcp", "198.18.0.70:30071")
+	if code, body := curlCodeIn(t, w.pod, "http://198.18.0.70:30110/"); code != "000" {
+		t.Errorf("the health-check node port answered on the ClusterIP: %s %q", code, body)
+	}
+	if code, body := curlCodeIn(t, w.pod, "http://[fd5e:b1b5::70]:30110/"); code != "000" {
+		t.Errorf("the health-check node port answered on the IPv6 ClusterIP: %s %q", code, body)
+	}
+}

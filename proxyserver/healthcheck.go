@@ -48,6 +48,11 @@ type healthChecks struct {
 	// a port refused is reported and retried at the next sync, as a
 	// service port is. Nil counts nothing.
 	countListener func(net.Listener) (net.Listener, error)
+	// refused says whether a connection that came to a wildcard socket at
+	// local address dst is one node ports refuse there (a bind portal's
+	// service address; userspace.Proxier.NodePortAddrRefused): a
+	// health-check node port is a node port. Nil refuses none.
+	refused func(dst netip.Addr) bool
 
 	mu      sync.Mutex // guards servers; held for a whole sync
 	servers map[uint16]*healthServer
@@ -142,7 +147,7 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		if err != nil || listen != nil && len(listen) == 0 {
 			continue // no addresses to listen on (yet)
 		}
-		srv, serr := startHealthServer(port, listenOn(listen, port), st, h.proxyHealthy, h.countListener)
+		srv, serr := startHealthServer(port, listenOn(listen, port), st, h.proxyHealthy, h.countListener, h.refused)
 		if serr != nil {
 			errs = append(errs, fmt.Errorf("health check node port %d of Service %s/%s: %w", port, st.namespace, st.name, serr))
 			continue
@@ -207,7 +212,7 @@ func listenOn(addrs []netip.Addr, port uint16) []netip.AddrPort {
 	return out
 }
 
-func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, healthy func() bool, count func(net.Listener) (net.Listener, error)) (*healthServer, error) {
+func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, healthy func() bool, count func(net.Listener) (net.Listener, error), refused func(netip.Addr) bool) (*healthServer, error) {
 	s := &healthServer{port: port, healthy: healthy, addrs: addrs, done: make(chan struct{})}
 	s.status.Store(st)
 	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
@@ -218,7 +223,7 @@ func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, h
 			ln, err = count(ln) // closes ln when it refuses it
 		}
 		if err == nil {
-			lns = append(lns, &quietListener{Listener: ln, port: port, closed: make(chan struct{})})
+			lns = append(lns, &quietListener{Listener: ln, port: port, closed: make(chan struct{}), refused: refused})
 		}
 		return err
 	}
@@ -259,6 +264,7 @@ func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, h
 type quietListener struct {
 	net.Listener
 	port      uint16
+	refused   func(netip.Addr) bool // see healthChecks.refused; nil refuses none
 	closed    chan struct{}
 	closeOnce sync.Once
 }
@@ -274,6 +280,14 @@ func (l *quietListener) Accept() (net.Conn, error) {
 		if err == nil || !errors.Is(err, syscall.EMFILE) && !errors.Is(err, syscall.ENFILE) {
 			if said && err == nil {
 				klog.InfoS("Health check node port accepts again", "port", l.port)
+			}
+			if err == nil && l.refused != nil {
+				if tc, ok := c.(*net.TCPConn); ok && l.refused(tc.LocalAddr().(*net.TCPAddr).AddrPort().Addr()) {
+					_ = tc.SetLinger(0) // a reset, as a refused node port gets
+					tc.Close()
+					said = false
+					continue
+				}
 			}
 			return c, err
 		}

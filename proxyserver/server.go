@@ -176,7 +176,8 @@ func Run(ctx context.Context, cfg *Config) error {
 	if m.configz, err = cfg.configzBody(logVerbosity()); err != nil {
 		klog.ErrorS(err, "No /configz: the configuration cannot be written as JSON")
 	}
-	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.NodeAddrs, proxyHealthy: health.healthy, countListener: p.CountListener}
+	hc := &healthChecks{nodePortAddresses: pcfg.NodePortAddresses, localAddrs: userspace.NodeAddrs, proxyHealthy: health.healthy,
+		countListener: p.CountListener, refused: p.NodePortAddrRefused}
 	defer hc.closeAll()
 	loop := newSyncLoop(func(s state.Snapshot) error {
 		var errs []error

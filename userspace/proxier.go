@@ -442,6 +442,15 @@ func (p *Proxier) isFrontendAddr(a netip.Addr) bool {
 	return set != nil && (*set)[a.Unmap().WithZone("")]
 }
 
+// NodePortAddrRefused reports whether a node port reached at local address
+// dst through a wildcard socket must be refused there: dst is a service
+// address the bind portal put on this host (see frontendAddrs), or a
+// loopback address with localhost node ports off. Health-check node ports
+// follow it as node ports do.
+func (p *Proxier) NodePortAddrRefused(dst netip.Addr) bool {
+	return p.cfg.NoLocalhostNodePorts && dst.Unmap().IsLoopback() || p.isFrontendAddr(dst)
+}
+
 // nodePortRefuses reports whether a connection or datagram that reached a
 // node-port socket of role r at local address dst must be refused: dst is
 // a service address (see frontendAddrs). It logs the refusal at -v=4.
