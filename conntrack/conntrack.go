@@ -33,6 +33,12 @@ type Filter struct {
 	// unredirected flow.
 	ReplySrc     netip.Addr
 	ReplySrcPort uint16
+	// NoNAT, if set, matches only entries without NAT: the reply comes
+	// from the original destination to the original source. An entry a
+	// datagram to a local port made before any rule redirected it is
+	// one; a routed flow some other rule masqueraded (a pod's to another
+	// host) is not. It narrows the other fields and selects nothing alone.
+	NoNAT bool
 }
 
 // Flow is the part of a conntrack entry filters look at.
@@ -86,6 +92,9 @@ func (f Filter) Match(fl Flow) bool {
 	if f.ReplySrcPort != 0 && fl.ReplySrc.Port() != f.ReplySrcPort {
 		return false
 	}
+	if f.NoNAT && (unmapped(fl.ReplySrc) != unmapped(fl.OrigDst) || unmapped(fl.ReplyDst) != unmapped(fl.OrigSrc)) {
+		return false
+	}
 	return true
 }
 
@@ -106,5 +115,13 @@ func (f Filter) String() string {
 	if f.ReplySrcPort != 0 {
 		parts = append(parts, fmt.Sprintf("reply-sport=%d", f.ReplySrcPort))
 	}
+	if f.NoNAT {
+		parts = append(parts, "no-nat")
+	}
 	return "udp " + strings.Join(parts, " ")
+}
+
+// unmapped is ap with an IPv4-mapped address unmapped.
+func unmapped(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }

@@ -33,7 +33,14 @@ import (
 //     its datagrams (kube-proxy deletes such entries too).
 //
 // Each of those gives one filter on the original destination (address and
-// port; port only for a node port, as kube-proxy does). Endpoint changes
+// port). A node port's number is the same on every node of the cluster, so
+// its port alone would also match flows that other rules route or
+// masquerade to other hosts' node ports (a pod's, say); like kube-proxy's
+// filterForPortNAT, a node port's filter also matches where the rules sent
+// the flow: the reply's source port is the old proxy port (REDIRECT, or
+// DNAT to a node address). For a node port that had no proxy port, the
+// entries to clear are unredirected ones, which carry no NAT (NoNAT); a
+// masqueraded flow does. Endpoint changes
 // give none: in a userspace proxy a client's entry ends at the proxy port,
 // which an endpoint change does not move, and the proxy's own entries to
 // endpoints carry no NAT, so deleting them moves nothing; it would only
@@ -70,31 +77,44 @@ func StaleUDP(old, new []portal.Portal) []Filter {
 	}
 	before, after := mapping(old), mapping(new)
 	var out []Filter
-	stale := func(k key) {
-		f := Filter{Family: k.fam, OrigDstPort: k.port}
-		if !k.nodePort {
-			f.OrigDst = k.ip
-		}
-		out = append(out, f)
+	stale := func(k key, was uint16) {
+		out = append(out, frontendFilter(k.nodePort, k.fam, k.ip, k.port, was))
 	}
 	for k, was := range before {
 		if now := after[k]; now.proxyPort != was.proxyPort || now.reject && !was.reject {
-			stale(k)
+			stale(k, was.proxyPort)
 		}
 	}
 	for k, now := range after {
 		if _, ok := before[k]; !ok && now.proxyPort != 0 {
-			stale(k)
+			stale(k, 0)
 		}
 	}
 	slices.SortFunc(out, compareFilters)
 	return slices.Compact(out)
 }
 
+// frontendFilter selects the UDP entries of a frontend: by address and
+// port; for a node port (any local address), by port and the proxy port
+// its rules sent the flow to (was), or, if they sent it nowhere (was is
+// zero), by port and the absence of NAT.
+func frontendFilter(nodePort bool, fam portal.Family, ip netip.Addr, port, was uint16) Filter {
+	f := Filter{Family: fam, OrigDstPort: port}
+	switch {
+	case !nodePort:
+		f.OrigDst = ip
+	case was != 0:
+		f.ReplySrcPort = was
+	default:
+		f.NoNAT = true
+	}
+	return f
+}
+
 // RemovedUDP returns the filters of the UDP conntrack entries that the
 // rules of removed portals made (portal.IPTables.Removed): every UDP
-// frontend of theirs with a proxy port, by its original destination
-// (port only for a node port). Whatever replaces the rules (none, the bind
+// frontend of theirs with a proxy port, by its original destination (for
+// a node port, its port and the proxy port it was sent to). Whatever replaces the rules (none, the bind
 // portal, or a later run's rules), such an entry keeps its client on the
 // old mapping, REDIRECT or DNAT to a proxy port that may be closed or
 // serve another Service, for as long as the client keeps talking.
@@ -115,7 +135,10 @@ func compareFilters(a, b Filter) int {
 	if c := a.ReplySrc.Compare(b.ReplySrc); c != 0 {
 		return c
 	}
-	return int(a.ReplySrcPort) - int(b.ReplySrcPort)
+	if c := int(a.ReplySrcPort) - int(b.ReplySrcPort); c != 0 {
+		return c
+	}
+	return compareBool(a.NoNAT, b.NoNAT)
 }
 
 // RetargetedUDP returns the filters of the UDP conntrack entries of every
@@ -128,12 +151,19 @@ func RetargetedUDP(portals []portal.Portal, f portal.Family) []Filter {
 		if p.Protocol() != state.UDP || p.Family != f || p.ProxyPort == 0 {
 			continue
 		}
-		flt := Filter{Family: f, OrigDstPort: p.Port}
-		if p.Kind != portal.NodePort {
-			flt.OrigDst = p.IP.Unmap()
-		}
-		out = append(out, flt)
+		out = append(out, frontendFilter(p.Kind == portal.NodePort, f, p.IP.Unmap(), p.Port, p.ProxyPort))
 	}
 	slices.SortFunc(out, compareFilters)
 	return slices.Compact(out)
+}
+
+// compareBool orders false before true.
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }

@@ -43,16 +43,19 @@ func TestStaleUDP(t *testing.T) {
 	noEndpoints.ClusterEndpoints = nil
 	pp := map[state.ServicePortName]uint16{dns: 41235, web: 41234}
 	movedPP := map[state.ServicePortName]uint16{dns: 42000, web: 41234}
-	all := func() []Filter { // every frontend of dnsPort
+	all := func() []Filter { // every frontend of dnsPort, on its old proxy port
 		return []Filter{
-			{Family: portal.IPv4, OrigDstPort: 30053},
+			{Family: portal.IPv4, OrigDstPort: 30053, ReplySrcPort: 41235},
 			{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.18.0.53"), OrigDstPort: 53},
 			{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.19.0.53"), OrigDstPort: 53},
 			{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.19.1.53"), OrigDstPort: 53},
-			{Family: portal.IPv6, OrigDstPort: 30053},
+			{Family: portal.IPv6, OrigDstPort: 30053, ReplySrcPort: 41235},
 			{Family: portal.IPv6, OrigDst: netip.MustParseAddr("fd5e:b1b5::53"), OrigDstPort: 53},
 		}
 	}
+	added := all() // a new frontend: its unredirected entries
+	added[0] = Filter{Family: portal.IPv4, OrigDstPort: 30053, NoNAT: true}
+	added[4] = Filter{Family: portal.IPv6, OrigDstPort: 30053, NoNAT: true}
 	tests := []struct {
 		name     string
 		old, new []portal.Portal
@@ -60,7 +63,8 @@ func TestStaleUDP(t *testing.T) {
 	}{
 		{name: "nothing changes", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{dnsPort}, pp)},
 		{name: "UDP service removed: every frontend", old: portals([]state.ServicePort{dnsPort, webPort}, pp), new: portals([]state.ServicePort{webPort}, pp), want: all()},
-		{name: "UDP service added: every frontend", old: nil, new: portals([]state.ServicePort{dnsPort}, pp), want: all()},
+		{name: "UDP service added: every frontend", old: nil, new: portals([]state.ServicePort{dnsPort}, pp), want: added},
+		{name: "bind portal to proxy ports: unredirected entries", old: portals([]state.ServicePort{dnsPort}, nil), new: portals([]state.ServicePort{dnsPort}, pp), want: added},
 		{name: "proxy port moved: every frontend", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{dnsPort}, movedPP), want: all()},
 		{name: "one frontend removed", old: portals([]state.ServicePort{dnsPort}, pp), new: portals([]state.ServicePort{noExternal}, pp),
 			want: []Filter{{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.19.0.53"), OrigDstPort: 53}}},
@@ -92,7 +96,7 @@ func TestRemovedUDP(t *testing.T) {
 	webPort := state.ServicePort{Name: web, Port: 80, ClusterIPs: ips("198.18.0.10"), NodePort: 30080}
 	pp := map[state.ServicePortName]uint16{dns: 41235, web: 41234}
 	want := []Filter{
-		{Family: portal.IPv4, OrigDstPort: 30053},
+		{Family: portal.IPv4, OrigDstPort: 30053, ReplySrcPort: 41235},
 		{Family: portal.IPv4, OrigDst: netip.MustParseAddr("198.18.0.53"), OrigDstPort: 53},
 	}
 	if got := RemovedUDP(portals([]state.ServicePort{dnsPort, webPort}, pp)); !slices.Equal(got, want) {
@@ -127,6 +131,9 @@ func TestFilterMatch(t *testing.T) {
 		{"reply from the proxy port", Filter{ReplySrcPort: 41235}, client, true},
 		{"reply from the endpoint", Filter{ReplySrc: netip.MustParseAddr("198.18.2.1")}, proxied, true},
 		{"reply from the endpoint: not the client's", Filter{ReplySrc: netip.MustParseAddr("198.18.2.1")}, client, false},
+		{"no NAT: the REDIRECTed flow is not", Filter{OrigDstPort: 53, NoNAT: true}, client, false},
+		{"no NAT: the proxy's flow is", Filter{OrigDstPort: 53, NoNAT: true}, proxied, true},
+		{"no NAT alone matches nothing", Filter{NoNAT: true}, proxied, false},
 		{"TCP never", Filter{OrigDstPort: 53}, tcp, false},
 		{"empty filter matches nothing", Filter{}, client, false},
 	}
@@ -148,4 +155,44 @@ func TestFake(t *testing.T) {
 		t.Errorf("ClearUDP = %d, %v; flows %v; calls %v", n, err, f.Flows(), f.Calls())
 	}
 	var _ Interface = Noop{}
+}
+
+// TestNodePortFiltersSpareForeignFlows: node-port numbers are cluster-wide,
+// so a pod's flow to another host's node port (masqueraded by some other
+// rule) has the same original destination port as this host's node port.
+// The filters of a removed, moved or added node port delete this host's
+// entries only: the REDIRECTed one (the reply comes from the proxy port)
+// or, for a new one, the unredirected one.
+func TestNodePortFiltersSpareForeignFlows(t *testing.T) {
+	dnsPort := state.ServicePort{Name: dns, Port: 53, ClusterIPs: ips("198.18.0.53"), NodePort: 30053,
+		ClusterEndpoints: []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.2.1:53")}}}
+	pp := map[state.ServicePortName]uint16{dns: 41235}
+	flow := func(src, dst, rsrc, rdst string) Flow {
+		return Flow{Family: portal.IPv4, Protocol: ProtocolUDP, OrigSrc: netip.MustParseAddrPort(src), OrigDst: netip.MustParseAddrPort(dst),
+			ReplySrc: netip.MustParseAddrPort(rsrc), ReplyDst: netip.MustParseAddrPort(rdst)}
+	}
+	foreign := flow("198.18.2.2:7002", "198.18.1.1:30053", "198.18.1.1:30053", "198.18.1.2:7002") // masqueraded to another host
+	redirected := flow("198.18.1.1:7003", "198.18.1.2:30053", "198.18.1.2:41235", "198.18.1.1:7003")
+	unredirected := flow("198.18.1.1:7004", "198.18.1.2:30053", "198.18.1.2:30053", "198.18.1.1:7004")
+	for _, tc := range []struct {
+		name     string
+		filters  []Filter
+		gone     []Flow
+		keptOnly []Flow
+	}{
+		{"removed", RemovedUDP(portals([]state.ServicePort{dnsPort}, pp)), []Flow{redirected}, []Flow{foreign, unredirected}},
+		{"added", StaleUDP(nil, portals([]state.ServicePort{dnsPort}, pp)), []Flow{unredirected}, []Flow{foreign, redirected}},
+		{"retargeted", RetargetedUDP(portals([]state.ServicePort{dnsPort}, pp), portal.IPv4), []Flow{redirected}, []Flow{foreign, unredirected}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &Fake{}
+			f.Add(foreign, redirected, unredirected)
+			if _, err := f.ClearUDP(context.Background(), tc.filters...); err != nil {
+				t.Fatal(err)
+			}
+			if got := f.Flows(); !slices.Equal(got, tc.keptOnly) {
+				t.Errorf("filters %v left\n%v\nwant\n%v", tc.filters, got, tc.keptOnly)
+			}
+		})
+	}
 }

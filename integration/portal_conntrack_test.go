@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -218,5 +219,71 @@ endpoints: [{addresses: ["198.18.12.2"], conditions: ` + cond2 + `}]
 	px.waitLog(from, `"Ended UDP sessions to endpoints removed or no longer serving"`, 1, 10*time.Second)
 	if r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", srcPort); !strings.HasPrefix(r.Reply, other+":") {
 		t.Errorf("the flow once its endpoint no longer serves: reply %q, err %q; want %s", r.Reply, r.Err, other)
+	}
+}
+
+// TestBinaryNodePortConntrackSparesForeignFlows: node-port numbers are the
+// same on every node, so a pod's UDP flow to another host's node port,
+// masqueraded by an unrelated rule (a CNI's), has this host's node port as
+// its original destination port. Deleting this host's node-port entries,
+// when its Service goes and on --cleanup, must leave that flow alone: only
+// the entries its own rules REDIRECTed (the reply comes from the proxy
+// port) go.
+func TestBinaryNodePortConntrackSparesForeignFlows(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	startBackend(t, w.outside, "30053=far")
+	w.node.mustRun(t, "sysctl", "-qw", "net.ipv4.ip_forward=1") // this namespace's
+	w.node.mustRun(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "198.18.10.0/24", "-o", "to-out", "-j", "MASQUERADE")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+
+	const foreignPort, ownPort = 47002, 47003
+	foreign := func() string { // the pod's masqueraded flow to the other host
+		return w.node.mustRun(t, "sh", "-c", fmt.Sprintf("conntrack -L -p udp --orig-src %s --sport %d 2>/dev/null || true", podAddr, foreignPort))
+	}
+	if r := dial(t, w.pod, "udp", outsideAddr+":30053", "ping", foreignPort); !strings.HasPrefix(r.Reply, "far:") {
+		t.Fatalf("pod to the other host's port 30053: %+v", r)
+	}
+	if r := dial(t, w.outside, "udp", nodeOutSide+":30053", "ping", ownPort); !strings.HasPrefix(r.Reply, "be1:") {
+		t.Fatalf("this host's node port: %+v", r)
+	}
+	if !strings.Contains(foreign(), "dport=30053") {
+		t.Fatalf("no conntrack entry for the pod's masqueraded flow")
+	}
+	// The Service goes: its node port's entries are stale.
+	at := px.lineCount()
+	var kept []string
+	for _, doc := range strings.Split(netnsManifest, "---\n") {
+		if !strings.Contains(doc, "name: dns") {
+			kept = append(kept, doc)
+		}
+	}
+	writeFile(t, file, strings.Join(kept, "---\n"))
+	px.waitLog(at, `"Deleted stale UDP conntrack entries"`, 1, 30*time.Second)
+	if !strings.Contains(foreign(), "dport=30053") {
+		t.Errorf("the pod's flow to another host's port 30053 was deleted with this host's node port; conntrack holds:\n%s", w.node.mustRun(t, "conntrack", "-L", "-p", "udp"))
+	}
+	own := w.node.mustRun(t, "sh", "-c", fmt.Sprintf("conntrack -L -p udp --orig-src %s --sport %d 2>/dev/null || true", outsideAddr, ownPort))
+	if strings.Contains(own, "dport=30053") {
+		t.Errorf("the REDIRECTed entry of the removed node port stayed: %s", own)
+	}
+
+	// --cleanup: the same.
+	writeFile(t, file, netnsManifest)
+	px.waitLog(at, `"Portals synced"`, 2, 30*time.Second)
+	if _, ok := px.terminate(10 * time.Second); !ok {
+		t.Fatal("the proxy did not stop on SIGTERM")
+	}
+	if r := dial(t, w.pod, "udp", outsideAddr+":30053", "ping", foreignPort); !strings.HasPrefix(r.Reply, "far:") {
+		t.Fatalf("pod to the other host's port 30053: %+v", r)
+	}
+	if out, err := w.node.run(proxyBin, "--cleanup"); err != nil {
+		t.Fatalf("--cleanup: %v\n%s", err, out)
+	}
+	if !strings.Contains(foreign(), "dport=30053") {
+		t.Errorf("--cleanup deleted the pod's flow to another host's port 30053; conntrack holds:\n%s", w.node.mustRun(t, "conntrack", "-L", "-p", "udp"))
 	}
 }
