@@ -217,3 +217,35 @@ func TestBinaryNodePortAddressesPrimary(t *testing.T) {
 		})
 	}
 }
+
+// loopbackExternalIPManifest adds a Service whose external IP is a
+// loopback address, which manifests accept.
+const loopbackExternalIPManifest = `---
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: e2e}
+spec:
+  clusterIP: 198.18.0.41
+  externalIPs: ["127.0.0.2"]
+  ports: [{name: http, protocol: TCP, port: 8888}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ext-1, namespace: e2e, labels: {kubernetes.io/service-name: ext}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"]}]
+`
+
+// TestBinaryIPTablesLoopbackFrontendsAreTheNodesOwn: an external IP in
+// 127.0.0.0/8 was REDIRECTed in PREROUTING, so a neighbour that routes
+// 127.0.0.0/8 through the node (CVE-2020-8558's way in) reached the
+// Service; now, as for loopback node ports, only the node's own traffic
+// to it is served.
+func TestBinaryIPTablesLoopbackFrontendsAreTheNodesOwn(t *testing.T) {
+	w, _ := serveNodePorts(t, "iptables", netnsManifest+loopbackExternalIPManifest, "")
+	routeLoopbackVia(t, w.outside, nodeOutSide)
+	expectReply(t, w.outside, "tcp", "198.18.0.41:8888", "be1:ping") // the world is right
+	expectNoReply(t, w.outside, "tcp", "127.0.0.2:8888")
+	expectReply(t, w.node, "tcp", "127.0.0.2:8888", "be1:ping")
+}

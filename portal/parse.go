@@ -231,9 +231,9 @@ func targetsInSave(tables map[string]*savedTable, fam Family) []string {
 }
 
 // portalChains are the nat chains whose rules are portals: the container
-// chains, and the host node-port chain, which redirects loopback
-// destinations itself (the container chain leaves them alone).
-var portalChains = []string{ChainPortalsContainer, ChainNodePortContainer, ChainNodePortHost}
+// chains, and the host chains, which redirect loopback destinations
+// themselves (the container chains leave them alone).
+var portalChains = []string{ChainPortalsContainer, ChainPortalsHost, ChainNodePortContainer, ChainNodePortHost}
 
 // notPortal reports whether a rule of portalChains is no portal: a jump
 // into another of our chains, or the container chain's return on loopback

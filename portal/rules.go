@@ -138,6 +138,7 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 	var r rules
 	accepted := make(map[string]bool)
 	guardLoopback := false // the container node-port chain may match loopback
+	guardPortals := false  // a frontend is a loopback address
 	for _, p := range portals {
 		if p.Family != fam || p.validate() != nil {
 			continue
@@ -215,12 +216,22 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 			}
 		} else {
 			dst := netip.PrefixFrom(p.IP, p.IP.BitLen()).String()
+			// A loopback frontend (an external or load-balancer IP in
+			// 127.0.0.0/8 or ::1, which manifests may give) is this
+			// host's alone, as loopback node ports are: its rule goes in
+			// the host chain (OUTPUT), ahead of the jump into the
+			// container chain, which returns on loopback destinations
+			// (CVE-2020-8558, see loopbackGuardComment).
+			ci, chain := 0, ChainPortalsContainer
+			if p.IP.IsLoopback() {
+				ci, chain, guardPortals = 1, ChainPortalsHost, true
+			}
 			if p.Kind == LoadBalancerIP && p.SourceRanges != nil {
 				// Only the admitted sources are redirected; the firewall
 				// chain drops the rest, as kube-proxy drops them.
 				for _, src := range p.SourceRanges {
 					if FamilyOf(src.Addr()) == fam {
-						chains[0].WriteString("-A " + ChainPortalsContainer + " " + match(src.Masked().String(), dst))
+						chains[ci].WriteString("-A " + chain + " " + match(src.Masked().String(), dst))
 						r.count++
 					}
 				}
@@ -228,7 +239,7 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 					ChainFirewall, dst, proto, strings.TrimSuffix(comment, `"`)+` source not in loadBalancerSourceRanges"`, proto, p.Port)
 				r.count++
 			} else {
-				chains[0].WriteString("-A " + ChainPortalsContainer + " " + match("", dst))
+				chains[ci].WriteString("-A " + chain + " " + match("", dst))
 				r.count++
 			}
 		}
@@ -280,20 +291,27 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 			}
 		}
 	}
-	if guardLoopback {
+	for _, g := range []struct {
+		on      bool
+		chain   int // natChains index
+		comment string
+	}{{guardPortals, 0, loopbackFrontendsComment}, {guardLoopback, 2, loopbackGuardComment}} {
+		if !g.on {
+			continue
+		}
 		lo := loopback(fam).String()
-		guard := "-A " + ChainNodePortContainer + " -d " + lo + " -m comment --comment \"" + loopbackGuardComment + "\" -j RETURN\n"
-		rest := slices.Clone(chains[2].Bytes())
-		chains[2].Reset()
-		chains[2].WriteString(guard)
-		chains[2].Write(rest)
+		guard := "-A " + natChains[g.chain] + " -d " + lo + " -m comment --comment \"" + g.comment + "\" -j RETURN\n"
+		rest := slices.Clone(chains[g.chain].Bytes())
+		chains[g.chain].Reset()
+		chains[g.chain].WriteString(guard)
+		chains[g.chain].Write(rest)
 		r.count++
 	}
 	// Locally generated traffic takes the same REDIRECTs (in OUTPUT they
 	// land on the loopback address): each host chain is one jump into its
 	// container chain, which halves the rules a sync writes. (The host
-	// node-port chain redirects loopback destinations first, which the
-	// container chain leaves alone.)
+	// chains redirect loopback destinations first, which the container
+	// chains leave alone.)
 	for _, host := range []int{1, 3} { // each host chain follows its container chain in natChains
 		if chains[host-1].Len() > 0 {
 			chains[host].WriteString("-A " + natChains[host] + " -m comment --comment \"" + hostJumpComment + "\" -j " + natChains[host-1] + "\n")
@@ -315,9 +333,15 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 	return r
 }
 
-// loopbackGuardComment is the comment of the container node-port chain's
-// first rule, which leaves loopback destinations alone.
-const loopbackGuardComment = "kube-userspace-proxy: loopback node ports are for this host alone"
+// loopbackGuardComment is the comment of a container chain's first rule,
+// which leaves loopback destinations alone: a packet to one in PREROUTING
+// came from another host (one with route_localnet that routes 127.0.0.0/8
+// through this one), and a REDIRECT would rewrite that martian destination
+// before routing could drop it (CVE-2020-8558).
+const (
+	loopbackGuardComment     = "kube-userspace-proxy: loopback node ports are for this host alone"
+	loopbackFrontendsComment = "kube-userspace-proxy: loopback frontends are for this host alone"
+)
 
 // loopback is the loopback range of fam: 127.0.0.0/8 or ::1/128.
 func loopback(fam Family) netip.Prefix {

@@ -3,9 +3,12 @@ package portal
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 // tracePacket follows a packet through the rendered nat rules as the
@@ -208,6 +211,55 @@ func TestTraceNoLocalhostNodePorts(t *testing.T) {
 			if got, rule, ok := tracePacket(t, text, tc.hook, "tcp", src, dst, true); got != tc.want {
 				t.Errorf("nodeports=%v: %s %s redirects to :%d (%v, %q), want :%d", cidrs, tc.hook, tc.dst, got, ok, rule, tc.want)
 			}
+		}
+	}
+}
+
+// TestTraceLoopbackFrontends: an external or load-balancer IP in
+// 127.0.0.0/8 or ::1 (manifests accept them) is this host's own, as
+// loopback node ports are: its traffic from the node itself (OUTPUT) is
+// redirected, but a packet to it that comes in (PREROUTING, from a host
+// with route_localnet that routes 127.0.0.0/8 through this one) is not
+// (CVE-2020-8558), whatever else the container chain holds.
+func TestTraceLoopbackFrontends(t *testing.T) {
+	ext := state.ServicePortName{Namespace: "t", Name: "ext", Port: "http", Protocol: state.TCP}
+	portals := append(fixedPortals(),
+		Portal{Service: ext, Kind: ExternalIP, Family: IPv4, IP: netip.MustParseAddr("127.0.0.2"), Port: 8888, ProxyPort: 41300},
+		Portal{Service: ext, Kind: LoadBalancerIP, Family: IPv4, IP: netip.MustParseAddr("127.0.0.3"), Port: 8888, ProxyPort: 41300,
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}},
+		Portal{Service: ext, Kind: ExternalIP, Family: IPv6, IP: netip.IPv6Loopback(), Port: 8888, ProxyPort: 41300},
+		Portal{Service: ext, Kind: ExternalIP, Family: IPv4, IP: netip.MustParseAddr("198.19.0.88"), Port: 8888, ProxyPort: 41300})
+	tests := []struct {
+		hook, src, dst string
+		want           uint16
+	}{
+		{"PREROUTING", "198.18.11.2", "127.0.0.2:8888", 0},
+		{"PREROUTING", "198.18.11.2", "127.0.0.3:8888", 0},
+		{"PREROUTING", "fd5e:b1b5:11::2", "[::1]:8888", 0},
+		{"OUTPUT", "127.0.0.1", "127.0.0.2:8888", 41300},
+		{"OUTPUT", "127.0.0.1", "127.0.0.3:8888", 41300},
+		{"OUTPUT", "::1", "[::1]:8888", 41300},
+		{"PREROUTING", "198.18.11.2", "198.19.0.88:8888", 41300}, // not loopback: served as before
+		{"OUTPUT", "198.18.1.1", "198.19.0.88:8888", 41300},
+		{"PREROUTING", "198.18.10.2", "198.18.0.10:80", 41234},
+	}
+	for _, tc := range tests {
+		src, dst := netip.MustParseAddr(tc.src), netip.MustParseAddrPort(tc.dst)
+		text := Render(portals, FamilyOf(dst.Addr()), IPTablesConfig{})
+		if got, rule, ok := tracePacket(t, text, tc.hook, "tcp", src, dst, false); got != tc.want {
+			t.Errorf("%s %s redirects to :%d (%v, %q), want :%d", tc.hook, tc.dst, got, ok, rule, tc.want)
+		}
+		tables, _ := parseSave(text)
+		if first := tables[tableNAT].rules[ChainPortalsContainer]; len(first) == 0 || !strings.HasSuffix(first[0], " -j RETURN") {
+			t.Errorf("%s: the container portal chain does not start with the loopback guard: %q", FamilyOf(dst.Addr()), first)
+		}
+	}
+	// What the rules hold reads back as what was written.
+	for _, fam := range []Family{IPv4, IPv6} {
+		tables, _ := parseSave(Render(portals, fam, IPTablesConfig{}))
+		got, bad := portalsInSave(tables, fam)
+		if bad != 0 || !slices.ContainsFunc(got, func(p Portal) bool { return p.Service == ext && p.IP.IsLoopback() }) {
+			t.Errorf("%s: portalsInSave = %v (%d unreadable), want the loopback frontend", fam, got, bad)
 		}
 	}
 }
