@@ -5,6 +5,7 @@ package integration
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -248,4 +249,41 @@ func TestBinaryIPTablesLoopbackFrontendsAreTheNodesOwn(t *testing.T) {
 	expectReply(t, w.outside, "tcp", "198.18.0.41:8888", "be1:ping") // the world is right
 	expectNoReply(t, w.outside, "tcp", "127.0.0.2:8888")
 	expectReply(t, w.node, "tcp", "127.0.0.2:8888", "be1:ping")
+}
+
+// localNodePortManifest is a NodePort Service with externalTrafficPolicy
+// Local and its endpoint on this node, so its node port has a proxy port
+// of its own.
+const localNodePortManifest = `apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 198.18.0.72
+  externalTrafficPolicy: Local
+  ports: [{name: http, protocol: TCP, port: 80, nodePort: 30072}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: local-1, namespace: e2e, labels: {kubernetes.io/service-name: local}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"], nodeName: node}]
+`
+
+// TestBinaryUnredirectedExternalProxyPortIsGuarded: with node ports on
+// loopback addresses alone and --iptables-localhost-nodeports=false, no
+// node-port rule is written; the Local policy's external proxy port still
+// listens, and had no KUBE-NODEPORT-NON-LOCAL rules, so anyone reached it
+// straight. Now a new connection sent straight to it is dropped, as to
+// any proxy port.
+func TestBinaryUnredirectedExternalProxyPortIsGuarded(t *testing.T) {
+	w, px := serveNodePorts(t, "iptables", localNodePortManifest, "", "--nodeport-addresses=127.0.0.0/8", "--iptables-localhost-nodeports=false")
+	px.waitLog(0, `via="external-proxy-port"`, 1, 30*time.Second)
+	m := regexp.MustCompile(`addr="0\.0\.0\.0:(\d+)" via="external-proxy-port"`).FindStringSubmatch(px.log())
+	if m == nil {
+		t.Fatalf("no external proxy port in the log:\n%s", px.log())
+	}
+	expectReply(t, w.pod, "tcp", "198.18.0.72:80", "be1:ping") // the world is right
+	expectNoReply(t, w.outside, "tcp", nodeOutSide+":"+m[1])
 }

@@ -195,13 +195,11 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 			// (one with route_localnet), and a REDIRECT would rewrite
 			// that martian destination before routing could drop it
 			// (CVE-2020-8558): the container chain returns on them.
-			redirected := false
 			for _, d := range dsts {
 				lo, inLoopback := loopbackPart(d, fam)
 				if lo != "" && !cfg.NoLocalhostNodePorts {
 					chains[3].WriteString("-A " + ChainNodePortHost + " " + match("", lo))
 					r.count++
-					redirected = true
 				}
 				if inLoopback {
 					continue
@@ -209,11 +207,12 @@ func render(portals []Portal, fam Family, cfg IPTablesConfig) rules {
 				guardLoopback = guardLoopback || lo != "" || d == ""
 				chains[2].WriteString("-A " + ChainNodePortContainer + " " + match("", d))
 				r.count++
-				redirected = true
 			}
-			if !redirected {
-				continue
-			}
+			// With no rule (no --nodeport-addresses address of fam, or
+			// only loopback ones and NoLocalhostNodePorts) the proxy
+			// port still gets its filter rules below: it listens all the
+			// same, and a Local policy's external proxy port serves no
+			// other portal that would give it them.
 		} else {
 			dst := netip.PrefixFrom(p.IP, p.IP.BitLen()).String()
 			// A loopback frontend (an external or load-balancer IP in

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -151,6 +152,35 @@ func TestQuoteComment(t *testing.T) {
 	for _, tc := range tests {
 		if got := quoteComment(tc.in); got != tc.want {
 			t.Errorf("quoteComment(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestRenderUnredirectedNodePortKeepsItsFilter: a node port none of whose
+// --nodeport-addresses gets a rule (only loopback ones, with
+// NoLocalhostNodePorts) still has its proxy port guarded: the proxy
+// listens on it all the same, and with a Local policy the external proxy
+// port is its own, so no other portal gives it the rules that drop new
+// connections sent straight to it.
+func TestRenderUnredirectedNodePortKeepsItsFilter(t *testing.T) {
+	const external = 41239 // elsewhere's external proxy port (Local policy)
+	for _, fam := range []Family{IPv4, IPv6} {
+		cfg := IPTablesConfig{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, NoLocalhostNodePorts: true}
+		text := Render(fixedPortals(), fam, cfg)
+		tables, err := parseSave(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var accept, drop bool
+		for _, args := range tables[tableFilter].rules[ChainNodePortNonLocal] {
+			if !strings.Contains(args, "--dport "+strconv.Itoa(external)+" ") {
+				continue
+			}
+			accept = accept || strings.HasSuffix(args, "-j ACCEPT")
+			drop = drop || strings.Contains(args, "--ctstate NEW") && strings.HasSuffix(args, "-j DROP")
+		}
+		if !accept || !drop {
+			t.Errorf("%s: external proxy port :%d has accept=%v drop=%v in %s, want both:\n%s", fam, external, accept, drop, ChainNodePortNonLocal, text)
 		}
 	}
 }
