@@ -287,3 +287,46 @@ func TestBinaryUnredirectedExternalProxyPortIsGuarded(t *testing.T) {
 	expectReply(t, w.pod, "tcp", "198.18.0.72:80", "be1:ping") // the world is right
 	expectNoReply(t, w.outside, "tcp", nodeOutSide+":"+m[1])
 }
+
+// TestBinaryNodePortAddressChangeMovesUDPClients: a restart with other
+// --nodeport-addresses leaves each UDP client that keeps its source port on
+// the mapping its conntrack entry holds: one narrowed out went on being
+// served through the old REDIRECT, one widened in went on being refused.
+// Now the first sync deletes the entries of node ports whose rules'
+// destinations changed.
+func TestBinaryNodePortAddressChangeMovesUDPClients(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	w.node.mustRun(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "198.18.200.0/24", "-j", "MASQUERADE") // a nat rule, as any node has
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	const narrowedOut, widenedIn = 45461, 45462
+	addr := nodeOutSide + ":30053"
+	send := func(port int) clientResult { return dial(t, w.outside, "udp", addr, "ping", port) }
+
+	px := startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	if r := send(narrowedOut); !strings.HasPrefix(r.Reply, "be1:") {
+		t.Fatalf("node port on every address: %+v", r)
+	}
+	px.terminate(10 * time.Second)
+
+	// "Portals synced" comes before the conntrack clean-up.
+	px = startNodeProxy(t, w, file, "--portal=iptables", "--nodeport-addresses=198.18.10.0/24")
+	px.waitLog(0, `"Deleted stale UDP conntrack entries"`, 1, 30*time.Second)
+	expectReply(t, w.pod, "udp", nodePodSide+":30053", "be1:ping") // the world is right
+	if r := send(narrowedOut); r.Err == "" {
+		t.Errorf("a client narrowed out of --nodeport-addresses is still served through its old entry: %q", r.Reply)
+	}
+	if r := send(widenedIn); r.Err == "" {
+		t.Fatalf("a node port outside --nodeport-addresses answered: %q", r.Reply)
+	}
+	px.terminate(10 * time.Second)
+
+	px = startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Deleted stale UDP conntrack entries"`, 1, 30*time.Second)
+	if r := send(widenedIn); !strings.HasPrefix(r.Reply, "be1:") {
+		t.Errorf("a client widened into --nodeport-addresses is still refused through its old entry: %+v; conntrack holds:\n%s", r, w.node.mustRun(t, "conntrack", "-L", "-p", "udp"))
+	}
+	px.terminate(10 * time.Second)
+}

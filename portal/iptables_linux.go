@@ -62,6 +62,10 @@ type IPTables struct {
 	fams     []*famTables // the chosen backend, one per family
 	leftover []*famTables // the other backend, where our chains are still to remove
 	removed  []Portal     // what removed rules held, until Removed hands it on
+	// movedFrom and movedTo are the node ports whose rules' destinations
+	// changed, as the rules were and are now, until MovedNodePorts hands
+	// them on.
+	movedFrom, movedTo []Portal
 }
 
 var _ Interface = (*IPTables)(nil)
@@ -258,6 +262,13 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 	for _, ft := range p.fams {
 		start := time.Now()
 		r := render(valid, ft.fam, p.cfg)
+		prev := ft.wrote
+		if prev == nil {
+			// The first sync (or the first after a failure): the rules
+			// are as an earlier run (or a failed restore) left them.
+			// Unreadable, they tell nothing to compare.
+			prev, _ = p.run(ctx, nil, ft.save, "-t", tableNAT)
+		}
 		failed := false
 		for _, tbl := range []struct {
 			name string
@@ -274,6 +285,8 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 		}
 		if !failed { // a failure is the caller's to report
 			klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
+			from, to := movedNodePorts(prev, r.nat, ft.fam)
+			p.movedFrom, p.movedTo = append(p.movedFrom, from...), append(p.movedTo, to...)
 			ft.wrote = r.nat
 		} else {
 			ft.wrote = nil
@@ -479,6 +492,23 @@ func (p *IPTables) Removed() []Portal {
 	return out
 }
 
+// MovedNodePorts returns, and forgets, the node ports whose rules' set of
+// destinations (--nodeport-addresses, --iptables-localhost-nodeports,
+// and the loopback guards) changed in the syncs since the last call, as
+// their rules were (from) and are (to); a restart with other flags is such
+// a change, against the rules the earlier run left. Each UDP client
+// keeps the mapping its entry holds: one narrowed out stays served
+// through the old REDIRECT, one widened in stays on its unredirected
+// entry. The caller deletes both (conntrack.StaleUDP(from, nil) and
+// StaleUDP(nil, to)).
+func (p *IPTables) MovedNodePorts() (from, to []Portal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	from, to = p.movedFrom, p.movedTo
+	p.movedFrom, p.movedTo = nil, nil
+	return from, to
+}
+
 // held returns the portals the nat chains of ft hold, for Removed; none
 // when they cannot be read (said at -v=2: the removal goes on).
 func (p *IPTables) held(ctx context.Context, ft *famTables) []Portal {
@@ -501,7 +531,18 @@ func (p *IPTables) held(ctx context.Context, ft *famTables) []Portal {
 func (p *IPTables) Existing(ctx context.Context) ([]Portal, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.existing(ctx)
+	ps, err := p.existing(ctx)
+	return withoutDsts(ps), err
+}
+
+// withoutDsts returns ps with one portal per node port, whatever its rules'
+// destinations (NodePortDst), sorted.
+func withoutDsts(ps []Portal) []Portal {
+	out := slices.Clone(ps)
+	for i := range out {
+		out[i].NodePortDst = netip.Prefix{}
+	}
+	return sortedPortals(out)
 }
 
 // ExistingTargets is Existing with, for each family that has rules, where
@@ -514,7 +555,7 @@ func (p *IPTables) ExistingTargets(ctx context.Context) ([]Portal, map[Family][]
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ps, to, err := p.existingTargets(ctx)
-	return ps, parseTargets(to), err
+	return withoutDsts(ps), parseTargets(to), err
 }
 
 // Drift reads our nat chains back and reports whether they still redirect

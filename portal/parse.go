@@ -173,7 +173,7 @@ func parseRule(chain, args string) (Portal, error) {
 			if err != nil {
 				return Portal{}, fmt.Errorf("bad destination %q", dst)
 			}
-			p.Family = FamilyOf(pfx.Addr())
+			p.Family, p.NodePortDst = FamilyOf(pfx.Addr()), pfx.Masked()
 		}
 	default:
 		return Portal{}, fmt.Errorf("chain %s is not a portal chain", chain)
@@ -201,7 +201,8 @@ func parseComment(comment, proto string) (state.ServicePortName, error) {
 
 // targetsInSave returns where our nat chains of tables send traffic, the
 // ports aside (portalsInSave reads those): "REDIRECT", or the DNAT
-// addresses, sorted, each once, prefixed with fam.
+// addresses, and each RETURN guard ("RETURN", its chain and arguments),
+// sorted, each once, prefixed with fam.
 func targetsInSave(tables map[string]*savedTable, fam Family) []string {
 	nat := tables[tableNAT]
 	if nat == nil {
@@ -211,6 +212,15 @@ func targetsInSave(tables map[string]*savedTable, fam Family) []string {
 	for _, chain := range portalChains {
 		for _, args := range nat.rules[chain] {
 			_, target, ok := strings.Cut(args, " -j ")
+			if ok && strings.HasSuffix(args, " -j RETURN") {
+				// A loopback guard (see loopbackGuardComment): where
+				// it is, and for what, so that a deleted or edited
+				// one is seen.
+				if words, err := splitArgs(args); err == nil {
+					out = append(out, fam.String()+" RETURN "+chain+" "+strings.Join(words, " "))
+				}
+				continue
+			}
 			if !ok || notPortal(args) {
 				continue
 			}
@@ -292,4 +302,62 @@ func parseTargets(to []string) map[Family][]netip.Addr {
 		}
 	}
 	return out
+}
+
+// movedNodePorts compares the node-port rules of two nat-table texts of
+// family fam (iptables-save output, or what render wrote) and returns the
+// node ports both hold whose destinations differ, as each text has them:
+// every one when the loopback guards differ. Node ports only one text
+// holds are left out (conntrack.StaleUDP sees those); so is everything
+// when before cannot be read.
+func movedNodePorts(before, after []byte, fam Family) (from, to []Portal) {
+	bt, err := parseSave(string(before))
+	if err != nil {
+		return nil, nil
+	}
+	at, err := parseSave(string(after))
+	if err != nil {
+		return nil, nil
+	}
+	type key struct {
+		svc  state.ServicePortName
+		port uint16
+	}
+	byKey := func(tables map[string]*savedTable) map[key][]Portal {
+		m := make(map[key][]Portal)
+		ps, _ := portalsInSave(tables, fam)
+		for _, p := range ps {
+			if p.Kind == NodePort {
+				k := key{p.Service, p.Port}
+				m[k] = append(m[k], p)
+			}
+		}
+		return m
+	}
+	guards := func(tables map[string]*savedTable) []string {
+		return slices.DeleteFunc(targetsInSave(tables, fam), func(t string) bool {
+			return !strings.HasPrefix(t, fam.String()+" RETURN ")
+		})
+	}
+	all := !slices.Equal(guards(bt), guards(at))
+	was, is := byKey(bt), byKey(at)
+	dsts := func(ps []Portal) []netip.Prefix {
+		var out []netip.Prefix
+		for _, p := range ps {
+			out = append(out, p.NodePortDst)
+		}
+		slices.SortFunc(out, comparePrefix)
+		return slices.Compact(out)
+	}
+	for k, old := range was {
+		now, ok := is[k]
+		if !ok || !all && slices.Equal(dsts(old), dsts(now)) {
+			continue
+		}
+		from = append(from, old...)
+		to = append(to, now...)
+	}
+	slices.SortFunc(from, Portal.Compare)
+	slices.SortFunc(to, Portal.Compare)
+	return from, to
 }

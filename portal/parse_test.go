@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 func TestSaveRoundTrip(t *testing.T) {
@@ -40,6 +42,12 @@ func TestSaveRoundTrip(t *testing.T) {
 			p.SourceRanges = nil
 			p.HealthCheckNodePort = 0 // a filter rule
 			want = append(want, p)
+			if p.Kind == NodePort {
+				// Its rules' destinations: every local address in the
+				// container chain, loopback in the host chain.
+				p.NodePortDst = loopback(fam)
+				want = append(want, p)
+			}
 		}
 		slices.SortFunc(want, Portal.Compare)
 		if !slices.EqualFunc(got, want, Portal.Equal) {
@@ -198,12 +206,14 @@ func FuzzChooseBackend(f *testing.F) {
 // rewrite of the target alone is seen (see IPTables.Drift).
 func TestTargetsInSave(t *testing.T) {
 	dnat := func(Family) netip.Addr { return netip.MustParseAddr("198.18.2.1") }
+	// The loopback guard is read back too, so that a deleted one is seen.
+	guard := "IPv4 RETURN " + ChainNodePortContainer + " -d 127.0.0.0/8 -m comment --comment " + loopbackGuardComment + " -j RETURN"
 	for _, tc := range []struct {
 		cfg  IPTablesConfig
 		want []string
 	}{
-		{IPTablesConfig{}, []string{"IPv4 REDIRECT"}},
-		{IPTablesConfig{DNAT: dnat}, []string{"IPv4 DNAT 198.18.2.1"}},
+		{IPTablesConfig{}, []string{"IPv4 REDIRECT", guard}},
+		{IPTablesConfig{DNAT: dnat}, []string{"IPv4 DNAT 198.18.2.1", guard}},
 	} {
 		tables, err := parseSave(Render(fixedPortals(), IPv4, tc.cfg))
 		if err != nil {
@@ -224,5 +234,86 @@ func TestTargetsInSave(t *testing.T) {
 	want := map[Family][]netip.Addr{IPv4: {netip.MustParseAddr("198.18.3.1"), {}}, IPv6: {netip.MustParseAddr("fd5e:b1b5::1")}}
 	if len(got) != len(want) || !slices.Equal(got[IPv4], want[IPv4]) || !slices.Equal(got[IPv6], want[IPv6]) {
 		t.Errorf("parseTargets = %v, want %v", got, want)
+	}
+}
+
+// TestNodePortDestinationsReadBack: a node-port rule's destination and the
+// loopback guard are read back, so that drift detection sees a hand-edited
+// -d or a deleted guard (both compare what parse reads), and a change of
+// --nodeport-addresses or --iptables-localhost-nodeports, across a
+// restart too, names the node ports whose UDP entries hold the old mapping.
+func TestNodePortDestinationsReadBack(t *testing.T) {
+	narrow := IPTablesConfig{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}}
+	wide := IPTablesConfig{}
+	read := func(text string) ([]Portal, []string) {
+		tables, err := parseSave(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, bad := portalsInSave(tables, IPv4)
+		if bad != 0 {
+			t.Fatalf("%d unreadable rules", bad)
+		}
+		slices.SortFunc(ps, Portal.Compare)
+		return slices.CompactFunc(ps, Portal.Equal), targetsInSave(tables, IPv4)
+	}
+	drifted := func(wrote, held string) bool {
+		wp, wt := read(wrote)
+		hp, ht := read(held)
+		return !slices.EqualFunc(wp, hp, Portal.Equal) || !slices.Equal(wt, ht)
+	}
+	text := Render(fixedPortals(), IPv4, narrow)
+	edited := strings.Replace(text, "-d 198.18.1.0/24 -p udp", "-d 198.18.7.0/24 -p udp", 1)
+	if edited == text {
+		t.Fatal("no node-port rule to edit")
+	}
+	if !drifted(text, edited) {
+		t.Errorf("a hand-edited node-port -d is not seen")
+	}
+	wideText := Render(fixedPortals(), IPv4, wide)
+	var lines []string
+	for _, l := range strings.Split(wideText, "\n") {
+		if !strings.Contains(l, "-j RETURN") {
+			lines = append(lines, l)
+		}
+	}
+	if noGuard := strings.Join(lines, "\n"); noGuard == wideText || !drifted(wideText, noGuard) {
+		t.Errorf("a deleted loopback guard is not seen")
+	}
+	if drifted(text, text) || drifted(wideText, wideText) {
+		t.Errorf("the same rules are seen as drifted")
+	}
+
+	// Every node port moves when its addresses change; nothing when they
+	// do not; only the address portals' rules changing moves none.
+	udp := func(ps []Portal) (out []uint16) {
+		for _, p := range ps {
+			if p.Protocol() == state.UDP {
+				out = append(out, p.Port)
+			}
+		}
+		return slices.Compact(out)
+	}
+	for _, tc := range []struct {
+		name          string
+		before, after IPTablesConfig
+		moved         bool
+	}{
+		{"narrowed", wide, narrow, true},
+		{"widened", narrow, wide, true},
+		{"localhost node ports off", wide, IPTablesConfig{NoLocalhostNodePorts: true}, true},
+		{"same", narrow, narrow, false},
+		{"DNAT instead of REDIRECT (RetargetedUDP's)", wide, IPTablesConfig{DNAT: func(Family) netip.Addr { return netip.MustParseAddr("198.18.1.1") }}, false},
+	} {
+		from, to := movedNodePorts([]byte(Render(fixedPortals(), IPv4, tc.before)), []byte(Render(fixedPortals(), IPv4, tc.after)), IPv4)
+		if got := len(from) > 0 && len(to) > 0; got != tc.moved {
+			t.Errorf("%s: moved from %v to %v, want moved=%v", tc.name, from, to, tc.moved)
+		}
+		if tc.moved && (!slices.Equal(udp(from), []uint16{30053}) || !slices.Equal(udp(to), []uint16{30053})) {
+			t.Errorf("%s: UDP node ports moved %v -> %v, want 30053", tc.name, udp(from), udp(to))
+		}
+	}
+	if from, to := movedNodePorts(nil, []byte(text), IPv4); len(from)+len(to) != 0 {
+		t.Errorf("nothing before: moved %v -> %v", from, to)
 	}
 }

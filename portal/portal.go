@@ -106,6 +106,13 @@ type Portal struct {
 	// drops, as kube-proxy accepts it whether or not the node has local
 	// endpoints. Every portal of the Service in a family carries it.
 	HealthCheckNodePort uint16
+	// NodePortDst, on a NodePort read back from the iptables portal's
+	// rules (IPTables.Drift, MovedNodePorts), is the destination its rule
+	// matches: a --nodeport-addresses CIDR, or the zero Prefix for every
+	// local address (a node port has a portal per rule). FromSnapshot
+	// leaves it zero, and Sync ignores it: the rules take their
+	// destinations from IPTablesConfig.
+	NodePortDst netip.Prefix
 }
 
 // Protocol is the portal's transport protocol.
@@ -147,6 +154,9 @@ func (p Portal) Compare(o Portal) int {
 		return c
 	}
 	if c := int(p.HealthCheckNodePort) - int(o.HealthCheckNodePort); c != 0 {
+		return c
+	}
+	if c := comparePrefix(p.NodePortDst, o.NodePortDst); c != 0 {
 		return c
 	}
 	return slices.CompareFunc(p.SourceRanges, o.SourceRanges, comparePrefix)

@@ -306,7 +306,15 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	if r, ok := k.pt.(remover); ok {
 		removed = r.Removed()
 	}
+	var movedFrom, movedTo []portal.Portal // node ports whose rules' destinations changed
+	if m, ok := k.pt.(nodePortMover); ok {
+		movedFrom, movedTo = m.MovedNodePorts()
+	}
 	if k.ct != nil {
+		// A client narrowed out of a node port's addresses stays on its
+		// REDIRECTed entry, one widened in on its unredirected one.
+		k.stale = append(k.stale, conntrack.StaleUDP(movedFrom, nil)...)
+		k.stale = append(k.stale, conntrack.StaleUDP(nil, movedTo)...)
 		k.stale = append(k.stale, conntrack.StaleUDP(k.last, portals)...)
 		k.stale = append(k.stale, conntrack.RemovedUDP(removed)...)
 		if held != nil {
@@ -356,6 +364,12 @@ func (k *kernelSync) clearStale(ctx context.Context) error {
 // (portal.IPTables).
 type remover interface {
 	Removed() []portal.Portal
+}
+
+// nodePortMover is a portal that tells which node ports' rules changed
+// their destinations (portal.IPTables).
+type nodePortMover interface {
+	MovedNodePorts() (from, to []portal.Portal)
 }
 
 // drifter is a portal that can tell whether its rules are still as it
