@@ -2,13 +2,18 @@ package proxyserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/source"
@@ -28,13 +33,18 @@ const primaryNodeWait = 30 * time.Second
 // the addresses of the interface of the default route of each family. A
 // family with no primary IP serves node ports on every address of it, as
 // kube-proxy's proxier of a family without a node IP does.
-func primaryNodePortCIDRs(ctx context.Context, cfg *Config, node string) []netip.Prefix {
+//
+// fromNode are the primary IPs read from the Node, or nil when they were
+// not: Run then watches the Node (watchPrimaryIPs) and stops when they
+// change, as kube-proxy does.
+func primaryNodePortCIDRs(ctx context.Context, cfg *Config, node string) (cidrs []netip.Prefix, fromNode []netip.Addr) {
 	var addrs []netip.Addr
 	from := "the default route's interface"
 	if cfg.Manifests == "" {
 		var err error
 		if addrs, err = nodePrimaryIPs(ctx, cfg, node); err == nil {
 			from = "Node " + node
+			fromNode = addrs
 		} else {
 			klog.ErrorS(err, "Cannot read this node's primary IPs for --nodeport-addresses=primary from its Node; using the addresses of the default route's interface", "node", node)
 		}
@@ -45,7 +55,6 @@ func primaryNodePortCIDRs(ctx context.Context, cfg *Config, node string) []netip
 			klog.ErrorS(err, "Cannot read the addresses of the default route's interface for --nodeport-addresses=primary")
 		}
 	}
-	var cidrs []netip.Prefix
 	for _, a := range addrs {
 		cidrs = append(cidrs, netip.PrefixFrom(a, a.BitLen()))
 	}
@@ -55,7 +64,57 @@ func primaryNodePortCIDRs(ctx context.Context, cfg *Config, node string) []netip
 	} else {
 		klog.InfoS("Node ports are served on this node's primary IPs (--nodeport-addresses=primary)", "from", from, "nodePortAddresses", out)
 	}
-	return out
+	return out, fromNode
+}
+
+// errNodeIPsChanged is why Run stops when the Node's primary IPs, which
+// --nodeport-addresses=primary serves node ports on, change.
+var errNodeIPsChanged = errors.New("the node's primary IPs changed")
+
+// watchPrimaryIPs watches the Node node until its primary IPs (primaryIPs)
+// differ from was, then returns an error wrapping errNodeIPsChanged that
+// says how; or nil when ctx ends. A Node without any, or gone, changes
+// nothing (kube-proxy goes on with the IPs it has too).
+func watchPrimaryIPs(ctx context.Context, cfg *Config, node string, was []netip.Addr) error {
+	client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType)
+	if err != nil {
+		return nil // read once at start: the proxy goes on with them
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, node).String()
+		}))
+	changed := make(chan []netip.Addr, 1)
+	check := func(obj any) {
+		n, ok := obj.(*v1.Node)
+		if !ok || n.Name != node {
+			return
+		}
+		if now := primaryIPs(n); len(now) > 0 && !slices.Equal(now, was) {
+			select {
+			case changed <- now:
+			default:
+			}
+		}
+	}
+	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    check,
+		UpdateFunc: func(_, obj any) { check(obj) },
+	}); err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		factory.Shutdown()
+	}()
+	factory.Start(ctx.Done())
+	select {
+	case <-ctx.Done():
+		return nil
+	case now := <-changed:
+		return fmt.Errorf("%w (node %s: %v, was %v): exiting so that node ports are served on the new ones, as kube-proxy does (a DaemonSet restarts the proxy)", errNodeIPsChanged, node, now, was)
+	}
 }
 
 // nodePrimaryIPs reads the Node's primary IPs, waiting up to

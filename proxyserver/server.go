@@ -73,7 +73,24 @@ func Run(ctx context.Context, cfg *Config) error {
 		defer stop(nil) // runs before watchers.Wait
 	}
 	if cfg.nodePortsPrimary {
-		cfg.nodePorts = primaryNodePortCIDRs(ctx, cfg, node)
+		var fromNode []netip.Addr
+		cfg.nodePorts, fromNode = primaryNodePortCIDRs(ctx, cfg, node)
+		if fromNode != nil {
+			// As kube-proxy: the Node's primary IPs changing ends the
+			// proxy, with an error, so its DaemonSet runs it again to
+			// serve node ports on the new ones.
+			var stop context.CancelCauseFunc
+			ctx, stop = context.WithCancelCause(ctx)
+			var watchers sync.WaitGroup
+			defer watchers.Wait()
+			watchers.Go(func() {
+				if err := watchPrimaryIPs(ctx, cfg, node, fromNode); err != nil {
+					klog.InfoS("NodeIPs changed for the node; stopping", "node", node, "reason", err.Error())
+					stop(err)
+				}
+			})
+			defer stop(nil) // runs before watchers.Wait
+		}
 	}
 	dnat := newDNATTargets(cfg.bindAddr)
 	pt, mode, err := choosePortal(ctx, cfg, dnat.target)
@@ -285,7 +302,7 @@ func Run(ctx context.Context, cfg *Config) error {
 	st := p.Stats()
 	klog.InfoS("Shutting down; open connections and sessions are closed", "tcpConnections", st.TCPActive.Load(),
 		"udpSessions", st.UDPSessionsActive.Load(), "sctpAssociations", st.SCTPActive.Load())
-	if err := context.Cause(ctx); errors.Is(err, errConfigChanged) {
+	if err := context.Cause(ctx); errors.Is(err, errConfigChanged) || errors.Is(err, errNodeIPsChanged) {
 		return err
 	}
 	return nil
