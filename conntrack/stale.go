@@ -138,7 +138,13 @@ func compareFilters(a, b Filter) int {
 	if c := int(a.ReplySrcPort) - int(b.ReplySrcPort); c != 0 {
 		return c
 	}
-	return compareBool(a.NoNAT, b.NoNAT)
+	switch { // false before true
+	case a.NoNAT == b.NoNAT:
+		return 0
+	case a.NoNAT:
+		return 1
+	}
+	return -1
 }
 
 // RetargetedUDP returns the filters of the UDP conntrack entries of every
@@ -155,15 +161,4 @@ func RetargetedUDP(portals []portal.Portal, f portal.Family) []Filter {
 	}
 	slices.SortFunc(out, compareFilters)
 	return slices.Compact(out)
-}
-
-// compareBool orders false before true.
-func compareBool(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return 1
-	}
-	return -1
 }

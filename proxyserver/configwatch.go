@@ -2,6 +2,7 @@ package proxyserver
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -47,8 +48,8 @@ type configWatch struct {
 // a ConfigMap update of another key, a slow rewrite of the same bytes)
 // are no change.
 func (w *configWatch) run(ctx context.Context) error {
-	debounce := cmpOr(w.Debounce, 100*time.Millisecond)
-	resync := cmpOr(w.Resync, time.Minute)
+	debounce := cmp.Or(w.Debounce, 100*time.Millisecond)
+	resync := cmp.Or(w.Resync, time.Minute)
 	what := w.what()
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -174,11 +175,4 @@ func (w *configWatch) read() ([]byte, string) {
 		return nil, fmt.Sprintf("%s cannot be read: %v", w.Path, err)
 	}
 	return data, ""
-}
-
-func cmpOr(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }

@@ -219,7 +219,7 @@ func serveHTTP(ctx context.Context, what, where, addr string, h http.Handler, re
 				defer cancel()
 				_ = srv.Shutdown(sctx)
 			})
-			err = srv.Serve(ln)
+			err = srv.Serve(newQuietListener(ln, what, nil))
 			stop()
 			if errors.Is(err, http.ErrServerClosed) {
 				return

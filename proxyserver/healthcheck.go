@@ -223,7 +223,7 @@ func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, h
 			ln, err = count(ln) // closes ln when it refuses it
 		}
 		if err == nil {
-			lns = append(lns, &quietListener{Listener: ln, port: port, closed: make(chan struct{}), refused: refused})
+			lns = append(lns, newQuietListener(ln, fmt.Sprintf("health check node port %d", port), refused))
 		}
 		return err
 	}
@@ -257,20 +257,25 @@ func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, h
 	return s, nil
 }
 
-// quietListener keeps a health-check server's accept errors for want of
+// quietListener keeps an HTTP server's accept errors for want of
 // descriptors to itself: it waits and accepts again, saying so once until
 // an accept succeeds, where Go's http.Server logs "http: Accept error: ...
-// too many open files; retrying in 1s" every second, for every port.
+// too many open files; retrying in 1s" every second, for every port. It
+// serves the health-check node ports, /healthz and /metrics.
 type quietListener struct {
 	net.Listener
-	port      uint16
+	what      string                // names the server in messages
 	refused   func(netip.Addr) bool // see healthChecks.refused; nil refuses none
 	closed    chan struct{}
 	closeOnce sync.Once
 }
 
-// emfileRetry is how long a health-check port waits to accept again when
-// the process is out of descriptors.
+func newQuietListener(ln net.Listener, what string, refused func(netip.Addr) bool) *quietListener {
+	return &quietListener{Listener: ln, what: what, refused: refused, closed: make(chan struct{})}
+}
+
+// emfileRetry is how long a server waits to accept again when the process
+// is out of descriptors.
 const emfileRetry = 200 * time.Millisecond
 
 func (l *quietListener) Accept() (net.Conn, error) {
@@ -279,7 +284,7 @@ func (l *quietListener) Accept() (net.Conn, error) {
 		c, err := l.Listener.Accept()
 		if err == nil || !errors.Is(err, syscall.EMFILE) && !errors.Is(err, syscall.ENFILE) {
 			if said && err == nil {
-				klog.InfoS("Health check node port accepts again", "port", l.port)
+				klog.InfoS("Accepting again", "server", l.what, "addr", l.Addr())
 			}
 			if err == nil && l.refused != nil {
 				if tc, ok := c.(*net.TCPConn); ok && l.refused(tc.LocalAddr().(*net.TCPAddr).AddrPort().Addr()) {
@@ -292,7 +297,7 @@ func (l *quietListener) Accept() (net.Conn, error) {
 			return c, err
 		}
 		if !said {
-			klog.ErrorS(err, "Health check node port cannot accept for want of file descriptors; retrying quietly", "port", l.port)
+			klog.ErrorS(err, "Cannot accept for want of file descriptors; retrying quietly", "server", l.what, "addr", l.Addr())
 			said = true
 		}
 		select {

@@ -176,7 +176,7 @@ func TestHealthCheckAcceptQuietAtEMFILE(t *testing.T) {
 	}
 	el := &emfileListener{Listener: ln}
 	el.n.Store(3)
-	q := &quietListener{Listener: el, port: 1, closed: make(chan struct{})}
+	q := newQuietListener(el, "test", nil)
 	defer q.Close()
 	go func() {
 		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {

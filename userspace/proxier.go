@@ -443,34 +443,38 @@ func (p *Proxier) isFrontendAddr(a netip.Addr) bool {
 }
 
 // NodePortAddrRefused reports whether a node port reached at local address
-// dst through a wildcard socket must be refused there: dst is a service
-// address the bind portal put on this host (see frontendAddrs), or a
-// loopback address with localhost node ports off. Health-check node ports
-// follow it as node ports do.
+// dst through a wildcard socket must be refused there (see
+// nodePortRefusal). Health-check node ports follow it as node ports do.
 func (p *Proxier) NodePortAddrRefused(dst netip.Addr) bool {
-	return p.cfg.NoLocalhostNodePorts && dst.Unmap().IsLoopback() || p.isFrontendAddr(dst)
+	return p.nodePortRefusal(dst) != ""
+}
+
+// nodePortRefusal says why a node port reached at local address dst
+// through a wildcard socket must be refused there, or "" when it is
+// served: dst is a service address the bind portal put on this host (see
+// frontendAddrs), or a loopback address with localhost node ports off.
+func (p *Proxier) nodePortRefusal(dst netip.Addr) string {
+	switch {
+	case p.cfg.NoLocalhostNodePorts && dst.Unmap().IsLoopback():
+		return "Node port reached on a loopback address (--iptables-localhost-nodeports=false); refused"
+	case p.isFrontendAddr(dst):
+		return "Node port reached on a service address; refused"
+	}
+	return ""
 }
 
 // nodePortRefuses reports whether a connection or datagram that reached a
-// node-port socket of role r at local address dst must be refused: dst is
-// a service address (see frontendAddrs). It logs the refusal at -v=4.
+// node-port socket of role r at local address dst must be refused (see
+// nodePortRefusal). It logs the refusal at -v=4.
 func (sp *servicePort) nodePortRefuses(r socketRole, dst netip.Addr, client netip.AddrPort) bool {
 	if r != roleNodePort {
 		return false
 	}
-	if sp.p.cfg.NoLocalhostNodePorts && dst.Unmap().IsLoopback() {
-		if klog.V(4).Enabled() {
-			klog.InfoS("Node port reached on a loopback address (--iptables-localhost-nodeports=false); refused", "service", sp.name, "client", client, "addr", dst)
-		}
-		return true
+	why := sp.p.nodePortRefusal(dst)
+	if why != "" && klog.V(4).Enabled() {
+		klog.InfoS(why, "service", sp.name, "client", client, "addr", dst)
 	}
-	if !sp.p.isFrontendAddr(dst) {
-		return false
-	}
-	if klog.V(4).Enabled() {
-		klog.InfoS("Node port reached on a service address; refused", "service", sp.name, "client", client, "addr", dst)
-	}
-	return true
+	return why != ""
 }
 
 // isPod reports whether a is in ClusterCIDRs.
