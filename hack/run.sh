@@ -30,7 +30,9 @@ kube-userspace-proxy is serving examples/demo.yaml. In another terminal try:
 
 Each service is also on its proxy port (the "Serving ... via=proxy-port"
 lines above). Edit examples/demo.yaml and watch it apply (git checkout
-examples/demo.yaml puts it back). Ctrl-C to stop.
+examples/demo.yaml puts it back). Ctrl-C to stop. To see which endpoint
+each connection went to and why (round robin, affinity, failover), run
+./hack/run.sh -v=4 instead.
 
 TXT
 wait "${pids[-1]}"

@@ -276,6 +276,9 @@ func (d *debugView) endpointList(sp *state.ServicePort, eps []state.Endpoint) st
 		if !e.Ready {
 			notes = append(notes, "not ready: serving while terminating")
 		}
+		if e.Topology != "" {
+			notes = append(notes, "hinted for "+e.Topology+": topology hints keep this node's traffic to those")
+		}
 		if len(notes) > 0 {
 			s += " (" + strings.Join(notes, ", ") + ")"
 		}

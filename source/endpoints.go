@@ -384,12 +384,17 @@ func (b *builder) clusterEndpoints(eps []endpointInfo) []state.Endpoint {
 	// Hints are all or nothing: a single ready endpoint without one means
 	// the EndpointSlice controller is not (or not yet) hinting this
 	// Service, and honouring part of them would overload some endpoints.
+	var hint string
 	if node := b.opts.NodeName; node != "" && hinted(ready, node, func(e *endpointInfo) []string { return e.nodeHints }) {
-		ready = filter(ready, func(e *endpointInfo) bool { return slices.Contains(e.nodeHints, node) })
+		ready, hint = filter(ready, func(e *endpointInfo) bool { return slices.Contains(e.nodeHints, node) }), "node "+node
 	} else if b.zone != "" && hinted(ready, b.zone, func(e *endpointInfo) []string { return e.zoneHints }) {
-		ready = filter(ready, func(e *endpointInfo) bool { return slices.Contains(e.zoneHints, b.zone) })
+		ready, hint = filter(ready, func(e *endpointInfo) bool { return slices.Contains(e.zoneHints, b.zone) }), "zone "+b.zone
 	}
-	return endpoints(ready)
+	out := endpoints(ready)
+	for i := range out {
+		out[i].Topology = hint
+	}
+	return out
 }
 
 // hinted reports whether every endpoint carries hints and at least one

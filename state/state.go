@@ -167,6 +167,10 @@ type Endpoint struct {
 	NodeName string
 	// Local reports whether the endpoint runs on this node.
 	Local bool
+	// Topology names the topology hint that let the endpoint into a
+	// port's ClusterEndpoints, "zone <name>" or "node <name>", when hints
+	// narrowed them to those for this node; empty when they did not.
+	Topology string
 }
 
 func (e Endpoint) String() string { return e.Addr.String() }

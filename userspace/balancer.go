@@ -21,6 +21,7 @@ var ErrNoEndpoints = errors.New("no endpoints")
 // until its penalty ends, while other endpoints remain.
 type endpointSet struct {
 	addrs []netip.AddrPort
+	eps   []state.Endpoint // eps[i] is the endpoint of addrs[i]
 	index map[netip.AddrPort]int
 	// until[i] is the unix-nanosecond time the penalty of addrs[i] ends.
 	until []atomic.Int64
@@ -32,6 +33,7 @@ type endpointSet struct {
 func newEndpointSet(eps []state.Endpoint) *endpointSet {
 	s := &endpointSet{
 		addrs: make([]netip.AddrPort, 0, len(eps)),
+		eps:   make([]state.Endpoint, 0, len(eps)),
 		index: make(map[netip.AddrPort]int, len(eps)),
 	}
 	for _, ep := range eps {
@@ -40,6 +42,7 @@ func newEndpointSet(eps []state.Endpoint) *endpointSet {
 		}
 		s.index[ep.Addr] = len(s.addrs)
 		s.addrs = append(s.addrs, ep.Addr)
+		s.eps = append(s.eps, ep)
 	}
 	s.until = make([]atomic.Int64, len(s.addrs))
 	return s
@@ -88,6 +91,9 @@ type balancer struct {
 	sets [2]atomic.Pointer[endpointSet]
 	next [2]atomic.Uint64
 	aff  atomic.Pointer[state.Affinity]
+	// pool says which of the Service's endpoints the balancer picks from,
+	// for explainPick; nil says nothing.
+	pool atomic.Pointer[string]
 
 	mu      sync.Mutex // guards the fields below
 	clients map[netip.Addr]affinityEntry
@@ -156,16 +162,10 @@ func (b *balancer) update(eps []state.Endpoint, aff state.Affinity) {
 	b.sweep()
 }
 
+// sameAddrs reports whether s holds eps: the same addresses, with the
+// same conditions and hints (that explainPick tells).
 func sameAddrs(s *endpointSet, eps []state.Endpoint) bool {
-	if len(s.addrs) != len(eps) {
-		return false
-	}
-	for i, ep := range eps {
-		if s.addrs[i] != ep.Addr {
-			return false
-		}
-	}
-	return true
+	return slices.Equal(s.eps, eps)
 }
 
 // has reports whether ep is one of the current endpoints.
@@ -178,10 +178,25 @@ func (b *balancer) has(ep netip.AddrPort) bool {
 // skipped while others remain; a non-empty avoid also replaces the client's
 // affinity with the new choice, so a sticky client leaves a dead endpoint.
 func (b *balancer) pick(client netip.Addr, avoid []netip.AddrPort) (netip.AddrPort, error) {
+	ep, _, err := b.choose(client, avoid)
+	return ep, err
+}
+
+// pickWhy says how choose chose an endpoint (see explainPick).
+type pickWhy uint8
+
+const (
+	pickedInTurn       pickWhy = iota // round robin: the next in turn
+	pickedPastFailures                // round robin: the next in turn whose connections have not just failed
+	pickedAffinity                    // ClientIP affinity: the endpoint the client had
+)
+
+// choose is pick, saying how it chose.
+func (b *balancer) choose(client netip.Addr, avoid []netip.AddrPort) (netip.AddrPort, pickWhy, error) {
 	set, fam := b.setOf(client)
 	n := len(set.addrs)
 	if n == 0 {
-		return netip.AddrPort{}, ErrNoEndpoints
+		return netip.AddrPort{}, pickedInTurn, ErrNoEndpoints
 	}
 	aff := b.aff.Load()
 	sticky := aff.Sticky() && client.IsValid()
@@ -195,20 +210,22 @@ func (b *balancer) pick(client netip.Addr, avoid []netip.AddrPort) (netip.AddrPo
 				e.lastUsed = now
 				b.clients[client] = e
 				b.mu.Unlock()
-				return e.endpoint, nil
+				return e.endpoint, pickedAffinity, nil
 			}
 			b.mu.Unlock()
 		}
 	}
 	start := int((b.next[fam].Add(1) - 1) % uint64(n))
-	ep := set.addrs[start]
+	ep, why := set.addrs[start], pickedInTurn
 	if n > 1 && (len(avoid) > 0 || set.penalized.Load() > 0) {
 		// Pass over endpoints that just failed, in round-robin order; if
 		// every one has, keep the plain choice rather than refuse.
 		nowNano := b.clock.Now().UnixNano()
 		for k := range n {
 			if i := (start + k) % n; set.usable(i, nowNano, avoid) {
-				ep = set.addrs[i]
+				if k > 0 {
+					ep, why = set.addrs[i], pickedPastFailures
+				}
 				break
 			}
 		}
@@ -218,7 +235,7 @@ func (b *balancer) pick(client netip.Addr, avoid []netip.AddrPort) (netip.AddrPo
 		b.clients[client] = affinityEntry{endpoint: ep, lastUsed: now}
 		b.mu.Unlock()
 	}
-	return ep, nil
+	return ep, why, nil
 }
 
 // penalize makes picks pass over ep for d, while other endpoints remain.

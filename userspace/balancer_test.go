@@ -286,3 +286,35 @@ func BenchmarkNextEndpoint(b *testing.B) {
 		})
 	}
 }
+
+// TestBalancerSaysHowItChose: choose reports round robin, round robin past
+// an endpoint whose dial just failed, and a client kept by affinity, as
+// explainPick tells them.
+func TestBalancerSaysHowItChose(t *testing.T) {
+	clock := newFakeClock()
+	b := newBalancer(clock, eps(ep1, ep2), state.Affinity{})
+	if _, why, err := b.choose(c1, nil); err != nil || why != pickedInTurn {
+		t.Fatalf("first pick: %v, %v; want in turn", why, err)
+	}
+	b.penalize(ep1, time.Minute)
+	b.penalize(ep2, 0)
+	seen := map[pickWhy]int{}
+	for range 4 {
+		ep, why, _ := b.choose(c1, nil)
+		if ep != ep2 {
+			t.Fatalf("picked %v, which is in its penalty", ep)
+		}
+		seen[why]++
+	}
+	if seen[pickedInTurn] != 2 || seen[pickedPastFailures] != 2 {
+		t.Fatalf("four picks past a failed endpoint said %v; want two in turn and two past failures", seen)
+	}
+	b.update(eps(ep1, ep2), state.Affinity{Type: state.AffinityClientIP, Timeout: time.Hour})
+	first, why, _ := b.choose(c2, nil)
+	if why == pickedAffinity {
+		t.Fatal("a new client's first pick said affinity")
+	}
+	if again, why, _ := b.choose(c2, nil); again != first || why != pickedAffinity {
+		t.Fatalf("a sticky client's second pick: %v (%v); want %v by affinity", again, why, first)
+	}
+}

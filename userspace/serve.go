@@ -89,7 +89,7 @@ func dialWithFailover[C any](p *Proxier, b *balancer, client netip.AddrPort, sp 
 		lastErr error
 	)
 	for _, timeout := range p.cfg.DialTimeouts {
-		ep, err := b.pick(client.Addr(), tried)
+		ep, why, err := b.choose(client.Addr(), tried)
 		if err != nil {
 			n.noEndpoints.Add(1)
 			if klog.V(4).Enabled() {
@@ -99,6 +99,9 @@ func dialWithFailover[C any](p *Proxier, b *balancer, client netip.AddrPort, sp 
 		}
 		if !worthDialing(ep, tried, lastErr) {
 			break
+		}
+		if klog.V(4).Enabled() {
+			sp.explainPick(b, client, ep, why, len(tried)+1)
 		}
 		ctx, cancel := context.WithTimeout(p.ctx, timeout)
 		conn, err := dial(ctx, ep)

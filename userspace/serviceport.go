@@ -120,6 +120,7 @@ func newServicePort(p *Proxier, spec *state.ServicePort) *servicePort {
 	}
 	sp.internal = newBalancer(p.cfg.Clock, spec.InternalEndpoints(), spec.Affinity)
 	sp.setExternal(spec)
+	sp.describePools(spec)
 	sp.setProxyProtocol(state.ProxyProtocolNone, spec.ProxyProtocol)
 	sp.spec = spec
 	return sp
@@ -176,6 +177,7 @@ func (sp *servicePort) update(spec *state.ServicePort) {
 	}
 	sp.internal.update(internal, spec.Affinity)
 	sp.setExternal(spec)
+	sp.describePools(spec)
 	if spec.ProxyProtocol != old.ProxyProtocol {
 		sp.setProxyProtocol(old.ProxyProtocol, spec.ProxyProtocol)
 		if sp.proto == state.TCP {
@@ -272,7 +274,7 @@ func (sp *servicePort) admitUDP(role socketRole, frontend netip.Addr, client net
 		return nil, netip.AddrPort{}, false
 	}
 	b := sp.balancer(role, client.Addr())
-	ep, err := b.pick(client.Addr(), nil)
+	ep, why, err := b.choose(client.Addr(), nil)
 	if err != nil {
 		sp.releaseUDP()
 		p.stats.UDPNoEndpoints.Add(1)
@@ -280,6 +282,9 @@ func (sp *servicePort) admitUDP(role socketRole, frontend netip.Addr, client net
 			klog.InfoS("No endpoints; dropping datagram", "service", sp.name, "client", client)
 		}
 		return nil, netip.AddrPort{}, false
+	}
+	if klog.V(4).Enabled() {
+		sp.explainPick(b, client, ep, why, 1)
 	}
 	return b, ep, true
 }

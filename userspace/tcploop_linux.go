@@ -394,7 +394,7 @@ func startConn(lp *eventLoop, l *tcpListener, cfd int, client netip.AddrPort) {
 	c.timer = timerEntry{index: -1, owner: c}
 	c.clientSide = connSide{c: c}
 	c.backendSide = connSide{c: c, backend: true}
-	ep, err := c.b.pick(client.Addr(), nil)
+	ep, why, err := c.b.choose(client.Addr(), nil)
 	if err != nil {
 		p.stats.TCPNoEndpoints.Add(1)
 		if klog.V(4).Enabled() {
@@ -409,6 +409,9 @@ func startConn(lp *eventLoop, l *tcpListener, cfd int, client netip.AddrPort) {
 	if err := lp.register(cfd, connEvents, &c.clientSide); err != nil {
 		resetFD(cfd)
 		return
+	}
+	if klog.V(4).Enabled() {
+		l.sp.explainPick(c.b, client, ep, why, 1)
 	}
 	c.dial(ep)
 }
@@ -537,13 +540,16 @@ func (c *tcpConn) dialFailed(err error) {
 	c.tried = append(c.tried, c.endpoint)
 	c.attempt++
 	if c.attempt < len(p.cfg.DialTimeouts) {
-		ep, perr := c.b.pick(c.client.Addr(), c.tried)
+		ep, why, perr := c.b.choose(c.client.Addr(), c.tried)
 		if perr != nil {
 			p.stats.TCPNoEndpoints.Add(1)
 			c.abort()
 			return
 		}
 		if worthDialing(ep, c.tried, err) {
+			if klog.V(4).Enabled() {
+				c.l.sp.explainPick(c.b, c.client, ep, why, c.attempt+1)
+			}
 			c.dial(ep)
 			return
 		}
