@@ -3,8 +3,13 @@
 package integration
 
 import (
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"net"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -160,4 +165,86 @@ endpoints: [{addresses: ["` + nodeBackSide + `"]}]
 			t.Errorf("/debug/services (%s) lacks %q:\n%s", code, want, view)
 		}
 	}
+}
+
+// TestBinaryNonePortalKeepsAGivenUpProxyPortFromOthers: with --portal=none
+// clients address proxy ports themselves, so a port a deleted Service gave
+// up must not go to the next Service at once while another port is free:
+// its old clients would reach the new Service's endpoints. Before, a
+// Service added in the same edit took it whenever its scan of the range
+// met it first. The new Service's name is chosen so that its scan does.
+func TestBinaryNonePortalKeepsAGivenUpProxyPortFromOthers(t *testing.T) {
+	requireTool(t, "curl")
+	base := freePortRun(t, 3)
+	a, b, c := httpBackend(t, "A"), httpBackend(t, "B"), httpBackend(t, "C")
+	svc := func(name string, port int) string {
+		ip := map[string]string{"a": "198.18.0.70", "b": "198.18.0.71"}[name]
+		if ip == "" {
+			ip = "198.18.0.72"
+		}
+		return proxyPortService(name, ip, "127.0.0.1", strconv.Itoa(port))
+	}
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, svc("a", a)+svc("b", b))
+	p := startProxy(t, "--manifests", file, "--portal=none", "--bind-address=127.0.0.1",
+		fmt.Sprintf("--proxy-port-range=%d-%d", base, base+2), "--nodeport-addresses=127.0.0.1/32")
+	portOf := func(from int, service string) int {
+		t.Helper()
+		re := `"Serving" service="e2e/` + service + `:http/TCP" addr="127\.0\.0\.1:(\d+)" via="proxy-port"`
+		after := p.waitLog(from, re, 1, 20*time.Second)
+		lines := strings.Split(p.log(), "\n")
+		m := regexp.MustCompile(re).FindStringSubmatch(lines[after-1])
+		port, _ := strconv.Atoi(m[1])
+		return port
+	}
+	pa, pb := portOf(0, "a"), portOf(0, "b")
+	free := 3*base + 3 - pa - pb // the range's third port
+	if body, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/", pa)); err != nil || body != "A" {
+		t.Fatalf("Service a on its proxy port %d: %q, %v", pa, body, err)
+	}
+
+	// A name whose scan of the range, from where its key's hash puts it,
+	// meets a's port before the free one.
+	var name string
+	for i := range 1000 {
+		n := fmt.Sprintf("c%d", i)
+		h := fnv.New32a()
+		h.Write([]byte("e2e/" + n + ":http/TCP/proxy-port"))
+		start := int(h.Sum32() % 3)
+		if (pa-base-start+3)%3 < (free-base-start+3)%3 {
+			name = n
+			break
+		}
+	}
+	from := p.lineCount()
+	writeFile(t, file, svc("b", b)+svc(name, c))
+	if got := portOf(from, name); got != free {
+		t.Fatalf("Service %s got proxy port %d, which a gave up in the same edit; want %d, the free one", name, got, free)
+	}
+	if body, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/", pa)); err == nil {
+		t.Fatalf("a client of the deleted Service a on its old proxy port %d reached %q", pa, body)
+	}
+}
+
+// freePortRun returns the first of n consecutive ports free for TCP on
+// 127.0.0.1, below the ephemeral range.
+func freePortRun(t *testing.T, n int) int {
+	t.Helper()
+	for range 200 {
+		base := 20000 + rand.IntN(12000)
+		ok := true
+		for i := range n {
+			ln, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", base+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			ln.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no run of free ports")
+	return 0
 }

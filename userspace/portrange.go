@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // PortRange is an inclusive range of proxy ports. The zero value means "let
@@ -89,16 +90,32 @@ var ErrPortRangeExhausted = errors.New("proxy port range exhausted")
 // portAllocator hands out proxy ports from a PortRange. With a zero range it
 // returns 0, which asks the kernel for an ephemeral port.
 type portAllocator struct {
-	r PortRange
+	r   PortRange
+	now func() time.Time
 
 	mu       sync.Mutex // guards the fields below
 	used     []bool     // indexed by port - r.Base
 	free     int
 	reserved map[uint16]bool // never handed out: node ports this host serves itself
+	// retired are the ports service ports gave up in the last reuseDelay,
+	// with whose and when (see retire).
+	retired map[uint16]retiredPort
 }
 
-func newPortAllocator(r PortRange) *portAllocator {
-	return &portAllocator{r: r, used: make([]bool, r.Size), free: r.Size}
+// retiredPort is who gave up a port, and when.
+type retiredPort struct {
+	owner string
+	at    time.Time
+}
+
+// reuseDelay is how long a port a service port gave up goes to another
+// only when no other port is free.
+const reuseDelay = 5 * time.Minute
+
+// newPortAllocator returns an allocator of r's ports; now tells the time
+// (see retire).
+func newPortAllocator(r PortRange, now func() time.Time) *portAllocator {
+	return &portAllocator{r: r, now: now, used: make([]bool, r.Size), free: r.Size}
 }
 
 // reserve sets the ports that are never handed out or claimed, in place of
@@ -118,12 +135,14 @@ func (a *portAllocator) isReserved(port uint16) bool {
 	return a.reserved[port]
 }
 
-// allocate returns a free port: the first free one from an offset that key
-// decides, scanning with wrap-around. The key is the service port's name,
-// so a restarted proxy given the same Services gives each the port it had:
-// with --portal=none clients use proxy ports directly, and no rules keep
-// them (see Config.PreferredProxyPort for the iptables portal).
-func (a *portAllocator) allocate(key string) (uint16, error) {
+// allocate returns a free port for owner: the first free one from an
+// offset that key decides, scanning with wrap-around, passing over the
+// ports other owners gave up in the last reuseDelay while another is free.
+// The key is the service port's name and role, so a restarted proxy given
+// the same Services gives each the port it had: with --portal=none clients
+// use proxy ports directly, and no rules keep them (see
+// Config.PreferredProxyPort for the iptables portal).
+func (a *portAllocator) allocate(key, owner string) (uint16, error) {
 	if a.r.Size == 0 {
 		return 0, nil
 	}
@@ -133,12 +152,29 @@ func (a *portAllocator) allocate(key string) (uint16, error) {
 		h := fnv.New32a()
 		h.Write([]byte(key))
 		start := int(h.Sum32() % uint32(a.r.Size))
-		for i := range a.r.Size {
-			off := (start + i) % a.r.Size
-			if !a.used[off] && !a.reserved[a.r.Base+uint16(off)] {
+		now := a.now()
+		for c, r := range a.retired {
+			if now.Sub(r.at) >= reuseDelay {
+				delete(a.retired, c)
+			}
+		}
+		for _, fresh := range []bool{true, false} {
+			if fresh && len(a.retired) == 0 {
+				continue
+			}
+			for i := range a.r.Size {
+				off := (start + i) % a.r.Size
+				port := a.r.Base + uint16(off)
+				if a.used[off] || a.reserved[port] {
+					continue
+				}
+				if r, ok := a.retired[port]; fresh && ok && r.owner != owner {
+					continue
+				}
 				a.used[off] = true
 				a.free--
-				return a.r.Base + uint16(off), nil
+				delete(a.retired, port)
+				return port, nil
 			}
 		}
 	}
@@ -161,6 +197,25 @@ func (a *portAllocator) claim(port uint16) bool {
 	a.used[off] = true
 	a.free--
 	return true
+}
+
+// retire returns a port that owner gave up to the range. For reuseDelay
+// it goes to another owner only when no other port is free: with
+// --portal=none clients address proxy ports themselves, and one that
+// still uses a deleted Service's port must not reach the next Service's
+// endpoints at once. The owner itself (a Service deleted and added again)
+// takes it back as before.
+func (a *portAllocator) retire(port uint16, owner string) {
+	a.release(port)
+	if !a.r.Contains(port) {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.retired == nil {
+		a.retired = make(map[uint16]retiredPort)
+	}
+	a.retired[port] = retiredPort{owner: owner, at: a.now()}
 }
 
 // release returns a port to the range. Ports outside the range (including

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"testing"
+	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -68,26 +69,26 @@ func FuzzParsePortRange(f *testing.F) {
 
 func TestPortAllocator(t *testing.T) {
 	t.Run("kernel chosen", func(t *testing.T) {
-		a := newPortAllocator(PortRange{})
-		if p, err := a.allocate("x"); p != 0 || err != nil {
+		a := newPortAllocator(PortRange{}, time.Now)
+		if p, err := a.allocate("x", "x"); p != 0 || err != nil {
 			t.Fatalf("allocate() = %d, %v; want 0, nil", p, err)
 		}
 	})
 	t.Run("exhaust and release", func(t *testing.T) {
-		a := newPortAllocator(PortRange{Base: 1000, Size: 3})
+		a := newPortAllocator(PortRange{Base: 1000, Size: 3}, time.Now)
 		seen := map[uint16]bool{}
 		for range 3 {
-			p, err := a.allocate("x")
+			p, err := a.allocate("x", "x")
 			if err != nil || !a.r.Contains(p) || seen[p] {
 				t.Fatalf("allocate() = %d, %v (seen %v)", p, err, seen)
 			}
 			seen[p] = true
 		}
-		if _, err := a.allocate("x"); !errors.Is(err, ErrPortRangeExhausted) {
+		if _, err := a.allocate("x", "x"); !errors.Is(err, ErrPortRangeExhausted) {
 			t.Fatalf("allocate on a full range: %v, want ErrPortRangeExhausted", err)
 		}
 		a.release(1001)
-		if p, err := a.allocate("x"); p != 1001 || err != nil {
+		if p, err := a.allocate("x", "x"); p != 1001 || err != nil {
 			t.Fatalf("allocate after release = %d, %v; want 1001", p, err)
 		}
 		a.release(5) // outside: ignored
@@ -95,12 +96,50 @@ func TestPortAllocator(t *testing.T) {
 			t.Fatal("claim of a used port succeeded")
 		}
 	})
+	t.Run("a retired port goes to others last", func(t *testing.T) {
+		clock := newFakeClock()
+		a := newPortAllocator(PortRange{Base: 1000, Size: 3}, clock.Now)
+		var got []uint16
+		for range 3 {
+			p, _ := a.allocate("a", "a")
+			got = append(got, p)
+		}
+		a.retire(got[0], "a")
+		a.release(got[1]) // a rollback, not a service port giving it up
+		if p, err := a.allocate(fmt.Sprint(got[0]-1000), "b"); p != got[1] || err != nil {
+			t.Fatalf("another owner got %d, %v; want %d, the port not just given up", p, err, got[1])
+		}
+		if p, err := a.allocate("x", "b"); p != got[0] || err != nil {
+			t.Fatalf("with no other port free, another owner got %d, %v; want the retired %d", p, err, got[0])
+		}
+		a.retire(got[0], "b")
+		if p, _ := a.allocate("x", "b"); p != got[0] {
+			t.Fatalf("its own owner got %d back; want %d", p, got[0])
+		}
+		a.retire(got[0], "b")
+		a.release(got[1])
+		clock.Step(reuseDelay)
+		// Past reuseDelay the key decides again: find a key whose scan
+		// starts at the retired port.
+		for i := range 100 {
+			key := fmt.Sprint(i)
+			h := newPortAllocator(PortRange{Base: 1000, Size: 3}, clock.Now)
+			if p, _ := h.allocate(key, key); p != got[0] {
+				continue
+			}
+			if p, _ := a.allocate(key, "c"); p != got[0] {
+				t.Fatalf("after reuseDelay, key %q got %d; want %d, where it starts", key, p, got[0])
+			}
+			return
+		}
+		t.Fatal("no key starts at the retired port")
+	})
 	t.Run("the key decides the start", func(t *testing.T) {
 		firsts := map[uint16]bool{}
 		for i := range 20 {
 			key := fmt.Sprintf("ns/svc-%d:http/TCP", i)
-			p, _ := newPortAllocator(PortRange{Base: 2000, Size: 100}).allocate(key)
-			again, _ := newPortAllocator(PortRange{Base: 2000, Size: 100}).allocate(key)
+			p, _ := newPortAllocator(PortRange{Base: 2000, Size: 100}, time.Now).allocate(key, key)
+			again, _ := newPortAllocator(PortRange{Base: 2000, Size: 100}, time.Now).allocate(key, key)
 			if p != again {
 				t.Fatalf("%s: %d, then %d from a fresh allocator", key, p, again)
 			}

@@ -200,7 +200,7 @@ func New(cfg Config) *Proxier {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxier{
 		cfg:      cfg,
-		ports:    newPortAllocator(cfg.PortRange),
+		ports:    newPortAllocator(cfg.PortRange, cfg.Clock.Now),
 		shed:     newShedder(),
 		ctx:      ctx,
 		cancel:   cancel,

@@ -578,7 +578,7 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 		}
 	}()
 	for range attempts {
-		want, err := sp.p.ports.allocate(sp.name.String() + "/" + role.String())
+		want, err := sp.p.ports.allocate(sp.name.String()+"/"+role.String(), sp.name.String())
 		if err != nil && lastErr != nil {
 			break // the free ports were all tried: say why the last failed
 		}
@@ -755,7 +755,7 @@ func (sp *servicePort) close() {
 // giveUp returns the proxy port *port to the range, held from other service
 // ports until the portal stops redirecting to it, and sets *port to 0.
 func (sp *servicePort) giveUp(port *uint16) {
-	sp.p.ports.release(*port)
+	sp.p.ports.retire(*port, sp.name.String())
 	sp.p.hold(*port, sp.name)
 	*port = 0
 }
