@@ -43,22 +43,41 @@ func newShedder() *shedder {
 }
 
 // withSpare gives up the spare descriptor while f runs (f accepts and
-// resets one connection, and reports whether it could), then takes it
-// back. Another goroutine or loop may take the freed descriptor first, and
-// then the spare is missing until retake gets it back: withSpare reports
-// false, and the caller should wait a little before it accepts again, or
-// it would spin on a listener it cannot drain.
-func (s *shedder) withSpare(f func() bool) bool {
+// resets one connection, and says what came of it), then takes it back.
+// Another goroutine or loop may take the freed descriptor first (a dial, a
+// scrape of /metrics reading /proc/self/fd): f then fails, and withSpare
+// tries again, twice at most, a moment later, since such a descriptor is
+// usually given back at once. If f still fails, the spare may be missing
+// until retake gets it back: withSpare reports shedFailed, and the caller
+// should wait a little before it accepts again, or it would spin on a
+// listener it cannot drain.
+func (s *shedder) withSpare(f func() shedResult) shedResult {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.spare != nil {
-		s.spare.Close()
-		s.spare = nil
+	var r shedResult
+	for try := range spareTries {
+		if try > 0 {
+			time.Sleep(spareRetry)
+		}
+		if s.spare != nil {
+			s.spare.Close()
+			s.spare = nil
+		}
+		r = f()
+		s.retakeLocked()
+		if r != shedFailed {
+			break
+		}
 	}
-	shed := f()
-	s.retakeLocked()
-	return shed
+	return r
 }
+
+// spareTries and spareRetry bound how often and how long apart withSpare
+// tries to shed a connection when its freed descriptor was taken.
+const (
+	spareTries = 3
+	spareRetry = time.Millisecond
+)
 
 // shedResult is what an attempt to shed a connection came to.
 type shedResult int

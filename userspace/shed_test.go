@@ -23,12 +23,12 @@ func TestShedderTakesBackItsSpare(t *testing.T) {
 	}
 	var stats Stats
 	shedOnce := func() bool {
-		shed := s.withSpare(func() bool {
+		shed := s.withSpare(func() shedResult {
 			if s.spare != nil {
 				t.Error("the spare is held while a connection is shed")
 			}
-			return true // one connection accepted with the spare and reset
-		})
+			return shedOne // one connection accepted with the spare and reset
+		}) == shedOne
 		s.report(&stats, syscall.EMFILE, "test/web", shed)
 		return shed
 	}
@@ -41,7 +41,7 @@ func TestShedderTakesBackItsSpare(t *testing.T) {
 		t.Fatalf("spare %v, missing %v: want it missing", s.spare, s.missing.Load())
 	}
 	// Without a spare nothing can be shed, and nothing is counted.
-	if s.withSpare(func() bool { return false }) {
+	if s.withSpare(func() shedResult { return shedFailed }) != shedFailed {
 		t.Fatal("shed without a spare")
 	}
 	s.report(&stats, syscall.EMFILE, "test/web", false)
@@ -60,5 +60,44 @@ func TestShedderTakesBackItsSpare(t *testing.T) {
 	}
 	if !shedOnce() || stats.Shed.Load() != 2 {
 		t.Errorf("shed after the spare came back: Shed = %d, want 2", stats.Shed.Load())
+	}
+}
+
+// TestShedderTriesAgainWhenItsFreedDescriptorIsTaken: another goroutine
+// that opens a descriptor just as the spare is given up (a dial, a scrape
+// of /metrics reading /proc/self/fd) takes the number the shed meant to
+// accept with, and the accept fails. That descriptor is usually closed a
+// moment later: the shedder tries again then, sheds the connection and
+// has its spare back, where it used to leave the client waiting and log
+// that the proxy had no spare.
+func TestShedderTriesAgainWhenItsFreedDescriptorIsTaken(t *testing.T) {
+	s := newShedder()
+	defer s.close()
+	taken := true // by another goroutine, for the first try
+	s.open = func() (*os.File, error) {
+		if taken {
+			return nil, syscall.EMFILE
+		}
+		return os.Open(os.DevNull)
+	}
+	tries := 0
+	r := s.withSpare(func() shedResult {
+		tries++
+		if tries == 1 {
+			taken = true
+			return shedFailed // accept: EMFILE, the descriptor is taken
+		}
+		return shedOne
+	})
+	if r != shedOne || tries != 2 {
+		t.Fatalf("withSpare = %v after %d tries; want a shed on the second", r, tries)
+	}
+	taken = false
+	if r := s.withSpare(func() shedResult { return shedOne }); r != shedOne || s.spare == nil || s.missing.Load() {
+		t.Fatalf("after the retry: %v, spare %v, missing %v; want it back", r, s.spare, s.missing.Load())
+	}
+	tries = 0
+	if r := s.withSpare(func() shedResult { tries++; return shedFailed }); r != shedFailed || tries != spareTries {
+		t.Fatalf("a shed that keeps failing: %v after %d tries; want shedFailed after %d", r, tries, spareTries)
 	}
 }

@@ -31,28 +31,24 @@ func (s *shedder) shedFD(lfd int) shedResult {
 	if !connWaiting(lfd) {
 		return shedNone
 	}
-	result := shedNone
-	s.withSpare(func() bool {
+	return s.withSpare(func() shedResult {
 		for range 8 {
 			nfd, err := acceptCloexec(lfd)
 			switch err {
 			case nil:
 				_ = unix.SetsockoptLinger(nfd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
 				unix.Close(nfd)
-				result = shedOne
-				return true
+				return shedOne
 			case unix.EINTR, unix.ECONNABORTED:
 				continue // the next waiting connection, if any
 			case unix.EAGAIN:
-				return false
+				return shedNone
 			default:
-				result = shedFailed
-				return false
+				return shedFailed
 			}
 		}
-		return false
+		return shedNone
 	})
-	return result
 }
 
 // connWaiting reports whether a connection waits to be accepted on the

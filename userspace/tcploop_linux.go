@@ -191,19 +191,21 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 		case err == unix.EINTR || err == unix.ECONNABORTED:
 			continue
 		case isResourceExhausted(err):
-			none := false
-			shed := p.shed.withSpare(func() bool {
+			r := p.shed.withSpare(func() shedResult {
 				fd, _, err := rawAccept4(l.fd, unix.SOCK_CLOEXEC)
-				if err != nil {
-					none = err == unix.EAGAIN
-					return false
+				switch {
+				case err == unix.EAGAIN:
+					return shedNone
+				case err != nil:
+					return shedFailed
 				}
 				resetFD(fd)
-				return true
+				return shedOne
 			})
-			if none {
+			if r == shedNone {
 				return // another loop took the connection: none waits
 			}
+			shed := r == shedOne
 			if shed {
 				p.stats.TCPAccepted.Add(1) // taken, and shed (see Stats.TCPAccepted)
 			}
