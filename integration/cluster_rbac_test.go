@@ -3,10 +3,14 @@
 package integration
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,7 +19,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // createNode creates node in the API server, deleted when the test ends.
@@ -266,5 +272,81 @@ ipvs: {strictARP: true}
 	}
 	if code, body := curlCode(t, fmt.Sprintf("http://127.0.0.1:%d/proxyMode", mp)); code != "200" || body != "userspace" {
 		t.Errorf("/proxyMode on the file's metrics address: %s %q", code, body)
+	}
+}
+
+// TestDeployRoleSuffices: the ClusterRole that deploy/kube-userspace-proxy.yaml
+// ships, given to a user of its own, lets the proxy do all it does against
+// a real API server: follow Services, EndpointSlices and its Node, and read
+// the Node's primary IPs for --nodeport-addresses=primary, without a
+// forbidden request. It grants reading only: list and watch, and get on
+// Nodes alone, as kube-proxy's system:node-proxier role does (get on
+// Services and EndpointSlices was granted and never used).
+func TestDeployRoleSuffices(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	ctx := context.Background()
+	role := deployClusterRole(t)
+	for _, r := range role.Rules {
+		for _, v := range r.Verbs {
+			if v != "list" && v != "watch" && (v != "get" || !slices.Equal(r.Resources, []string{"nodes"})) {
+				t.Errorf("the deploy ClusterRole grants %q on %v; the proxy only lists and watches, and gets its Node", v, r.Resources)
+			}
+		}
+	}
+	name := fmt.Sprintf("kup-deploy-role-%d", time.Now().UnixNano())
+	role.ObjectMeta = metav1.ObjectMeta{Name: name}
+	if _, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: limitedUser}},
+	}
+	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
+		c.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	createNode(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelTopologyZone: "zone-deploy"}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "198.18.10.1"}}}})
+	ns := testNamespace(t, c)
+	createService(t, c, newService(ns, "web"))
+	putSlice(t, c, newSlice(ns, "web", "web-1", readyEP("198.18.12.2")))
+
+	kubeconfig := filepath.Join(t.TempDir(), "limited.kubeconfig")
+	if err := api.kubeconfigFor(limitedToken, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
+		"--nodeport-addresses=primary", "--hostname-override="+name, "-v=2")
+	px.waitLog(0, `"Node ports are served on this node's primary IPs.*from="Node `+name+`"`, 1, 60*time.Second)
+	px.waitLog(0, `"Serving" service="`+ns+`/web:http/TCP"`, 1, 60*time.Second)
+	px.waitLog(0, `"Node labels changed" node="`+name+`" zone="zone-deploy"`, 1, 30*time.Second)
+	if log := px.log(); strings.Contains(log, "forbid") || strings.Contains(log, "Forbidden") {
+		t.Errorf("the proxy was forbidden something under the deploy ClusterRole:\n%s", log)
+	}
+}
+
+// deployClusterRole reads the ClusterRole of deploy/kube-userspace-proxy.yaml.
+func deployClusterRole(t *testing.T) *rbacv1.ClusterRole {
+	t.Helper()
+	data, err := os.ReadFile("../deploy/kube-userspace-proxy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if err != nil {
+			t.Fatalf("no ClusterRole in deploy/kube-userspace-proxy.yaml: %v", err)
+		}
+		var role rbacv1.ClusterRole
+		if err := sigsyaml.Unmarshal(doc, &role); err == nil && role.Kind == "ClusterRole" {
+			return &role
+		}
 	}
 }
