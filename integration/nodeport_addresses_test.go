@@ -330,3 +330,39 @@ func TestBinaryNodePortAddressChangeMovesUDPClients(t *testing.T) {
 	}
 	px.terminate(10 * time.Second)
 }
+
+// TestBinaryStopWhileWaitingForPrimaryIPs: a SIGTERM while
+// --nodeport-addresses=primary waits for the Node (here behind an API
+// server that never answers) stops the proxy there, saying so. Before, the
+// wait was logged as having given up after 30 s, and start-up went on
+// (portal, listeners, "Starting kube-userspace-proxy") before the proxy
+// noticed it was asked to stop.
+func TestBinaryStopWhileWaitingForPrimaryIPs(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "unreachable.kubeconfig")
+	writeFile(t, kubeconfig, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`)
+	p := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--hostname-override=n1", "--nodeport-addresses=primary")
+	p.waitLog(0, `"Version info"`, 1, 10*time.Second)
+	time.Sleep(500 * time.Millisecond) // into the wait, which retries every second
+	took, ok := p.terminate(5 * time.Second)
+	if !ok {
+		t.Fatalf("the proxy did not stop within 5s of SIGTERM:\n%s", p.log())
+	}
+	if p.err != nil {
+		t.Errorf("exit status after SIGTERM: %v", p.err)
+	}
+	log := p.log()
+	if !strings.Contains(log, "Stopping before start-up finished, while reading this node's primary IPs") {
+		t.Errorf("the proxy did not say it stopped while waiting (%v):\n%s", took, log)
+	}
+	for _, wrong := range []string{"gave up after", "Starting kube-userspace-proxy", "default route's interface"} {
+		if strings.Contains(log, wrong) {
+			t.Errorf("the log says %q after a SIGTERM during the wait:\n%s", wrong, log)
+		}
+	}
+}

@@ -45,6 +45,8 @@ func primaryNodePortCIDRs(ctx context.Context, cfg *Config, node string) (cidrs 
 		if addrs, err = nodePrimaryIPs(ctx, cfg, node); err == nil {
 			from = "Node " + node
 			fromNode = addrs
+		} else if ctx.Err() != nil {
+			return nil, nil // stopping: Run says so
 		} else {
 			klog.ErrorS(err, "Cannot read this node's primary IPs for --nodeport-addresses=primary from its Node; using the addresses of the default route's interface", "node", node)
 		}
@@ -119,12 +121,12 @@ func watchPrimaryIPs(ctx context.Context, cfg *Config, node string, was []netip.
 
 // nodePrimaryIPs reads the Node's primary IPs, waiting up to
 // primaryNodeWait for it to exist.
-func nodePrimaryIPs(ctx context.Context, cfg *Config, node string) ([]netip.Addr, error) {
+func nodePrimaryIPs(parent context.Context, cfg *Config, node string) ([]netip.Addr, error) {
 	client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, primaryNodeWait)
+	ctx, cancel := context.WithTimeout(parent, primaryNodeWait)
 	defer cancel()
 	for {
 		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -139,6 +141,9 @@ func nodePrimaryIPs(ctx context.Context, cfg *Config, node string) ([]netip.Addr
 		}
 		select {
 		case <-ctx.Done():
+			if stopped := context.Cause(parent); stopped != nil {
+				return nil, stopped // the proxy is stopping: not a timeout
+			}
 			return nil, fmt.Errorf("read Node %s: %w (gave up after %v)", node, err, primaryNodeWait)
 		case <-time.After(time.Second):
 		}

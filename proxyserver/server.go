@@ -75,6 +75,13 @@ func Run(ctx context.Context, cfg *Config) error {
 	if cfg.nodePortsPrimary {
 		var fromNode []netip.Addr
 		cfg.nodePorts, fromNode = primaryNodePortCIDRs(ctx, cfg, node)
+		if ctx.Err() != nil {
+			klog.InfoS("Stopping before start-up finished, while reading this node's primary IPs for --nodeport-addresses=primary", "reason", context.Cause(ctx))
+			if err := context.Cause(ctx); errors.Is(err, errConfigChanged) {
+				return err
+			}
+			return nil
+		}
 		if fromNode != nil {
 			// As kube-proxy: the Node's primary IPs changing ends the
 			// proxy, with an error, so its DaemonSet runs it again to
