@@ -624,7 +624,11 @@ func TestBinaryMetrics(t *testing.T) {
 		"kube_userspace_proxy_udp_sessions_opened_total":                    3,
 		`kube_userspace_proxy_udp_datagrams_total{direction="to_endpoint"}`: 3,
 		`kube_userspace_proxy_udp_datagrams_total{direction="to_client"}`:   3,
-		"kube_userspace_proxy_tcp_no_endpoints_total":                       0,
+		// Each datagram is "hi"; the backend answers "ua:hi".
+		`kube_userspace_proxy_bytes_total{direction="to_endpoint",protocol="udp"}`:  3 * 2,
+		`kube_userspace_proxy_bytes_total{direction="to_client",protocol="udp"}`:    3 * 5,
+		`kube_userspace_proxy_bytes_total{direction="to_endpoint",protocol="sctp"}`: 0,
+		"kube_userspace_proxy_tcp_no_endpoints_total":                               0,
 		// The file's one Service, with endpoints, is a Service change
 		// and an endpoint change, which the first sync applied.
 		"kubeproxy_sync_proxy_rules_service_changes_total":    1,
@@ -642,7 +646,7 @@ func TestBinaryMetrics(t *testing.T) {
 		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
 		`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`,
 		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"}`,
-		`kube_userspace_proxy_bytes_total{direction="to_client"}`,
+		`kube_userspace_proxy_bytes_total{direction="to_client",protocol="tcp"}`,
 		"process_open_fds",
 	} {
 		if values[name] <= 0 {

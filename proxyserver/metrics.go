@@ -284,17 +284,23 @@ type statDesc struct {
 	value func(s *snap) float64
 }
 
-// counter describes kube_userspace_proxy_<name>; label, if given, is a
-// label name and its value ("direction", "to_client"), for series that
-// share a name.
-func counter(name, help string, value func(s *snap) uint64, label ...string) statDesc {
-	var labels prometheus.Labels
-	if len(label) == 2 {
-		labels = prometheus.Labels{label[0]: label[1]}
+// counter describes kube_userspace_proxy_<name>; labels, if given, are
+// label names each followed by its value ("direction", "to_client"), for
+// series that share a name.
+func counter(name, help string, value func(s *snap) uint64, labels ...string) statDesc {
+	var constLabels prometheus.Labels
+	for i := 0; i+1 < len(labels); i += 2 {
+		if constLabels == nil {
+			constLabels = prometheus.Labels{}
+		}
+		constLabels[labels[i]] = labels[i+1]
 	}
-	return statDesc{prometheus.NewDesc("kube_userspace_proxy_"+name, help, nil, labels), prometheus.CounterValue,
+	return statDesc{prometheus.NewDesc("kube_userspace_proxy_"+name, help, nil, constLabels), prometheus.CounterValue,
 		func(s *snap) float64 { return float64(value(s)) }}
 }
+
+// bytesHelp is the help of kube_userspace_proxy_bytes_total.
+const bytesHelp = "Bytes proxied, by protocol and direction: TCP stream bytes, UDP datagram payloads, SCTP message payloads."
 
 // gauge describes kube_userspace_proxy_<name>.
 func gauge(name, help string, value func(s *snap) int64) statDesc {
@@ -309,8 +315,12 @@ var statDescs = []statDesc{
 	counter("tcp_dial_failures_total", "Failed dials to TCP endpoints (each attempt).", func(s *snap) uint64 { return s.TCPDialFailures }),
 	counter("tcp_dial_give_ups_total", "TCP connections reset after every dial attempt failed.", func(s *snap) uint64 { return s.TCPDialGiveUps }),
 	counter("tcp_half_close_timeouts_total", "TCP connections ended because a half-closed side stayed silent too long.", func(s *snap) uint64 { return s.HalfCloseTimeouts }),
-	counter("bytes_total", "Bytes proxied over TCP, by direction.", func(s *snap) uint64 { return s.BytesToBackend }, "direction", "to_endpoint"),
-	counter("bytes_total", "Bytes proxied over TCP, by direction.", func(s *snap) uint64 { return s.BytesToClient }, "direction", "to_client"),
+	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.BytesToBackend }, "protocol", "tcp", "direction", "to_endpoint"),
+	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.BytesToClient }, "protocol", "tcp", "direction", "to_client"),
+	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.UDPBytesIn }, "protocol", "udp", "direction", "to_endpoint"),
+	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.UDPBytesOut }, "protocol", "udp", "direction", "to_client"),
+	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.SCTPBytesIn }, "protocol", "sctp", "direction", "to_endpoint"),
+	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.SCTPBytesOut }, "protocol", "sctp", "direction", "to_client"),
 	counter("sctp_associations_accepted_total", "SCTP client associations taken from listening sockets, including those then aborted: shed for want of descriptors (also in shed_total) or refused.", func(s *snap) uint64 { return s.SCTPAccepted }),
 	gauge("sctp_associations_active", "Proxied SCTP association pairs open now.", func(s *snap) int64 { return s.SCTPActive }),
 	counter("sctp_no_endpoints_total", "SCTP associations aborted because the service port had no endpoints.", func(s *snap) uint64 { return s.SCTPNoEndpoints }),

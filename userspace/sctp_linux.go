@@ -150,12 +150,12 @@ type sctpConn struct {
 // direction is blocked.
 func (c *sctpConn) relayToBackend() {
 	defer c.directionDone()
-	c.end(c.relay(c.backend, c.client, &c.p.stats.BytesToBackend))
+	c.end(c.relay(c.backend, c.client, &c.p.stats.SCTPBytesIn))
 }
 
 func (c *sctpConn) relayToClient() {
 	defer c.directionDone()
-	c.end(c.relay(c.client, c.backend, &c.p.stats.BytesToClient))
+	c.end(c.relay(c.client, c.backend, &c.p.stats.SCTPBytesOut))
 }
 
 func (c *sctpConn) directionDone() {

@@ -13,14 +13,16 @@ type Stats struct {
 	Shed              atomic.Uint64 // connections or sessions refused for lack of file descriptors or buffers
 	AcceptErrors      atomic.Uint64 // other accept errors
 	HalfCloseTimeouts atomic.Uint64 // connections ended because a half-closed side stayed silent too long
-	BytesToBackend    atomic.Uint64
-	BytesToClient     atomic.Uint64
+	BytesToBackend    atomic.Uint64 // TCP bytes sent to endpoints
+	BytesToClient     atomic.Uint64 // TCP bytes sent to clients
 
 	SCTPAccepted     atomic.Uint64 // client associations taken from listening sockets, the shed and refused ones too
 	SCTPActive       atomic.Int64  // proxied association pairs open now
 	SCTPNoEndpoints  atomic.Uint64 // associations aborted because the port had no endpoints
 	SCTPDialFailures atomic.Uint64 // failed associations to endpoints (each attempt)
 	SCTPDialGiveUps  atomic.Uint64 // associations aborted after every attempt failed
+	SCTPBytesIn      atomic.Uint64 // SCTP message bytes sent to endpoints
+	SCTPBytesOut     atomic.Uint64 // SCTP message bytes sent to clients
 
 	UDPSessionsOpened   atomic.Uint64 // UDP sessions created
 	UDPSessionsActive   atomic.Int64  // UDP sessions open now
@@ -30,6 +32,8 @@ type Stats struct {
 	UDPDatagramsOut     atomic.Uint64 // endpoint datagrams sent back to clients
 	UDPDropped          atomic.Uint64 // datagrams dropped on a full socket buffer or send error
 	UDPRefused          atomic.Uint64 // sessions ended because the endpoint refused (ICMP port unreachable)
+	UDPBytesIn          atomic.Uint64 // bytes of the datagrams in UDPDatagramsIn
+	UDPBytesOut         atomic.Uint64 // bytes of the datagrams in UDPDatagramsOut
 
 	SourceRefused atomic.Uint64 // connections reset and datagrams dropped: their source is outside loadBalancerSourceRanges (the kernel's drops by a socket filter are not seen)
 }
@@ -42,6 +46,7 @@ type StatsSnapshot struct {
 	BytesToBackend, BytesToClient                                    uint64
 	SCTPAccepted, SCTPNoEndpoints, SCTPDialFailures, SCTPDialGiveUps uint64
 	SCTPActive                                                       int64
+	SCTPBytesIn, SCTPBytesOut, UDPBytesIn, UDPBytesOut               uint64
 	UDPSessionsOpened, UDPSessionsRejected, UDPNoEndpoints           uint64
 	UDPSessionsActive                                                int64
 	UDPDatagramsIn, UDPDatagramsOut, UDPDropped, UDPRefused          uint64
@@ -66,6 +71,10 @@ func (s *Stats) Snapshot() StatsSnapshot {
 		SCTPNoEndpoints:     s.SCTPNoEndpoints.Load(),
 		SCTPDialFailures:    s.SCTPDialFailures.Load(),
 		SCTPDialGiveUps:     s.SCTPDialGiveUps.Load(),
+		SCTPBytesIn:         s.SCTPBytesIn.Load(),
+		SCTPBytesOut:        s.SCTPBytesOut.Load(),
+		UDPBytesIn:          s.UDPBytesIn.Load(),
+		UDPBytesOut:         s.UDPBytesOut.Load(),
 		UDPSessionsOpened:   s.UDPSessionsOpened.Load(),
 		UDPSessionsActive:   s.UDPSessionsActive.Load(),
 		UDPSessionsRejected: s.UDPSessionsRejected.Load(),

@@ -258,6 +258,7 @@ func (s *udpSession) send(b []byte) {
 		// The session is closing.
 	case werr == nil:
 		p.stats.UDPDatagramsIn.Add(1)
+		p.stats.UDPBytesIn.Add(uint64(len(b)))
 		s.tally.add(toEndpoint, len(b))
 	case werr == unix.ECONNREFUSED:
 		s.refuse()
@@ -349,6 +350,7 @@ func (s *udpSession) replyLoop() {
 			p.stats.UDPDropped.Add(1)
 		} else {
 			p.stats.UDPDatagramsOut.Add(1)
+			p.stats.UDPBytesOut.Add(uint64(n))
 			s.tally.add(toClient, n)
 		}
 		datagramPool.Put(bp)

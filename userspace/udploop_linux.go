@@ -342,6 +342,7 @@ func (s *udpSession) send(b []byte) {
 	switch err {
 	case nil:
 		p.stats.UDPDatagramsIn.Add(1)
+		p.stats.UDPBytesIn.Add(uint64(len(b)))
 		s.tally.add(toEndpoint, len(b))
 	case unix.ECONNREFUSED:
 		s.refuse()
@@ -389,6 +390,7 @@ func (s *udpSession) readable() {
 				p.stats.UDPDropped.Add(1)
 			} else {
 				p.stats.UDPDatagramsOut.Add(1)
+				p.stats.UDPBytesOut.Add(uint64(d.n))
 				s.tally.add(toClient, d.n)
 			}
 		}
