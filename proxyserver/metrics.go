@@ -333,7 +333,7 @@ var statDescs = []statDesc{
 	counter("udp_datagrams_total", "UDP datagrams proxied, by direction.", func(s *snap) uint64 { return s.UDPDatagramsIn }, "direction", "to_endpoint"),
 	counter("udp_datagrams_total", "UDP datagrams proxied, by direction.", func(s *snap) uint64 { return s.UDPDatagramsOut }, "direction", "to_client"),
 	counter("udp_dropped_total", "UDP datagrams dropped on a full socket buffer or a send error.", func(s *snap) uint64 { return s.UDPDropped }),
-	counter("udp_refused_total", "UDP sessions ended because the endpoint refused (ICMP port unreachable).", func(s *snap) uint64 { return s.UDPRefused }),
+	counter("udp_refused_total", "UDP endpoint refusals (ICMP port unreachable): a session with no reply yet moves to another endpoint, others end.", func(s *snap) uint64 { return s.UDPRefused }),
 	counter("shed_total", "Connections and sessions refused for lack of file descriptors or buffers.", func(s *snap) uint64 { return s.Shed }),
 	counter("accept_errors_total", "Other accept errors.", func(s *snap) uint64 { return s.AcceptErrors }),
 	counter("source_refused_total", "Connections reset and datagrams dropped by the proxy because their source is outside the Service's loadBalancerSourceRanges (bind portal, where no socket filter has the kernel drop them).", func(s *snap) uint64 { return s.SourceRefused }),

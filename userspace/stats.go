@@ -31,7 +31,7 @@ type Stats struct {
 	UDPDatagramsIn      atomic.Uint64 // client datagrams forwarded to endpoints
 	UDPDatagramsOut     atomic.Uint64 // endpoint datagrams sent back to clients
 	UDPDropped          atomic.Uint64 // datagrams dropped on a full socket buffer or send error
-	UDPRefused          atomic.Uint64 // sessions ended because the endpoint refused (ICMP port unreachable)
+	UDPRefused          atomic.Uint64 // endpoint refusals (ICMP port unreachable): the session moved (no reply yet) or ended
 	UDPBytesIn          atomic.Uint64 // bytes of the datagrams in UDPDatagramsIn
 	UDPBytesOut         atomic.Uint64 // bytes of the datagrams in UDPDatagramsOut
 

@@ -109,7 +109,7 @@ func (l *udpListener) dropStale(serving func(netip.AddrPort) bool) int {
 	defer l.mu.Unlock()
 	n := 0
 	for client, s := range l.sessions {
-		if !serving(s.endpoint) {
+		if !serving(s.endpoint) { // l.mu guards it
 			delete(l.sessions, client)
 			s.tally.endBecause(&endedStale)
 			s.conn.Close()
@@ -226,10 +226,15 @@ type udpSession struct {
 	l        *udpListener
 	b        *balancer
 	client   netip.AddrPort
-	clientSA unix.Sockaddr // client, in the listener's family
-	endpoint netip.AddrPort
-	conn     *net.UDPConn // connected to endpoint
+	clientSA unix.Sockaddr  // client, in the listener's family
+	endpoint netip.AddrPort // written under l.mu and pmu, after a refusal
+	conn     *net.UDPConn   // connected to endpoint
 	rc       syscall.RawConn
+
+	// settled is pending.settled, read without pmu on every datagram.
+	settled atomic.Bool
+	pmu     sync.Mutex // guards pending, and endpoint's writes
+	pending udpPending // what a refusal before the first reply sends elsewhere
 
 	lastActive atomic.Int64 // unix nanoseconds of the last datagram either way
 	unanswered atomic.Int32 // client datagrams without a reply yet (each reply answers one)
@@ -247,6 +252,12 @@ func (s *udpSession) send(b []byte) {
 	s.lastActive.Store(time.Now().UnixNano())
 	if s.unanswered.Load() < maxUnanswered {
 		s.unanswered.Add(1)
+	}
+	if !s.settled.Load() {
+		s.pmu.Lock()
+		s.pending.keep(b)
+		s.settled.Store(s.pending.settled)
+		s.pmu.Unlock()
 	}
 	var werr error
 	err := s.rc.Write(func(fd uintptr) bool {
@@ -267,15 +278,46 @@ func (s *udpSession) send(b []byte) {
 	}
 }
 
-// refuse ends a session whose endpoint answered with ICMP port unreachable
-// (see udpRefused).
-func (s *udpSession) refuse() {
+// refuse moves a session whose endpoint answered with ICMP port
+// unreachable to another endpoint, before any reply (see udpFailover), and
+// reports true; or else ends it. The reader and the session's goroutine
+// may both call it.
+func (s *udpSession) refuse() bool {
+	if s.refused.Load() {
+		return false
+	}
+	s.pmu.Lock()
+	ep, ok := s.l.sp.udpFailover(s.b, s.client, s.endpoint, &s.pending)
+	if ok {
+		var cerr error
+		if err := s.rc.Control(func(fd uintptr) { cerr = unix.Connect(int(fd), sockaddr(familyOf(ep.Addr()), ep)) }); err != nil {
+			cerr = err
+		}
+		if ok = cerr == nil; ok {
+			s.l.mu.Lock()
+			s.endpoint = ep
+			s.l.mu.Unlock()
+			bufs := s.pending.bufs
+			_ = s.rc.Write(func(fd uintptr) bool {
+				for _, b := range bufs {
+					// A refusal of these comes back as an error on a
+					// later read or write, which moves the session again.
+					_, _ = unix.Write(int(fd), b)
+				}
+				return true
+			})
+		}
+	}
+	s.pmu.Unlock()
+	if ok {
+		return true
+	}
 	if !s.refused.Swap(true) {
-		s.l.sp.udpRefused(s.b, s.client, s.endpoint)
 		s.tally.endBecause(&endedRefused)
 		s.l.forget(s)
 		s.conn.Close()
 	}
+	return false
 }
 
 // expiry is when the session ends if nothing more happens: the idle timeout
@@ -338,13 +380,21 @@ func (s *udpSession) replyLoop() {
 		if rerr != nil {
 			datagramPool.Put(bp)
 			if rerr == unix.ECONNREFUSED {
-				s.refuse()
+				if s.refuse() {
+					continue // moved to another endpoint
+				}
 			} else {
 				s.tally.endBecause(&endedReadErr)
 			}
 			return
 		}
 		s.lastActive.Store(time.Now().UnixNano())
+		if !s.settled.Load() {
+			s.pmu.Lock()
+			s.pending.settle()
+			s.settled.Store(true)
+			s.pmu.Unlock()
+		}
 		s.answered()
 		if err := l.sendTo((*bp)[:n], s.oob, s.clientSA); err != nil {
 			p.stats.UDPDropped.Add(1)
@@ -399,5 +449,8 @@ func (s *udpSession) finish() {
 	l.forget(s)
 	l.sp.releaseUDP()
 	l.sp.p.stats.UDPSessionsActive.Add(-1)
-	s.tally.logEnd(l.sp.name, s.client, s.endpoint)
+	l.mu.Lock()
+	ep := s.endpoint
+	l.mu.Unlock()
+	s.tally.logEnd(l.sp.name, s.client, ep)
 }

@@ -266,14 +266,86 @@ func TestUDPRefusingEndpointIsPassedOver(t *testing.T) {
 		}
 		c.Close()
 	}
-	if lost > 1 {
-		t.Fatalf("%d of 8 new clients were lost; want at most the first, before the refusal was seen", lost)
+	if lost > 0 {
+		t.Fatalf("%d of 8 new clients were lost; want none: a refusal before any reply moves the session", lost)
 	}
-	if lost == 1 {
+	if n := p.Stats().UDPRefused.Load(); n > 1 {
+		t.Fatalf("%d refusals; want at most one before the endpoint is passed over", n)
+	}
+	if p.Stats().UDPRefused.Load() == 1 {
 		klog.Flush()
-		if line := logs.lineWith(`"UDP session ended"`); !strings.Contains(line, `reason="the endpoint refused it (ICMP port unreachable)"`) {
-			t.Errorf("the refused session's end: %s", line)
+		if line := logs.lineWith(`"UDP endpoint refused a session before any reply; its datagrams go to another endpoint"`); !strings.Contains(line, `endpoint="`+live.addr().String()+`"`) {
+			t.Errorf("the refused session's move: %q", line)
 		}
+	}
+}
+
+// TestUDPRefusalBeforeAReplyMovesTheSession: an endpoint that refuses (a
+// crashed pod still marked ready) before a session has had any reply no
+// longer loses the client's datagrams: they go again to another endpoint,
+// and the client is answered at once, where it waited out its timeout.
+// With ClientIP affinity the client stays on the endpoint that answered.
+// Once a session has had a reply, a refusal ends it, as before; and when
+// every endpoint refuses, the session ends after as many endpoints as TCP
+// dials (DialTimeouts).
+func TestUDPRefusalBeforeAReplyMovesTheSession(t *testing.T) {
+	live := startUDPBackend(t, "live")
+	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	dead2 := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t))
+	// A penalty too short to matter: round robin keeps choosing the dead
+	// endpoints, so every other new session starts there.
+	p := newTestProxier(t, Config{EndpointPenalty: time.Nanosecond})
+	name := spn("dns", "", state.UDP)
+	sticky := state.Affinity{Type: state.AffinityClientIP, Timeout: time.Hour}
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, live.addr())})
+	addr := proxyAddr(t, p, name)
+	for i := range 6 {
+		c := dialUDP(t, addr)
+		if got, err := udpExchangeTimeout(c, []byte("who"), 2*time.Second); err != nil || string(got) != "live" {
+			t.Fatalf("new client %d: %q, %v; want the live endpoint's answer to its first datagram", i, got, err)
+		}
+		c.Close()
+	}
+	if n := p.Stats().UDPRefused.Load(); n < 2 {
+		t.Fatalf("%d refusals in 6 new sessions over a dead and a live endpoint; want the dead one picked about every other time", n)
+	}
+
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, live.addr()), Affinity: sticky})
+	for range 2 {
+		c := dialUDP(t, addr)
+		if got, err := udpExchangeTimeout(c, []byte("who"), 2*time.Second); err != nil || string(got) != "live" {
+			t.Fatalf("sticky client: %q, %v", got, err)
+		}
+		c.Close()
+	}
+
+	// After a reply, a refusal ends the session: its next datagram is
+	// lost and the one after opens a new session.
+	flaky := startUDPBackend(t, "flaky")
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(flaky.addr())})
+	c := dialUDP(t, addr)
+	if got, err := udpExchangeTimeout(c, []byte("who"), 2*time.Second); err != nil || string(got) != "flaky" {
+		t.Fatalf("before the endpoint stops: %q, %v", got, err)
+	}
+	before := p.Stats().UDPSessionsOpened.Load()
+	flaky.conn.Close()
+	<-flaky.done
+	for range 3 {
+		udpExchangeTimeout(c, []byte("who"), 200*time.Millisecond)
+	}
+	if p.Stats().UDPSessionsOpened.Load() == before {
+		t.Fatal("a session that had a reply was not ended by its endpoint's refusal")
+	}
+
+	// Every endpoint refuses: the session gives up.
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, dead2)})
+	refused := p.Stats().UDPRefused.Load()
+	c = dialUDP(t, addr)
+	if got, err := udpExchangeTimeout(c, []byte("who"), 500*time.Millisecond); err == nil {
+		t.Fatalf("an answer %q with every endpoint dead", got)
+	}
+	if n := p.Stats().UDPRefused.Load() - refused; n < 2 || n > uint64(len(DefaultDialTimeouts)) {
+		t.Fatalf("%d refusals for one session over two dead endpoints; want 2, at most %d", n, len(DefaultDialTimeouts))
 	}
 }
 

@@ -307,6 +307,7 @@ type udpSession struct {
 	unanswered int        // client datagrams without a reply yet (each reply answers one)
 	timer      timerEntry // its expiry, in the loop's heap
 	tally      udpTally
+	pending    udpPending // what a refusal before the first reply sends elsewhere
 }
 
 func (s *udpSession) event(uint32) { s.readable() }
@@ -338,6 +339,7 @@ func (s *udpSession) send(b []byte) {
 	p := s.l.sp.p
 	s.lastActive = time.Now()
 	s.unanswered = min(s.unanswered+1, maxUnanswered)
+	s.pending.keep(b)
 	_, err := rawWrite(s.fd, b)
 	switch err {
 	case nil:
@@ -345,7 +347,7 @@ func (s *udpSession) send(b []byte) {
 		p.stats.UDPBytesIn.Add(uint64(len(b)))
 		s.tally.add(toEndpoint, len(b))
 	case unix.ECONNREFUSED:
-		s.refuse()
+		s.refuse() // an earlier datagram's refusal: this one goes along if the session moves
 	default:
 		p.stats.UDPDropped.Add(1)
 	}
@@ -373,6 +375,7 @@ func (s *udpSession) readable() {
 			return
 		}
 		s.lastActive = time.Now()
+		s.pending.settle()
 		if s.unanswered > 0 {
 			// Count a reply per datagram: a client with several questions
 			// out (a resolver's A and AAAA) keeps the reply timeout until
@@ -400,10 +403,21 @@ func (s *udpSession) readable() {
 	}
 }
 
-// refuse ends a session whose endpoint answered with ICMP port unreachable
-// (see udpRefused).
+// refuse moves a session whose endpoint answered with ICMP port
+// unreachable to another endpoint, before any reply (see udpFailover), or
+// else ends it.
 func (s *udpSession) refuse() {
-	s.l.sp.udpRefused(s.b, s.client, s.endpoint)
+	if ep, ok := s.l.sp.udpFailover(s.b, s.client, s.endpoint, &s.pending); ok {
+		if err := rawConnect(s.fd, familyOf(ep.Addr()), ep); err == nil {
+			s.endpoint = ep
+			for _, b := range s.pending.bufs {
+				// A refusal of these comes back as an error on a later
+				// read or write, which moves the session again.
+				_, _ = rawWrite(s.fd, b)
+			}
+			return
+		}
+	}
 	s.tally.endBecause(&endedRefused)
 	s.close()
 }

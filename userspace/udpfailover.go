@@ -1,0 +1,73 @@
+package userspace
+
+import (
+	"net/netip"
+	"slices"
+
+	"k8s.io/klog/v2"
+)
+
+// udpPending holds a new UDP session's first client datagrams until its
+// endpoint answers, so that a refusal (ICMP port unreachable) that comes
+// first can send them to another endpoint: the UDP counterpart of TCP's
+// connect-time failover. A pod that crashed while still marked ready
+// refuses; without this the client's query was lost, and a resolver
+// waited out its whole timeout (glibc: 5 s) where kube-proxy's clients get
+// the ICMP error at once. Only a few small datagrams are kept, and only
+// until the first reply; past those bounds the session keeps none and a
+// refusal ends it, as before.
+type udpPending struct {
+	bufs    [][]byte
+	size    int
+	tried   []netip.AddrPort // endpoints that refused this session
+	settled bool             // a reply came, or more was sent than is kept: nothing is held
+}
+
+const (
+	// maxPendingDatagrams and maxPendingBytes bound what a session holds
+	// for a failover: a DNS query, or a resolver's A and AAAA pair, fits.
+	maxPendingDatagrams = 4
+	maxPendingBytes     = 4096
+)
+
+// keep copies a client datagram sent to the endpoint before its first
+// reply.
+func (p *udpPending) keep(b []byte) {
+	if p.settled {
+		return
+	}
+	if len(p.bufs) == maxPendingDatagrams || p.size+len(b) > maxPendingBytes {
+		p.settle()
+		return
+	}
+	p.bufs = append(p.bufs, slices.Clone(b))
+	p.size += len(b)
+}
+
+// settle drops what is held: the endpoint answered, or the session sent
+// more than is kept.
+func (p *udpPending) settle() {
+	p.settled, p.bufs, p.size = true, nil, 0
+}
+
+// udpFailover handles a refusal by endpoint ep of a session from client
+// picked from b (see udpRefused). When the session has had no reply yet
+// and another endpoint remains to try (at most as many as TCP's dial
+// attempts, --tcp-dial-timeouts), it returns that endpoint: the session
+// moves there and sends what pend holds again. Otherwise the session ends.
+func (sp *servicePort) udpFailover(b *balancer, client, ep netip.AddrPort, pend *udpPending) (netip.AddrPort, bool) {
+	sp.udpRefused(b, client, ep)
+	if pend.settled || len(pend.bufs) == 0 || len(pend.tried)+1 >= len(sp.p.cfg.DialTimeouts) {
+		return netip.AddrPort{}, false
+	}
+	pend.tried = append(pend.tried, ep)
+	next, why, err := b.choose(client.Addr(), pend.tried)
+	if err != nil || slices.Contains(pend.tried, next) {
+		return netip.AddrPort{}, false
+	}
+	klog.V(3).InfoS("UDP endpoint refused a session before any reply; its datagrams go to another endpoint", "service", sp.name, "client", client, "refused", ep, "endpoint", next, "datagrams", len(pend.bufs))
+	if klog.V(4).Enabled() {
+		sp.explainPick(b, client, next, why, len(pend.tried)+1)
+	}
+	return next, true
+}
