@@ -33,6 +33,29 @@ func createNode(t *testing.T, c kubernetes.Interface, node *corev1.Node) {
 	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
 }
 
+// bindClusterRole creates a ClusterRole name with rules, bound to
+// limitedUser, both deleted when the test ends.
+func bindClusterRole(t *testing.T, c kubernetes.Interface, name string, rules ...rbacv1.PolicyRule) {
+	t.Helper()
+	ctx := context.Background()
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
+	if _, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: limitedUser}},
+	}
+	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
+		c.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
 // TestBinaryForbiddenNodeSaysSo: when RBAC lets the proxy read Services
 // and EndpointSlices but not its Node, the proxy says once, plainly, what
 // is forbidden and what that means, serves the Services meanwhile (as
@@ -41,26 +64,10 @@ func createNode(t *testing.T, c kubernetes.Interface, node *corev1.Node) {
 func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 	api := requireAPIServer(t)
 	c := api.Client
-	ctx := context.Background()
 	name := fmt.Sprintf("kup-rbac-%d", time.Now().UnixNano())
 	grant := func(suffix string, rules ...rbacv1.PolicyRule) {
 		t.Helper()
-		role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name + suffix}, Rules: rules}
-		if _, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		binding := &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: name + suffix},
-			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name + suffix},
-			Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: limitedUser}},
-		}
-		if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name+suffix, metav1.DeleteOptions{})
-			c.RbacV1().ClusterRoles().Delete(context.Background(), name+suffix, metav1.DeleteOptions{})
-		})
+		bindClusterRole(t, c, name+suffix, rules...)
 	}
 	read := []string{"get", "list", "watch"}
 	grant("-services",
@@ -93,28 +100,11 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 func TestBinaryListWithoutWatchSaysSo(t *testing.T) {
 	api := requireAPIServer(t)
 	c := api.Client
-	ctx := context.Background()
 	name := fmt.Sprintf("kup-rbac-list-%d", time.Now().UnixNano())
 	read := []string{"get", "list", "watch"}
-	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"services", "nodes"}, Verbs: read},
-		{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list"}},
-	}}
-	if _, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
-		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: limitedUser}},
-	}
-	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
-		c.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{})
-	})
+	bindClusterRole(t, c, name,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services", "nodes"}, Verbs: read},
+		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list"}})
 	kubeconfig := filepath.Join(t.TempDir(), "limited.kubeconfig")
 	if err := api.kubeconfigFor(limitedToken, kubeconfig); err != nil {
 		t.Fatal(err)
@@ -285,7 +275,6 @@ ipvs: {strictARP: true}
 func TestDeployRoleSuffices(t *testing.T) {
 	api := requireAPIServer(t)
 	c := api.Client
-	ctx := context.Background()
 	role := deployClusterRole(t)
 	for _, r := range role.Rules {
 		for _, v := range r.Verbs {
@@ -295,22 +284,7 @@ func TestDeployRoleSuffices(t *testing.T) {
 		}
 	}
 	name := fmt.Sprintf("kup-deploy-role-%d", time.Now().UnixNano())
-	role.ObjectMeta = metav1.ObjectMeta{Name: name}
-	if _, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
-		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: limitedUser}},
-	}
-	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
-		c.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{})
-	})
+	bindClusterRole(t, c, name, role.Rules...)
 	createNode(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelTopologyZone: "zone-deploy"}},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "198.18.10.1"}}}})
 	ns := testNamespace(t, c)
