@@ -16,6 +16,11 @@ import (
 // with the given conditions and node hint (the endpoint's YAML body after
 // its address).
 func explainManifest(nodePort int, affinity string, tcp map[int]string, udp int) string {
+	return explainManifestPolicy(nodePort, affinity, "Cluster", tcp, udp)
+}
+
+// explainManifestPolicy is explainManifest with an externalTrafficPolicy.
+func explainManifestPolicy(nodePort int, affinity, external string, tcp map[int]string, udp int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: v1
 kind: Service
@@ -24,6 +29,7 @@ spec:
   type: NodePort
   clusterIP: 198.18.0.20
   sessionAffinity: %s
+  externalTrafficPolicy: %s
   ports:
   - {name: http, protocol: TCP, port: 80, nodePort: %d}
   - {name: dns, protocol: UDP, port: 53, nodePort: %d}
@@ -37,7 +43,7 @@ metadata:
 addressType: IPv4
 ports: [{name: dns, protocol: UDP, port: %d}]
 endpoints: [{addresses: ["127.0.0.1"]}]
-`, affinity, nodePort, nodePort, udp)
+`, affinity, external, nodePort, nodePort, udp)
 	for port, rest := range tcp {
 		fmt.Fprintf(&b, `---
 apiVersion: discovery.k8s.io/v1
@@ -120,6 +126,14 @@ func TestBinaryExplainsEndpointChoice(t *testing.T) {
 			if want := fmt.Sprintf("127.0.0.1:%d (hinted for node node-a: topology hints keep this node's traffic to those)", b); err != nil || !strings.Contains(view, want) {
 				t.Fatalf("/debug/services does not show %q (%v):\n%s", want, err, view)
 			}
+
+			// externalTrafficPolicy: Local leaves this node's own traffic
+			// to the node port free to go to every endpoint.
+			from = p.lineCount()
+			replaceFile(t, file, explainManifestPolicy(np, "None", "Local", map[int]string{
+				a: `, nodeName: node-b, hints: {forNodes: [{name: node-a}]}`,
+			}, ua))
+			waitExplained(t, p, from, url, "a", chose+fmt.Sprintf(`endpoint="127\.0\.0\.1:%d" from="the Service's endpoints: externalTrafficPolicy: Local does not apply to traffic from this node or its pods" why="round robin: next in turn of 1`, a))
 		})
 	}
 }

@@ -93,7 +93,7 @@ type balancer struct {
 	aff  atomic.Pointer[state.Affinity]
 	// pool says which of the Service's endpoints the balancer picks from,
 	// for explainPick; nil says nothing.
-	pool atomic.Pointer[string]
+	pool atomic.Pointer[endpointPool]
 
 	mu      sync.Mutex // guards the fields below
 	clients map[netip.Addr]affinityEntry

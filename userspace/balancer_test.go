@@ -3,6 +3,7 @@ package userspace
 import (
 	"errors"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -316,5 +317,22 @@ func TestBalancerSaysHowItChose(t *testing.T) {
 	}
 	if again, why, _ := b.choose(c2, nil); again != first || why != pickedAffinity {
 		t.Fatalf("a sticky client's second pick: %v (%v); want %v by affinity", again, why, first)
+	}
+}
+
+// TestEligibleSaysWhichPoolRanOutOfReadyEndpoints: a terminating endpoint
+// is used when its pool has no ready one left: the Service's, or this
+// node's alone under a Local traffic policy, while other nodes may still
+// have ready ones.
+func TestEligibleSaysWhichPoolRanOutOfReadyEndpoints(t *testing.T) {
+	term := state.Endpoint{Addr: ep1, Serving: true, Terminating: true}
+	if got := strings.Join(eligible(term, false), "; "); !strings.HasSuffix(got, "no ready endpoint is left (KEP-1669)") {
+		t.Errorf("cluster-wide pool: %q", got)
+	}
+	if got := strings.Join(eligible(term, true), "; "); !strings.Contains(got, "no ready endpoint is left on this node") {
+		t.Errorf("this node's pool: %q", got)
+	}
+	if got := eligible(state.Endpoint{Addr: ep1, Ready: true, Serving: true}, true); len(got) != 0 {
+		t.Errorf("a ready endpoint without hints: %q", got)
 	}
 }

@@ -82,7 +82,7 @@ type dialCounters struct {
 // attempt moves on to another endpoint with the next, longer timeout and
 // replaces the client's affinity; at most len(DialTimeouts) attempts are
 // made.
-func dialWithFailover[C any](p *Proxier, b *balancer, client netip.AddrPort, sp *servicePort, n dialCounters, dial func(context.Context, netip.AddrPort) (C, error)) (C, netip.AddrPort, error) {
+func dialWithFailover[C any](p *Proxier, b *balancer, role socketRole, client netip.AddrPort, sp *servicePort, n dialCounters, dial func(context.Context, netip.AddrPort) (C, error)) (C, netip.AddrPort, error) {
 	var (
 		zero    C
 		tried   []netip.AddrPort
@@ -101,7 +101,7 @@ func dialWithFailover[C any](p *Proxier, b *balancer, client netip.AddrPort, sp 
 			break
 		}
 		if klog.V(4).Enabled() {
-			sp.explainPick(b, client, ep, why, len(tried)+1)
+			sp.explainPick(b, role, client, ep, why, len(tried)+1)
 		}
 		ctx, cancel := context.WithTimeout(p.ctx, timeout)
 		conn, err := dial(ctx, ep)

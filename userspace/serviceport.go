@@ -284,7 +284,7 @@ func (sp *servicePort) admitUDP(role socketRole, frontend netip.Addr, client net
 		return nil, netip.AddrPort{}, false
 	}
 	if klog.V(4).Enabled() {
-		sp.explainPick(b, client, ep, why, 1)
+		sp.explainPick(b, role, client, ep, why, 1)
 	}
 	return b, ep, true
 }

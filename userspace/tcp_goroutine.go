@@ -91,7 +91,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	if v := state.ProxyProtocol(l.sp.proxyProtocol.Load()); v != state.ProxyProtocolNone {
 		header = l.proxyHeader(v, c, client)
 	}
-	backend, ep, err := dialWithFailover(p, b, client, l.sp, p.stats.tcpDialCounters(),
+	backend, ep, err := dialWithFailover(p, b, l.role, client, l.sp, p.stats.tcpDialCounters(),
 		func(ctx context.Context, ep netip.AddrPort) (*net.TCPConn, error) {
 			d := net.Dialer{KeepAliveConfig: keepAlive}
 			c, err := d.DialContext(ctx, "tcp", ep.String())

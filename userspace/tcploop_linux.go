@@ -413,7 +413,7 @@ func startConn(lp *eventLoop, l *tcpListener, cfd int, client netip.AddrPort) {
 		return
 	}
 	if klog.V(4).Enabled() {
-		l.sp.explainPick(c.b, client, ep, why, 1)
+		l.sp.explainPick(c.b, l.role, client, ep, why, 1)
 	}
 	c.dial(ep)
 }
@@ -550,7 +550,7 @@ func (c *tcpConn) dialFailed(err error) {
 		}
 		if worthDialing(ep, c.tried, err) {
 			if klog.V(4).Enabled() {
-				c.l.sp.explainPick(c.b, c.client, ep, why, c.attempt+1)
+				c.l.sp.explainPick(c.b, c.l.role, c.client, ep, why, c.attempt+1)
 			}
 			c.dial(ep)
 			return

@@ -287,29 +287,29 @@ func (s *udpSession) refuse() bool {
 		return false
 	}
 	s.pmu.Lock()
-	ep, ok := s.l.sp.udpFailover(s.b, s.client, s.endpoint, &s.pending)
-	if ok {
+	moved := false
+	for !moved {
+		ep, ok := s.l.sp.udpFailover(s.b, s.l.role, s.client, s.endpoint, &s.pending)
+		if !ok {
+			break
+		}
 		var cerr error
-		if err := s.rc.Control(func(fd uintptr) { cerr = unix.Connect(int(fd), sockaddr(familyOf(ep.Addr()), ep)) }); err != nil {
-			cerr = err
+		if err := s.rc.Control(func(fd uintptr) {
+			if cerr = unix.Connect(int(fd), sockaddr(familyOf(ep.Addr()), ep)); cerr == nil {
+				clearSocketError(int(fd))
+			}
+		}); err != nil || cerr != nil {
+			break
 		}
-		if ok = cerr == nil; ok {
-			s.l.mu.Lock()
-			s.endpoint = ep
-			s.l.mu.Unlock()
-			bufs := s.pending.bufs
-			_ = s.rc.Write(func(fd uintptr) bool {
-				for _, b := range bufs {
-					// A refusal of these comes back as an error on a
-					// later read or write, which moves the session again.
-					_, _ = unix.Write(int(fd), b)
-				}
-				return true
-			})
-		}
+		s.l.mu.Lock()
+		s.endpoint = ep
+		s.l.mu.Unlock()
+		// When the new endpoint's refusal of the first comes back on a
+		// write of the next, move again.
+		moved = s.resend()
 	}
 	s.pmu.Unlock()
-	if ok {
+	if moved {
 		return true
 	}
 	if !s.refused.Swap(true) {
@@ -318,6 +318,32 @@ func (s *udpSession) refuse() bool {
 		s.conn.Close()
 	}
 	return false
+}
+
+// resend sends the datagrams the session holds (pmu held) to its new
+// endpoint, and reports false when a write says the endpoint refused one
+// already. A later refusal comes back as an error on a later read or
+// write, which moves the session again.
+func (s *udpSession) resend() bool {
+	p := s.l.sp.p
+	refused := false
+	_ = s.rc.Write(func(fd uintptr) bool {
+		for _, b := range s.pending.bufs {
+			switch _, err := unix.Write(int(fd), b); err {
+			case nil:
+				p.stats.UDPDatagramsIn.Add(1)
+				p.stats.UDPBytesIn.Add(uint64(len(b)))
+				s.tally.add(toEndpoint, len(b))
+			case unix.ECONNREFUSED:
+				refused = true
+				return true
+			default:
+				p.stats.UDPDropped.Add(1)
+			}
+		}
+		return true
+	})
+	return !refused
 }
 
 // expiry is when the session ends if nothing more happens: the idle timeout

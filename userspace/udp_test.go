@@ -310,6 +310,28 @@ func TestUDPRefusalBeforeAReplyMovesTheSession(t *testing.T) {
 		t.Fatalf("%d refusals in 6 new sessions over a dead and a live endpoint; want the dead one picked about every other time", n)
 	}
 
+	// A resolver's two questions, over two dead endpoints and a live one:
+	// when the second dead endpoint's refusal of the first comes back on
+	// the write of the second, the session moves again, where it waited
+	// out the reply timeout.
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, dead2, live.addr())})
+	for i := range 9 {
+		c := dialUDP(t, addr)
+		c.Write([]byte("A?"))
+		c.Write([]byte("AAAA?"))
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		got := map[string]bool{}
+		buf := make([]byte, 100)
+		for len(got) < 2 {
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("new client %d with two questions over two dead endpoints: answers %v, then %v", i, got, err)
+			}
+			got[string(buf[:n])] = true
+		}
+		c.Close()
+	}
+
 	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, live.addr()), Affinity: sticky})
 	for range 2 {
 		c := dialUDP(t, addr)

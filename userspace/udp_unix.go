@@ -29,6 +29,15 @@ const maxDatagram = 65535
 // would overflow the default as the loop gets round to it.
 const frontendRcvBuf = 4 << 20
 
+// clearSocketError reads and so clears a socket's pending error: a
+// refusal by the endpoint a session just moved away from, whose ICMP error
+// came before the move, would otherwise be read as one by the new
+// endpoint (connect(2) leaves it pending). Later errors from the old
+// endpoint no longer match the socket.
+func clearSocketError(fd int) {
+	_, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+}
+
 // maxUnanswered bounds a session's count of client datagrams without a
 // reply, so a one-way flow (syslog) cannot wrap it round.
 const maxUnanswered = 1 << 20

@@ -55,7 +55,7 @@ func (p *udpPending) settle() {
 // and another endpoint remains to try (at most as many as TCP's dial
 // attempts, --tcp-dial-timeouts), it returns that endpoint: the session
 // moves there and sends what pend holds again. Otherwise the session ends.
-func (sp *servicePort) udpFailover(b *balancer, client, ep netip.AddrPort, pend *udpPending) (netip.AddrPort, bool) {
+func (sp *servicePort) udpFailover(b *balancer, role socketRole, client, ep netip.AddrPort, pend *udpPending) (netip.AddrPort, bool) {
 	sp.udpRefused(b, client, ep)
 	if pend.settled || len(pend.bufs) == 0 || len(pend.tried)+1 >= len(sp.p.cfg.DialTimeouts) {
 		return netip.AddrPort{}, false
@@ -67,7 +67,7 @@ func (sp *servicePort) udpFailover(b *balancer, client, ep netip.AddrPort, pend 
 	}
 	klog.V(3).InfoS("UDP endpoint refused a session before any reply; its datagrams go to another endpoint", "service", sp.name, "client", client, "refused", ep, "endpoint", next, "datagrams", len(pend.bufs))
 	if klog.V(4).Enabled() {
-		sp.explainPick(b, client, next, why, len(pend.tried)+1)
+		sp.explainPick(b, role, client, next, why, len(pend.tried)+1)
 	}
 	return next, true
 }

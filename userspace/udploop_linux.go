@@ -407,19 +407,42 @@ func (s *udpSession) readable() {
 // unreachable to another endpoint, before any reply (see udpFailover), or
 // else ends it.
 func (s *udpSession) refuse() {
-	if ep, ok := s.l.sp.udpFailover(s.b, s.client, s.endpoint, &s.pending); ok {
-		if err := rawConnect(s.fd, familyOf(ep.Addr()), ep); err == nil {
-			s.endpoint = ep
-			for _, b := range s.pending.bufs {
-				// A refusal of these comes back as an error on a later
-				// read or write, which moves the session again.
-				_, _ = rawWrite(s.fd, b)
-			}
+	for {
+		ep, ok := s.l.sp.udpFailover(s.b, s.l.role, s.client, s.endpoint, &s.pending)
+		if !ok || rawConnect(s.fd, familyOf(ep.Addr()), ep) != nil {
+			break
+		}
+		clearSocketError(s.fd)
+		s.endpoint = ep
+		if s.resend() {
 			return
 		}
+		// The new endpoint's refusal of the first came back on a write of
+		// the next: move again.
 	}
 	s.tally.endBecause(&endedRefused)
 	s.close()
+}
+
+// resend sends the datagrams the session holds to its new endpoint, and
+// reports false when a write says the endpoint refused one already. A
+// later refusal comes back as an error on a later read or write, which
+// moves the session again.
+func (s *udpSession) resend() bool {
+	p := s.l.sp.p
+	for _, b := range s.pending.bufs {
+		switch _, err := rawWrite(s.fd, b); err {
+		case nil:
+			p.stats.UDPDatagramsIn.Add(1)
+			p.stats.UDPBytesIn.Add(uint64(len(b)))
+			s.tally.add(toEndpoint, len(b))
+		case unix.ECONNREFUSED:
+			return false
+		default:
+			p.stats.UDPDropped.Add(1)
+		}
+	}
+	return true
 }
 
 func (s *udpSession) close() {
