@@ -4,7 +4,9 @@ package userspace
 
 import (
 	"net"
+	"runtime"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,4 +30,46 @@ func socketError(c *net.TCPConn) error {
 		return syscall.Errno(soErr)
 	}
 	return nil
+}
+
+// awaitSocketError waits until c's socket has a pending error (a reset, a
+// keep-alive timeout) and returns it, or returns nil once c is closed.
+// Meant for a socket that has reached EOF and is read no more: it parks in
+// Go's poller and costs no descriptor and no timer.
+//
+// It relies on the poller being edge-triggered (epoll with EPOLLET,
+// kqueue with EV_CLEAR), so that a socket at EOF, readable for good, wakes
+// it only when something new happens to the socket (the reset, or at most
+// the send buffer draining, after which it waits again). Solaris's event
+// ports and AIX's poll report such a socket ready at once every time;
+// there it returns nil at once, and a reset is noticed as before, when the
+// other direction next writes to c.
+func awaitSocketError(c *net.TCPConn) error {
+	switch runtime.GOOS {
+	case "linux", "android", "darwin", "ios", "dragonfly", "freebsd", "netbsd", "openbsd":
+	default:
+		return nil
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil // closed already
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	var failed error
+	err = rc.Read(func(fd uintptr) bool {
+		soErr, gerr := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		switch {
+		case gerr != nil:
+			failed = gerr
+		case soErr != 0:
+			failed = syscall.Errno(soErr)
+		default:
+			return false // nothing yet: wait for the poller's next word
+		}
+		return true
+	})
+	if err != nil {
+		return nil // c was closed: the connection ended
+	}
+	return failed
 }

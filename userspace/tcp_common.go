@@ -44,7 +44,10 @@ func sideFailed(side string, reading bool, err error) string {
 	switch {
 	case err == nil:
 		return "the " + side + " ended the stream unexpectedly"
-	case errors.Is(err, syscall.ECONNRESET):
+	case errors.Is(err, syscall.ECONNRESET), reading && errors.Is(err, syscall.EPIPE):
+		// A reset that reaches a socket whose peer had sent its FIN
+		// (CLOSE_WAIT) leaves EPIPE, not ECONNRESET, for the next read or
+		// SO_ERROR: tcp_reset in Linux's net/ipv4/tcp_input.c.
 		return "the " + side + " reset the connection"
 	case errors.Is(err, syscall.EPIPE):
 		return "the " + side + " had closed the connection"

@@ -198,15 +198,40 @@ type tcpConn struct {
 // copyToBackend and copyToClient are named so goroutine dumps say which
 // direction is blocked.
 func (t *tcpConn) copyToBackend() {
-	defer t.directionDone()
-	t.pipe(t.backend, t.client, &t.p.stats.BytesToBackend, &t.toEndpoint)
+	defer t.p.wg.Done()
+	watch := t.pipe(t.backend, t.client, &t.p.stats.BytesToBackend, &t.toEndpoint)
+	t.directionDone()
+	if watch {
+		t.awaitReset(t.client, "client")
+	}
 }
 
 func (t *tcpConn) copyToClient() {
-	defer t.directionDone()
-	t.pipe(t.client, t.backend, &t.p.stats.BytesToClient, &t.toClient)
+	defer t.p.wg.Done()
+	watch := t.pipe(t.client, t.backend, &t.p.stats.BytesToClient, &t.toClient)
+	t.directionDone()
+	if watch {
+		t.awaitReset(t.backend, "endpoint")
+	}
 }
 
+// awaitReset passes on a reset from side, whose socket c nothing reads
+// any more: side has finished sending first, and its FIN has been passed
+// on. Without it, a reset (or a keep-alive timeout) there would reach the
+// other side only when that side next sent something, or at
+// TCPHalfCloseTimeout, and until then the other side would go on serving a
+// peer that is gone. It returns when the connection ends. The goroutine it
+// runs on is the direction's own, which would otherwise end here: a
+// half-closed connection holds two parked goroutines, as an open one does,
+// and nothing more.
+func (t *tcpConn) awaitReset(c *net.TCPConn, side string) {
+	if err := awaitSocketError(c); err != nil {
+		t.abortBecause(sideFailed(side, true, err))
+	}
+}
+
+// directionDone is called as each direction stops copying; the last one
+// closes both sockets, which also ends awaitReset.
 func (t *tcpConn) directionDone() {
 	if t.pending.Add(-1) == 0 {
 		t.client.Close()
@@ -223,10 +248,12 @@ func (t *tcpConn) directionDone() {
 			logConnEnded(t.name, t.clientAddr, t.endpoint, [2]uint64{t.toEndpoint.Load(), t.toClient.Load()}, t.since, w != nil, why)
 		}
 	}
-	t.p.wg.Done()
 }
 
-func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) {
+// pipe copies from src to dst until src has finished sending, or either
+// side fails. It reports whether src finished first, so that its socket
+// must now be watched for a reset (awaitReset).
+func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) (watch bool) {
 	from, to := "client", "endpoint"
 	if src == t.backend {
 		from, to = to, from
@@ -243,20 +270,21 @@ func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) {
 		if t.halfClosed.Load() {
 			// Both sides have finished sending: directionDone closes both sockets,
 			// which sends dst its FIN without a separate shutdown.
-			return
+			return false
 		}
 		// src sent FIN: pass it on and bound the other direction.
 		if cerr := dst.CloseWrite(); cerr != nil {
 			t.abortBecause(sideFailed(to, false, cerr))
-			return
+			return false
 		}
-		if !t.halfClosed.Swap(true) {
-			_ = dst.SetReadDeadline(time.Now().Add(t.p.cfg.TCPHalfCloseTimeout))
+		if t.halfClosed.Swap(true) {
+			return false // the other direction finished meanwhile
 		}
-		return
+		_ = dst.SetReadDeadline(time.Now().Add(t.p.cfg.TCPHalfCloseTimeout))
+		return true
 	}
 	if errors.Is(err, net.ErrClosed) {
-		return // the other direction or Close ended the connection
+		return false // the other direction or Close ended the connection
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) {
 		err = nil
@@ -275,6 +303,7 @@ func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) {
 	default:
 		t.abortBecause(sideFailed(from, true, err))
 	}
+	return false
 }
 
 // abort ends both sides at once with a reset, so an error on one side
