@@ -450,7 +450,7 @@ func TestBinaryClusterSemantics(t *testing.T) {
 // TestBinaryReportsUnmatchedSlicePort: an EndpointSlice port whose name
 // matches no port of its Service feeds nothing, as in kube-proxy, and the
 // proxy says so in its log and /debug/services, as it does for the same
-// mistake in a manifest file.
+// mistake in a manifest file; so does a slice port without a port number.
 func TestBinaryReportsUnmatchedSlicePort(t *testing.T) {
 	api := requireAPIServer(t)
 	w := newWorld(t)
@@ -475,6 +475,20 @@ func TestBinaryReportsUnmatchedSlicePort(t *testing.T) {
 		!regexp.MustCompile(`(?m)^  EndpointSlice `+regexp.QuoteMeta(ns+"/web-1: ports[0]: "+want)).MatchString(view) ||
 		!regexp.MustCompile(`(?m)^  endpoints: +none`).MatchString(view) {
 		t.Errorf("/debug/services: %s\n%s", code, view)
+	}
+
+	// A slice port without a port number (the API's "all ports", which
+	// the API server takes) feeds nothing either: said, not skipped
+	// without a word.
+	createService(t, c, newService(ns, "all", func(s *corev1.Service) { s.Spec.ClusterIP = "198.18.0.68" }))
+	all := newSlice(ns, "all", "all-1", readyEP("198.18.12.2"))
+	all.Ports[0].Port = nil
+	putSlice(t, c, all)
+	want = ns + "/all-1: ports[0].port: not set: the port is skipped, as kube-proxy skips it"
+	px.waitLog(0, `"Ignoring part of an object from the API server".*`+regexp.QuoteMeta(ns+`/all-1" field="ports[0].port"`), 1, 20*time.Second)
+	code, view = curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services")
+	if code != "200" || !strings.Contains(view, "\n  EndpointSlice "+want+"\n") {
+		t.Errorf("/debug/services (%s) does not list %q:\n%s", code, want, view)
 	}
 }
 

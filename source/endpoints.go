@@ -276,14 +276,28 @@ func servesFamily(sp *state.ServicePort, fam state.IPFamily) bool {
 }
 
 // targets matches the ports of slice s to the service ports of its Service
-// by name and protocol. Ports with a nil name, or a nil or zero number, are
-// skipped as kube-proxy does; an unnamed port has the name "".
+// by name and protocol. Ports with a nil name, or a nil or zero number (the
+// API's "all ports", which no proxy can serve), are skipped and reported,
+// as kube-proxy skips them and logs "Ignoring invalid endpoint port"; an
+// unnamed port has the name "".
 func (b *builder) targets(s *discoveryv1.EndpointSlice, ref objectRef, ports []state.ServicePort, indexes []int) []target {
 	var out []target
 	seen := make(map[state.ServicePortName]bool, len(s.Ports))
 	for i, p := range s.Ports {
 		path := fmt.Sprintf("ports[%d]", i)
-		if p.Name == nil || p.Port == nil || *p.Port == 0 {
+		switch {
+		case p.Name == nil:
+			// The API server defaults it to "": only an object written
+			// around it (straight into etcd) lacks one.
+			b.report("EndpointSlice", ref, path+".name", errors.New("not set: the port is skipped, as kube-proxy skips it"))
+			continue
+		case p.Port == nil:
+			// The text of the manifest check of the same (validate.go), so
+			// that a manifest says it once.
+			b.report("EndpointSlice", ref, path+".port", errors.New("not set: the port is skipped, as kube-proxy skips it"))
+			continue
+		case *p.Port == 0:
+			b.report("EndpointSlice", ref, path+".port", errors.New("0 (all ports): the port is skipped, as kube-proxy skips it"))
 			continue
 		}
 		if *p.Port < 0 || *p.Port > 65535 {

@@ -261,7 +261,7 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			wantCluster: []string{"10.0.0.1:8080"},
 		},
 		{
-			name: "ports matched by name and protocol, mismatches reported; nil name, nil or zero port skipped",
+			name: "ports matched by name and protocol, mismatches reported; nil name, nil or zero port skipped and reported",
 			slices: []*discoveryv1.EndpointSlice{
 				endpointSlice("web-1", v4, eps{endpoint("10.0.0.1")}, func(s *discoveryv1.EndpointSlice) {
 					s.Ports = []discoveryv1.EndpointPort{
@@ -282,6 +282,9 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 				`EndpointSlice demo/web-1: ports[0]: port name "" with protocol TCP matches no port of Service demo/web`,
 				`EndpointSlice demo/web-1: ports[1]: port name "HTTP" with protocol TCP matches no port of Service demo/web`,
 				`EndpointSlice demo/web-1: ports[2].protocol: port "http" is UDP here but TCP in Service demo/web`,
+				"EndpointSlice demo/web-1: ports[3].name: not set: the port is skipped, as kube-proxy skips it",
+				"EndpointSlice demo/web-1: ports[4].port: not set: the port is skipped, as kube-proxy skips it",
+				`EndpointSlice demo/web-1: ports[5].port: 0 (all ports): the port is skipped, as kube-proxy skips it`,
 			},
 		},
 		{

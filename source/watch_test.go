@@ -501,49 +501,57 @@ spec:
 
 // TestManifestsUnmatchedSlicePortSaidOnce: the manifest checks and
 // BuildSnapshot both find a slice port that matches no port of its
-// Service; Status lists it once.
+// Service, or has no port number (the API's "all ports"); Status lists it
+// once.
 func TestManifestsUnmatchedSlicePortSaidOnce(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "demo.yaml")
-	if err := os.WriteFile(path, []byte(strings.Replace(manifestWith("10.0.0.1"), "{name: http, port: 8080}", "{name: htp, port: 8080}", 1)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var ignored []error
-	m := &Manifests{
-		Path:    path,
-		Options: Options{AllowLoopback: true, AllowNoClusterIP: true},
-		Resync:  -1,
-		Status:  func(_ error, i []error) { ignored = i },
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	applied := make(chan struct{}, 1)
-	go func() {
-		done <- m.Run(ctx, func(state.Snapshot) {
+	for _, tc := range []struct{ name, port, want string }{
+		{"unmatched name", "{name: htp, port: 8080}", `port name "htp" with protocol TCP matches no port of Service demo/web`},
+		{"no port number", "{name: http}", "(EndpointSlice demo/web-1): ports[0].port: not set: the port is skipped, as kube-proxy skips it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "demo.yaml")
+			if err := os.WriteFile(path, []byte(strings.Replace(manifestWith("10.0.0.1"), "{name: http, port: 8080}", tc.port, 1)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var ignored []error
+			m := &Manifests{
+				Path:    path,
+				Options: Options{AllowLoopback: true, AllowNoClusterIP: true},
+				Resync:  -1,
+				Status:  func(_ error, i []error) { ignored = i },
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			applied := make(chan struct{}, 1)
+			go func() {
+				done <- m.Run(ctx, func(state.Snapshot) {
+					select {
+					case applied <- struct{}{}:
+					default:
+					}
+				})
+			}()
 			select {
-			case applied <- struct{}{}:
-			default:
+			case <-applied:
+			case err := <-done:
+				t.Fatalf("Run returned at start: %v", err)
+			case <-time.After(watchTimeout):
+				t.Fatal("no first snapshot")
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			n := 0
+			for _, e := range ignored {
+				if strings.Contains(e.Error(), tc.want) {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("said %d times, want once: %q", n, ignored)
 			}
 		})
-	}()
-	select {
-	case <-applied:
-	case err := <-done:
-		t.Fatalf("Run returned at start: %v", err)
-	case <-time.After(watchTimeout):
-		t.Fatal("no first snapshot")
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	n := 0
-	for _, e := range ignored {
-		if strings.Contains(e.Error(), `port name "htp" with protocol TCP matches no port of Service demo/web`) {
-			n++
-		}
-	}
-	if n != 1 {
-		t.Errorf("said %d times, want once: %q", n, ignored)
 	}
 }
