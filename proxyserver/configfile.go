@@ -458,7 +458,8 @@ func (c *Config) kubeProxyConfig(verbosity int) kubeproxyv1alpha1.KubeProxyConfi
 // configzBody is what /configz answers, as kube-proxy's (component-base
 // configz): the effective configuration under its API group's name, here
 // as the versioned KubeProxyConfiguration, with kube-proxy's defaults for
-// what the options leave out.
+// what the options leave out, and, as --write-config-to writes it, the
+// legacy userspace mode's udpIdleTimeout (the effective --udp-timeout).
 func (c *Config) configzBody(verbosity int) ([]byte, error) {
 	kp := c.kubeProxyConfig(verbosity)
 	if c.HostnameOverride == "" {
@@ -471,7 +472,16 @@ func (c *Config) configzBody(verbosity int) ([]byte, error) {
 	}
 	localhost := c.LocalhostNodePorts
 	kp.IPTables.LocalhostNodePorts = &localhost
-	return json.Marshal(map[string]any{kubeproxyv1alpha1.GroupName: kp})
+	typed, err := json.Marshal(kp)
+	if err != nil {
+		return nil, err
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(typed, &fields); err != nil {
+		return nil, err
+	}
+	fields["udpIdleTimeout"] = c.UDPIdleTimeout.String()
+	return json.Marshal(map[string]any{kubeproxyv1alpha1.GroupName: fields})
 }
 
 // pruneZero deletes from m, recursively, the values that decode as if

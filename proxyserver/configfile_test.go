@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -492,6 +493,70 @@ func TestConfigz(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^kubernetes_build_info\{.*git_version="[^"]+".*go_version="go1\.[^"]*".*\} 1$`).MatchString(rec.Body.String()) {
 		t.Errorf("no kubernetes_build_info in /metrics:\n%s", rec.Body)
 	}
+}
+
+// TestConfigzHasWrittenFields: /configz shows every field --write-config-to
+// writes, with the same value (the effective one), udpIdleTimeout among
+// them, with and without a --udp-timeout.
+func TestConfigzHasWrittenFields(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"--kubeconfig=/etc/kup/kubeconfig", "--kube-api-qps=7.5", "--kube-api-burst=30", "--config-sync-period=10m",
+			"--bind-address=::", "--healthz-bind-address=[::]:9000", "--nodeport-addresses=127.0.0.0/8", "--cluster-cidr=198.18.0.0/16",
+			"--iptables-sync-period=1m", "--proxy-port-range=36000+99", "--udp-timeout=1s", "--hostname-override=node-a",
+			"--iptables-localhost-nodeports=false", "--vmodule=proxier=4"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			c, err := loadConfig(t, "", args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			written, err := c.marshalKubeProxyConfig(2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := c.configzBody(2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var file map[string]any
+			if err := yaml.Unmarshal(written, &file); err != nil {
+				t.Fatal(err)
+			}
+			var configz map[string]map[string]any
+			if err := json.Unmarshal(body, &configz); err != nil {
+				t.Fatal(err)
+			}
+			want, got := flatten("", file), flatten("", configz["kubeproxy.config.k8s.io"])
+			for _, k := range slices.Sorted(maps.Keys(want)) {
+				if k == "apiVersion" || k == "kind" {
+					continue // configz names the group instead, as kube-proxy's does
+				}
+				if g, ok := got[k]; !ok || g != want[k] {
+					t.Errorf("/configz has %s = %q (present: %v); --write-config-to writes %q", k, g, ok, want[k])
+				}
+			}
+			if udp := got["udpIdleTimeout"]; udp != c.UDPIdleTimeout.String() {
+				t.Errorf("/configz udpIdleTimeout = %q, want the effective --udp-timeout %v", udp, c.UDPIdleTimeout)
+			}
+		})
+	}
+}
+
+// flatten lists the leaves of m by dotted path, each value printed.
+func flatten(prefix string, m map[string]any) map[string]string {
+	out := make(map[string]string)
+	for k, v := range m {
+		if sub, ok := v.(map[string]any); ok {
+			maps.Copy(out, flatten(prefix+k+".", sub))
+			continue
+		}
+		out[prefix+k] = fmt.Sprint(v)
+	}
+	return out
 }
 
 // TestClientMetrics: client-go's request metrics reach /metrics under
