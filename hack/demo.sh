@@ -37,8 +37,24 @@ bin/demo udp 127.0.0.1:30053 10 | sed 's/:.*//' | sort | uniq -c | sed 's/^/  se
 
 echo
 echo "== the proxy's health (/healthz, as kube-proxy answers it)"
-if ! curl -sS --max-time 5 -w ' (HTTP %{http_code})\n' http://127.0.0.1:10256/healthz | sed 's/^/  /'; then
-  echo "  no answer: another program holds 127.0.0.1:10256? The proxy's log says:"
+# Ask only when the proxy's log says it serves there: another program on
+# the port (a kube-proxy on 0.0.0.0:10256) would answer in its place, and
+# one that never answers would hold the demo for curl's timeout.
+said=
+for _ in $(seq 1 30); do
+  said=$(grep -E '"(Cannot serve|Serving) /healthz' "$log" | tail -1 || true)
+  [ -n "$said" ] && break
+  sleep 0.1
+done
+if [[ $said == *'"Serving /healthz'* ]] &&
+  answer=$(curl -sS --max-time 5 -w ' (HTTP %{http_code})' http://127.0.0.1:10256/healthz 2>&1); then
+  echo "  $answer"
+else
+  if [[ $said == *'"Serving /healthz'* ]]; then
+    echo "  no answer from the proxy on 127.0.0.1:10256. Its log says:"
+  else
+    echo "  not asked: the proxy does not serve 127.0.0.1:10256 (does another program hold it?). Its log says:"
+  fi
   # The log is removed on exit: show what it says about the health port.
   grep -E '"(Cannot serve|Stopped serving|Serving) /healthz' "$log" | tail -3 | sed 's/^.*\] /  proxy: /' | grep . \
     || echo "  proxy: (nothing about /healthz)"

@@ -4,7 +4,9 @@ package integration
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -14,8 +16,10 @@ import (
 
 // TestMakeDemo runs `make demo` as a newcomer does: it must build, send
 // traffic through the proxy, report what each backend served and exit 0.
-// Then it runs it again with one of its node ports held by another
-// program: it must stop at once and say which ports it needs.
+// Then it runs it with the health port held by another program: it must
+// not take that program's answer, or silence, for the proxy's. Then with
+// one of its node ports held by another program: it must stop at once and
+// say which ports it needs.
 func TestMakeDemo(t *testing.T) {
 	requireTool(t, "make")
 	requireTool(t, "curl")
@@ -47,6 +51,60 @@ func TestMakeDemo(t *testing.T) {
 		if !want.MatchString(out) {
 			t.Errorf("make demo output lacks %q:\n%s", want, out)
 		}
+	}
+
+	// The health port held by another program: by a socket that never
+	// answers, then by one that answers HTTP on every address (a
+	// kube-proxy on 0.0.0.0:10256). The demo must not ask it, so neither
+	// waits out curl's timeout (printing a stray "(HTTP 000)") nor shows
+	// the other program's answer as the proxy's; it says why and goes on.
+	for _, holder := range []struct {
+		name string
+		hold func(t *testing.T) net.Listener
+	}{
+		{"a socket that never answers on 127.0.0.1:10256", func(t *testing.T) net.Listener {
+			ln, err := net.Listen("tcp4", "127.0.0.1:10256")
+			if err != nil {
+				t.Fatalf("hold the health port: %v", err)
+			}
+			return ln // never accepts
+		}},
+		{"another HTTP server on 0.0.0.0:10256", func(t *testing.T) net.Listener {
+			ln, err := net.Listen("tcp4", "0.0.0.0:10256")
+			if err != nil {
+				t.Fatalf("hold the health port: %v", err)
+			}
+			go func() {
+				_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+					_, _ = io.WriteString(w, "somebody else's healthz\n")
+				}))
+			}()
+			return ln
+		}},
+	} {
+		ln := holder.hold(t)
+		start := time.Now()
+		out, err := run()
+		took := time.Since(start)
+		ln.Close()
+		if err != nil {
+			t.Fatalf("make demo with %s: %v\n%s", holder.name, err, out)
+		}
+		_, health, ok := strings.Cut(out, "== the proxy's health")
+		if !ok {
+			t.Fatalf("make demo with %s shows no health:\n%s", holder.name, out)
+		}
+		for _, bad := range []string{"HTTP 000", "somebody else's"} {
+			if strings.Contains(health, bad) {
+				t.Errorf("make demo with %s shows %q as the proxy's health:\n%s", holder.name, bad, health)
+			}
+		}
+		for _, want := range []string{"not asked: the proxy does not serve 127.0.0.1:10256", "proxy: \"Cannot serve /healthz", "demo: done"} {
+			if !strings.Contains(health, want) {
+				t.Errorf("make demo with %s does not say %q:\n%s", holder.name, want, health)
+			}
+		}
+		t.Logf("make demo with %s took %v", holder.name, took.Round(100*time.Millisecond))
 	}
 
 	busy, err := net.ListenPacket("udp4", "127.0.0.1:30053")
