@@ -402,6 +402,55 @@ func TestBinaryClusterSemantics(t *testing.T) {
 		allFrom(t, w.outside, "tcp", nodeOutSide+":30063", "be1:", 8)
 	})
 
+	// Its only slice deleted, the etp Service has no endpoint anywhere:
+	// the portal refuses its clients (REJECT), and the log and
+	// /debug/services say so, where they said "reset" and "dropped (the
+	// portal's DROP rule)".
+	t.Run("a Service without endpoints is said to be refused", func(t *testing.T) {
+		createService(t, c, newService(ns, "gone", func(s *corev1.Service) {
+			s.Spec.ClusterIP = "198.18.0.66"
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.Ports[0].NodePort = 30066
+		}))
+		putSlice(t, c, newSlice(ns, "gone", "gone-1", onNode("node")))
+		eventually(t, w.outside, "tcp", nodeOutSide+":30066", "be1:")
+		from := px.lineCount()
+		if err := c.DiscoveryV1().EndpointSlices(ns).Delete(context.Background(), "gone-1", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		px.waitLog(from, regexp.QuoteMeta(`"Service port has no endpoints now; new connections are refused (the portal's REJECT rule), as kube-proxy refuses them" service="`+ns+`/gone:http/TCP"`), 1, 20*time.Second)
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			start := time.Now()
+			out, _ := w.outside.run("nc", "-z", "-v", "-w2", nodeOutSide, "30066")
+			if strings.Contains(out, "refused") && time.Since(start) < time.Second {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node port 30066 without endpoints: %q; want refused at once", out)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services")
+		_, block, _ := strings.Cut(view, ns+"/gone:http/TCP\n")
+		block, _, _ = strings.Cut(block, "\n\n")
+		for _, want := range []string{
+			"endpoints:    none: new connections are refused (the portal's REJECT rule), as kube-proxy refuses them",
+			"external to:  none: new connections are refused (the portal's REJECT rule), as kube-proxy refuses them",
+		} {
+			if code != "200" || !strings.Contains(block, want) {
+				t.Errorf("/debug/services (%s) lacks %q:\n%s", code, want, block)
+			}
+		}
+		if strings.Contains(block, "dropped") || strings.Contains(block, "reset") {
+			t.Errorf("/debug/services says dropped or reset:\n%s", block)
+		}
+		if line := regexp.MustCompile(`.*no endpoints on this node now.*` + ns + `/gone.*`).FindString(px.log()); line != "" {
+			t.Errorf("logged, for a Service with no endpoint anywhere: %s", line)
+		}
+	})
+
 	t.Run("headless and ExternalName services are ignored", func(t *testing.T) {
 		createService(t, c, newService(ns, "headless", func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone }))
 		putSlice(t, c, newSlice(ns, "headless", "headless-1", readyEP("198.18.12.2")))

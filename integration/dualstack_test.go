@@ -76,7 +76,8 @@ func TestBinaryDualStackKeepsFamilies(t *testing.T) {
 			expectReply(t, w.outside, "tcp", nodeOutSide+":30095", "be1:ping")
 			// The teaching view (metrics server, default address) says why.
 			code, view := curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services")
-			if code != "200" || !strings.Contains(view, "  note:         no IPv6 endpoint: IPv6 clients are refused") ||
+			refusal := map[string]string{"iptables": "new connections are refused (the portal's REJECT rule)", "bind": "new connections are reset by the proxy"}[mode]
+			if code != "200" || !strings.Contains(view, "  note:         no IPv6 endpoint: from IPv6 clients, "+refusal) ||
 				mode == "iptables" && !strings.Contains(view, "[fd5e:b1b5::40]:80/TCP -> ") ||
 				mode == "iptables" && !strings.Contains(view, " (refused: no IPv6 endpoint)") {
 				t.Errorf("/debug/services: %s\n%s", code, view)
@@ -113,6 +114,7 @@ func TestBinaryDualStackKeepsFamilies(t *testing.T) {
 			writeFile(t, file, dualStackManifest+dualStackIPv6Slice)
 			eventually(t, w.pod, "tcp", "[fd5e:b1b5::40]:80", "be6:ping")
 			expectReply(t, w.pod, "udp", "[fd5e:b1b5::40]:53", "be6:ping")
+
 		})
 	}
 }

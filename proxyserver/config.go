@@ -407,10 +407,13 @@ func (c *Config) proxierConfig(portalMode string) userspace.Config {
 		DisableProxyPorts:    portalMode == PortalBind,
 		NodePortAddresses:    c.nodePorts,
 		NoLocalhostNodePorts: !c.LocalhostNodePorts,
-		ClusterCIDRs:         c.podCIDRs,
-		UDPIdleTimeout:       c.UDPIdleTimeout,
-		UDPReplyTimeout:      c.UDPReplyTimeout,
-		UDPMaxSessions:       c.UDPMaxSessions,
-		TCPHalfCloseTimeout:  c.TCPHalfCloseTimeout,
+		// iptables refuses (REJECT) or drops (DROP) what has no endpoint,
+		// as kube-proxy does; the log says so.
+		PortalRefuses:       portalMode == PortalIPTables,
+		ClusterCIDRs:        c.podCIDRs,
+		UDPIdleTimeout:      c.UDPIdleTimeout,
+		UDPReplyTimeout:     c.UDPReplyTimeout,
+		UDPMaxSessions:      c.UDPMaxSessions,
+		TCPHalfCloseTimeout: c.TCPHalfCloseTimeout,
 	}
 }

@@ -160,21 +160,21 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 			return "Cluster"
 		}
 		line("policies", "internal %s, external %s", policy(sp.InternalLocal), policy(sp.ExternalLocal))
-		line("endpoints", "%s", d.endpointList(sp, sp.InternalEndpoints()))
+		external := sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
+		line("endpoints", "%s", d.endpointList(sp, sp.InternalEndpoints(), external && sp.ExternalLocal && sp.InternalLocal))
 		if has4, has6 := sp.Families(); has4 && has6 {
 			if f := familyWithout(sp.InternalEndpoints()); f != "" {
-				line("note", "no %s endpoint: %s clients are refused (a client goes only to endpoints of its own IP family)", f, f)
+				line("note", "no %s endpoint: from %s clients, %s (a client goes only to endpoints of its own IP family)", f, f, d.turnedAway(sp, false))
 			}
 		}
-		external := sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
 		if external && sp.InternalLocal != sp.ExternalLocal {
-			line("external to", "%s", d.endpointList(sp, sp.ExternalEndpoints()))
+			line("external to", "%s", d.endpointList(sp, sp.ExternalEndpoints(), sp.ExternalLocal))
 		}
 		if external && sp.ExternalLocal {
 			if len(d.pods) > 0 {
-				line("node & pods", "external traffic from this node or from pods (%s) goes to every endpoint: %s", joinPrefixes(d.pods), d.endpointList(sp, sp.ClusterEndpoints))
+				line("node & pods", "external traffic from this node or from pods (%s) goes to every endpoint: %s", joinPrefixes(d.pods), d.endpointList(sp, sp.ClusterEndpoints, false))
 			} else {
-				line("node & pods", "external traffic from this node goes to every endpoint (from pods too, given --cluster-cidr): %s", d.endpointList(sp, sp.ClusterEndpoints))
+				line("node & pods", "external traffic from this node goes to every endpoint (from pods too, given --cluster-cidr): %s", d.endpointList(sp, sp.ClusterEndpoints, false))
 			}
 		}
 		if sp.HealthCheckNodePort != 0 {
@@ -231,6 +231,13 @@ func (d *debugView) hasPods(f portal.Family) bool {
 	return slices.ContainsFunc(d.pods, func(p netip.Prefix) bool { return portal.FamilyOf(p.Addr()) == f })
 }
 
+// turnedAway says what becomes of sp's new connections that have no
+// endpoint to go to, with this portal (see userspace.TurnedAway): elsewhere
+// says sp has endpoints for them on other nodes only.
+func (d *debugView) turnedAway(sp *state.ServicePort, elsewhere bool) string {
+	return userspace.TurnedAway(sp.Name.Protocol, d.portals != nil, elsewhere)
+}
+
 // familyWithout names the IP family eps has none of, when it has some of
 // the other; else "".
 func familyWithout(eps []state.Endpoint) string {
@@ -252,19 +259,20 @@ func familyWithout(eps []state.Endpoint) string {
 }
 
 // endpointList describes eps, the endpoints sp sends some traffic to, or
-// what happens to that traffic when there are none.
-func (d *debugView) endpointList(sp *state.ServicePort, eps []state.Endpoint) string {
+// what happens to that traffic when there are none. external says eps are
+// those of external traffic under externalTrafficPolicy: Local, of which
+// what starts on this node or in a pod goes to every endpoint.
+func (d *debugView) endpointList(sp *state.ServicePort, eps []state.Endpoint, external bool) string {
 	if len(eps) == 0 {
 		switch {
-		case sp.HasEndpoints(): // none for a Local policy
-			if d.portals != nil {
-				return "none on this node: new connections are dropped (the portal's DROP rule), as kube-proxy drops them"
-			}
-			return "none on this node: new connections are reset, datagrams dropped"
-		case d.portals != nil:
-			return "none: new connections are refused (the portal's REJECT rule)"
+		case !sp.HasEndpoints():
+			return "none: " + d.turnedAway(sp, false)
+		case external && len(d.pods) > 0:
+			return "none on this node: " + d.turnedAway(sp, true) + ", but external traffic from this node and from pods goes to every endpoint (see node & pods)"
+		case external:
+			return "none on this node: " + d.turnedAway(sp, true) + ", but external traffic from this node (from pods too, given --cluster-cidr) goes to every endpoint (see node & pods)"
 		}
-		return "none: new connections are reset, datagrams dropped"
+		return "none on this node: " + d.turnedAway(sp, true)
 	}
 	var out []string
 	for _, e := range eps {

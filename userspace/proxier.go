@@ -64,6 +64,15 @@ type Config struct {
 	// on those even when a Service uses one as a frontend (an external IP
 	// that is the node's). Nil counts every frontend as the portal's.
 	NodeAddrs func() (map[netip.Addr]bool, error)
+	// PortalRefuses says the portal turns away, before they reach the
+	// proxy, new connections to a service port with no endpoint for them,
+	// as kube-proxy's filter rules do (the iptables portal): it refuses
+	// them (REJECT) when the port has no endpoint of their IP family at
+	// all, and drops them (DROP) when it has some, but none that a Local
+	// traffic policy lets it use. It changes only what the log says. If
+	// false, the proxy turns them away itself: it resets TCP connections,
+	// aborts SCTP associations and drops datagrams.
+	PortalRefuses bool
 	// ClusterCIDRs are the pods' addresses (kube-proxy's --cluster-cidr).
 	// A pod's traffic to a node port, external IP or load-balancer IP of
 	// a Service with externalTrafficPolicy: Local goes to all its

@@ -166,13 +166,16 @@ func (sp *servicePort) separate(b *balancer, own bool, eps []state.Endpoint, spe
 func (sp *servicePort) update(spec *state.ServicePort) {
 	old := sp.spec
 	internal := spec.InternalEndpoints()
-	if before := old.InternalEndpoints(); !slices.EqualFunc(before, internal, func(a, b state.Endpoint) bool { return a.Addr == b.Addr }) {
-		sp.logEndpoints(before, internal)
+	before := old.InternalEndpoints()
+	if !slices.EqualFunc(before, internal, func(a, b state.Endpoint) bool { return a.Addr == b.Addr }) {
+		sp.logEndpoints(spec, before, internal)
 	}
-	if spec.ExternalLocal && spec.ExternalLocal != spec.InternalLocal {
-		// Node-port and external traffic uses this node's endpoints only.
+	// Node-port and external traffic uses this node's endpoints only. When
+	// the port has no endpoint anywhere, the line above said so for all its
+	// traffic.
+	if spec.ExternalLocal && spec.ExternalLocal != spec.InternalLocal && (spec.HasEndpoints() || len(before) == 0) {
 		sp.sayOutage(old.ExternalEndpoints(), spec.ExternalEndpoints(),
-			"Service port has no endpoints on this node now; its external traffic (externalTrafficPolicy: Local) is reset or dropped",
+			"Service port has no endpoints on this node now; its external traffic (externalTrafficPolicy: Local) "+sp.fromOutside(),
 			"Service port has endpoints on this node now, for its external traffic")
 	}
 	sp.internal.update(internal, spec.Affinity)
@@ -225,10 +228,14 @@ func servingSet(spec *state.ServicePort) func(netip.AddrPort) bool {
 
 // logEndpoints says how the endpoints that new connections use changed: at
 // -v=2 each change, and at every verbosity when the last one goes (an
-// outage should not be silent) or the first one comes back.
-func (sp *servicePort) logEndpoints(before, after []state.Endpoint) {
-	sp.sayOutage(before, after, "Service port has no endpoints now; new connections are reset and datagrams dropped",
-		"Service port has endpoints now")
+// outage should not be silent), saying what becomes of new connections
+// (see turnedAway), or the first one comes back.
+func (sp *servicePort) logEndpoints(spec *state.ServicePort, before, after []state.Endpoint) {
+	gone := "Service port has no endpoints now; " + sp.turnedAway(false)
+	if spec.HasEndpoints() { // only on other nodes
+		gone = "Service port has no endpoints on this node now; its internal traffic (internalTrafficPolicy: Local): " + sp.turnedAway(true)
+	}
+	sp.sayOutage(before, after, gone, "Service port has endpoints now")
 	if klog.V(2).Enabled() {
 		const shown = 10
 		addrs := make([]string, 0, min(len(after), shown+1))
@@ -240,6 +247,51 @@ func (sp *servicePort) logEndpoints(before, after []state.Endpoint) {
 		}
 		klog.InfoS("Endpoints changed", "service", sp.name, "endpoints", addrs)
 	}
+}
+
+// turnedAway says what becomes of the port's new connections that have no
+// endpoint to go to (see TurnedAway).
+func (sp *servicePort) turnedAway(elsewhere bool) string {
+	return TurnedAway(sp.proto, sp.p.cfg.PortalRefuses, elsewhere)
+}
+
+// TurnedAway says what becomes of new connections (datagrams, associations)
+// of protocol proto that have no endpoint to go to: with a portal that
+// refuses them (Config.PortalRefuses), refused (REJECT) when the service
+// port has no endpoint for them at all, or dropped (DROP) when it has some
+// on other nodes only (elsewhere), as kube-proxy's rules do; else reset,
+// aborted or dropped by the proxy. For the log and /debug/services.
+func TurnedAway(proto state.Protocol, portalRefuses, elsewhere bool) string {
+	what := "new connections are"
+	switch proto {
+	case state.UDP:
+		what = "datagrams are"
+	case state.SCTP:
+		what = "new associations are"
+	}
+	switch {
+	case portalRefuses && elsewhere:
+		return what + " dropped (the portal's DROP rule), as kube-proxy drops them"
+	case portalRefuses:
+		return what + " refused (the portal's REJECT rule), as kube-proxy refuses them"
+	case proto == state.UDP:
+		return what + " dropped by the proxy"
+	case proto == state.SCTP:
+		return what + " aborted by the proxy"
+	}
+	return what + " reset by the proxy"
+}
+
+// fromOutside completes "its external traffic (externalTrafficPolicy:
+// Local)" for a port with endpoints on other nodes only: what becomes of
+// the external traffic from other hosts, and of that from this host and
+// from pods, which goes to every endpoint.
+func (sp *servicePort) fromOutside() string {
+	s := "from other hosts: " + sp.turnedAway(true) + "; from this node"
+	if len(sp.p.cfg.ClusterCIDRs) > 0 {
+		s += " and from pods (--cluster-cidr)"
+	}
+	return s + " it goes to every endpoint"
 }
 
 // sayOutage logs, at every verbosity, when a set of endpoints empties

@@ -225,7 +225,7 @@ func TestEndpointChangesAreLogged(t *testing.T) {
 	klog.Flush()
 	for _, want := range []string{
 		fmt.Sprintf(`"Endpoints changed" service="test/web/TCP" endpoints=["%s"]`, b.addr()),
-		`"Service port has no endpoints now; new connections are reset and datagrams dropped" service="test/web/TCP"`,
+		`"Service port has no endpoints now; new connections are reset by the proxy" service="test/web/TCP"`,
 		`"Endpoints changed" service="test/web/TCP" endpoints=[]`,
 		`"Service port has endpoints now" service="test/web/TCP" endpoints=1`,
 		fmt.Sprintf(`"Endpoints changed" service="test/web/TCP" endpoints=["%s"]`, a.addr()),
@@ -233,6 +233,63 @@ func TestEndpointChangesAreLogged(t *testing.T) {
 		if logs.lineWith(want) == "" {
 			t.Errorf("no log line with %s", want)
 		}
+	}
+}
+
+// TestOutageSaysWhatThePortalDoes: the line that says a service port lost
+// its endpoints says what becomes of new connections with the portal in
+// use: the iptables portal (Config.PortalRefuses) refuses them (REJECT)
+// when the port has no endpoint anywhere and drops them (DROP) when a
+// Local policy finds none on this node; without it the proxy resets TCP
+// connections and drops datagrams. A port whose last endpoint goes says
+// it once, not again for its external traffic. It said "reset and
+// datagrams dropped" whatever the portal did.
+func TestOutageSaysWhatThePortalDoes(t *testing.T) {
+	here := state.Endpoint{Addr: netip.MustParseAddrPort("127.0.0.1:1"), Ready: true, Serving: true, Local: true}
+	there := state.Endpoint{Addr: netip.MustParseAddrPort("198.18.0.2:1"), Ready: true, Serving: true}
+	for _, tc := range []struct {
+		name     string
+		refuses  bool
+		proto    state.Protocol
+		itp, etp bool
+		after    []state.Endpoint // the cluster endpoints left; none is on this node
+		want     []string
+		not      string
+	}{
+		{"iptables, none left", true, state.TCP, false, true, nil,
+			[]string{"Service port has no endpoints now; new connections are refused (the portal's REJECT rule), as kube-proxy refuses them"}, "on this node"},
+		{"iptables, UDP, none left", true, state.UDP, true, true, nil,
+			[]string{"Service port has no endpoints now; datagrams are refused (the portal's REJECT rule), as kube-proxy refuses them"}, "on this node"},
+		{"none, none left", false, state.TCP, false, true, nil,
+			[]string{"Service port has no endpoints now; new connections are reset by the proxy"}, "on this node"},
+		{"none, UDP, none left", false, state.UDP, false, false, nil,
+			[]string{"Service port has no endpoints now; datagrams are dropped by the proxy"}, "on this node"},
+		{"iptables, external Local, others elsewhere", true, state.TCP, false, true, []state.Endpoint{there},
+			[]string{"Service port has no endpoints on this node now; its external traffic (externalTrafficPolicy: Local) from other hosts: new connections are dropped (the portal's DROP rule), as kube-proxy drops them; from this node it goes to every endpoint"}, "REJECT"},
+		{"iptables, internal Local, others elsewhere", true, state.TCP, true, false, []state.Endpoint{there},
+			[]string{"Service port has no endpoints on this node now; its internal traffic (internalTrafficPolicy: Local): new connections are dropped (the portal's DROP rule)"}, "REJECT"},
+		{"bind, UDP, external Local, others elsewhere", false, state.UDP, false, true, []state.Endpoint{there},
+			[]string{"its external traffic (externalTrafficPolicy: Local) from other hosts: datagrams are dropped by the proxy; from this node it goes to every endpoint"}, "DROP"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := captureLog(t, "0")
+			p := newTestProxier(t, Config{PortalRefuses: tc.refuses})
+			port := func(cluster, local []state.Endpoint) state.ServicePort {
+				return state.ServicePort{Name: spn("web", "", tc.proto), Port: 80, NodePort: 30080, ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.10")},
+					InternalLocal: tc.itp, ExternalLocal: tc.etp, ClusterEndpoints: cluster, LocalEndpoints: local}
+			}
+			mustApply(t, p, port([]state.Endpoint{here, there}, []state.Endpoint{here}))
+			mustApply(t, p, port(tc.after, nil))
+			klog.Flush()
+			for _, want := range tc.want {
+				if logs.lineWith(want) == "" {
+					t.Errorf("no log line with %q:\n%s", want, logs.b.String())
+				}
+			}
+			if line := logs.lineWith(tc.not); line != "" {
+				t.Errorf("logged %q", line)
+			}
+		})
 	}
 }
 

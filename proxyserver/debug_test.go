@@ -1,0 +1,95 @@
+package proxyserver
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
+)
+
+// TestDebugServicesSaysWhatThePortalDoes: /debug/services says what
+// becomes of traffic without an endpoint to go to as the portal in use
+// handles it: with iptables, refused (REJECT) when the port has no
+// endpoint (of the client's family) anywhere, dropped (DROP) when a Local
+// policy finds none on this node, with the traffic from this node and pods
+// that still goes to every endpoint; with bind and none, reset (TCP) or
+// dropped (UDP) by the proxy. It said "reset" or "dropped" whatever the
+// portal did.
+func TestDebugServicesSaysWhatThePortalDoes(t *testing.T) {
+	here4 := state.Endpoint{Addr: netip.MustParseAddrPort("198.18.12.2:8080"), Ready: true, Serving: true, Local: true}
+	there4 := state.Endpoint{Addr: netip.MustParseAddrPort("198.18.13.2:8080"), Ready: true, Serving: true}
+	pods := []netip.Prefix{netip.MustParsePrefix("198.18.10.0/24"), netip.MustParsePrefix("fd5e:b1b5:10::/64")}
+	dual := []netip.Addr{netip.MustParseAddr("198.18.0.60"), netip.MustParseAddr("fd5e:b1b5::60")}
+	single := []netip.Addr{netip.MustParseAddr("198.18.0.61")}
+	for _, tc := range []struct {
+		name      string
+		mode      string
+		proto     state.Protocol
+		ips       []netip.Addr
+		itp, etp  bool
+		cluster   []state.Endpoint
+		local     []state.Endpoint
+		want, not []string
+	}{
+		{
+			name: "iptables, dual-stack, no IPv6 endpoint anywhere", mode: PortalIPTables, proto: state.UDP, ips: dual, etp: true,
+			cluster: []state.Endpoint{here4}, local: []state.Endpoint{here4},
+			want: []string{"note:         no IPv6 endpoint: from IPv6 clients, datagrams are refused (the portal's REJECT rule), as kube-proxy refuses them"},
+		},
+		{
+			name: "iptables, external Local, no endpoints at all", mode: PortalIPTables, proto: state.TCP, ips: single, etp: true,
+			want: []string{
+				"endpoints:    none: new connections are refused (the portal's REJECT rule), as kube-proxy refuses them",
+				"external to:  none: new connections are refused (the portal's REJECT rule), as kube-proxy refuses them",
+			},
+			not: []string{"DROP", "on this node"},
+		},
+		{
+			name: "iptables, external Local, endpoints elsewhere only", mode: PortalIPTables, proto: state.TCP, ips: single, etp: true,
+			cluster: []state.Endpoint{there4},
+			want: []string{
+				"external to:  none on this node: new connections are dropped (the portal's DROP rule), as kube-proxy drops them, but external traffic from this node and from pods goes to every endpoint (see node & pods)",
+				"redirects:    none",
+			},
+			not: []string{"REJECT"},
+		},
+		{
+			name: "none, UDP, no endpoints at all", mode: PortalNone, proto: state.UDP, ips: single, etp: true,
+			want: []string{"endpoints:    none: datagrams are dropped by the proxy", "external to:  none: datagrams are dropped by the proxy"},
+			not:  []string{"REJECT", "DROP"},
+		},
+		{
+			name: "bind, internal Local, endpoints elsewhere only", mode: PortalBind, proto: state.TCP, ips: single, itp: true,
+			cluster: []state.Endpoint{there4},
+			want:    []string{"endpoints:    none on this node: new connections are reset by the proxy"},
+			not:     []string{"REJECT", "DROP"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := userspace.New(userspace.Config{})
+			t.Cleanup(func() { p.Close() })
+			d := &debugView{p: p, mode: tc.mode, pods: pods}
+			if tc.mode == PortalIPTables {
+				d.portals = func(s state.Snapshot) []portal.Portal { return portal.FromSnapshot(s, nil, nil) }
+			}
+			sp := state.ServicePort{Name: state.ServicePortName{Namespace: "e2e", Name: "lb", Protocol: tc.proto}, Port: 80, NodePort: 30061,
+				ClusterIPs: tc.ips, InternalLocal: tc.itp, ExternalLocal: tc.etp, ClusterEndpoints: tc.cluster, LocalEndpoints: tc.local}
+			var b strings.Builder
+			d.write(&b, &debugSnapshot{snap: state.NewSnapshot([]state.ServicePort{sp})})
+			view := b.String()
+			for _, want := range tc.want {
+				if !strings.Contains(view, want) {
+					t.Errorf("lacks %q:\n%s", want, view)
+				}
+			}
+			for _, not := range tc.not {
+				if strings.Contains(view, not) {
+					t.Errorf("says %q:\n%s", not, view)
+				}
+			}
+		})
+	}
+}
