@@ -115,6 +115,39 @@ func TestBinaryDualStackKeepsFamilies(t *testing.T) {
 			eventually(t, w.pod, "tcp", "[fd5e:b1b5::40]:80", "be6:ping")
 			expectReply(t, w.pod, "udp", "[fd5e:b1b5::40]:53", "be6:ping")
 
+			if mode != "iptables" {
+				return
+			}
+			// Local policies, with the IPv4 endpoint on this node and the
+			// IPv6 one on another: IPv6 clients from outside are dropped
+			// (DROP, not REJECT), while the node's own traffic to the
+			// node port goes to the IPv6 endpoint. /debug/services said
+			// "IPv6 clients are refused".
+			local := strings.Replace(dualStackManifest, "  ports:\n", "  internalTrafficPolicy: Local\n  externalTrafficPolicy: Local\n  ports:\n", 1)
+			local = strings.Replace(local, `endpoints: [{addresses: ["198.18.12.2"]}]`, `endpoints: [{addresses: ["198.18.12.2"], nodeName: node}]`, 1)
+			remote6 := strings.Replace(dualStackIPv6Slice, `endpoints: [{addresses: ["fd5e:b1b5:12::2"]}]`, `endpoints: [{addresses: ["fd5e:b1b5:12::2"], nodeName: other}]`, 1)
+			writeFile(t, file, local+remote6)
+			want := "  note:         no IPv6 endpoint on this node: from IPv6 clients, new connections are dropped (the portal's DROP rule), as kube-proxy drops them (traffic from this node to node and external addresses goes to every endpoint (from pods too, given --cluster-cidr))"
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				code, view = curlCodeIn(t, w.node, "http://127.0.0.1:10249/debug/services")
+				if code == "200" && strings.Contains(view, want) && strings.Contains(view, "(dropped but from this node: no IPv6 endpoint on this node)") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("/debug/services (%s) lacks %q:\n%s", code, want, view)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if strings.Contains(view, "IPv6 clients are refused") || strings.Contains(view, "no IPv6 endpoint:") {
+				t.Errorf("/debug/services says IPv6 clients are refused:\n%s", view)
+			}
+			expectReply(t, w.node, "tcp", "[fd5e:b1b5:11::1]:30095", "be6:ping")
+			start := time.Now()
+			out, err := w.outside.run("nc", "-z", "-v", "-w2", "fd5e:b1b5:11::1", "30095")
+			if took := time.Since(start); err == nil || strings.Contains(out, "refused") || took < 1500*time.Millisecond {
+				t.Errorf("nc -z to the IPv6 node port from outside: %v after %v: %q; want a timeout (dropped)", err, took.Round(time.Millisecond), out)
+			}
 		})
 	}
 }

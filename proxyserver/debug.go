@@ -163,8 +163,8 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		external := sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
 		line("endpoints", "%s", d.endpointList(sp, sp.InternalEndpoints(), external && sp.ExternalLocal && sp.InternalLocal))
 		if has4, has6 := sp.Families(); has4 && has6 {
-			if f := familyWithout(sp.InternalEndpoints()); f != "" {
-				line("note", "no %s endpoint: from %s clients, %s (a client goes only to endpoints of its own IP family)", f, f, d.turnedAway(sp, false))
+			for _, note := range d.familyNotes(sp, external) {
+				line("note", "%s", note)
 			}
 		}
 		if external && sp.InternalLocal != sp.ExternalLocal {
@@ -238,24 +238,50 @@ func (d *debugView) turnedAway(sp *state.ServicePort, elsewhere bool) string {
 	return userspace.TurnedAway(sp.Name.Protocol, d.portals != nil, elsewhere)
 }
 
-// familyWithout names the IP family eps has none of, when it has some of
-// the other; else "".
-func familyWithout(eps []state.Endpoint) string {
-	var has4, has6 bool
-	for _, e := range eps {
-		if e.Addr.Addr().Unmap().Is4() {
-			has4 = true
-		} else {
-			has6 = true
+// fromHere says where external traffic that starts on this node, or in a
+// pod of family f (--cluster-cidr), goes under externalTrafficPolicy:
+// Local.
+func (d *debugView) fromHere(f portal.Family) string {
+	if d.hasPods(f) {
+		return "traffic from this node, and from pods (--cluster-cidr), to node and external addresses goes to every endpoint"
+	}
+	return "traffic from this node to node and external addresses goes to every endpoint (from pods too, given --cluster-cidr)"
+}
+
+// familyNotes says, for a dual-stack port, what becomes of the clients of
+// an IP family that the endpoints their traffic may use lack (a client goes
+// only to endpoints of its own family): refused when the port has none of
+// that family, else, under a Local traffic policy, turned away as the
+// policy's traffic is (internal: to the cluster IP; external: to node
+// ports and external addresses, with external saying the port has those).
+// A policy with no endpoints at all is said on its own line.
+func (d *debugView) familyNotes(sp *state.ServicePort, external bool) []string {
+	if !sp.HasEndpoints() {
+		return nil
+	}
+	var out []string
+	for _, f := range []portal.Family{portal.IPv4, portal.IPv6} {
+		has := func(eps []state.Endpoint) bool {
+			return slices.ContainsFunc(eps, func(e state.Endpoint) bool { return portal.FamilyOf(e.Addr.Addr()) == f })
+		}
+		lacks := func(eps []state.Endpoint) bool { return len(eps) > 0 && !has(eps) }
+		internal, ext := lacks(sp.InternalEndpoints()), external && lacks(sp.ExternalEndpoints())
+		switch {
+		case !has(sp.ClusterEndpoints) && !has(sp.LocalEndpoints):
+			out = append(out, fmt.Sprintf("no %s endpoint: from %s clients, %s (a client goes only to endpoints of its own IP family)", f, f, d.turnedAway(sp, false)))
+		case internal && (ext || !external):
+			s := fmt.Sprintf("no %s endpoint on this node: from %s clients, %s", f, f, d.turnedAway(sp, true))
+			if external {
+				s += " (" + d.fromHere(f) + ")"
+			}
+			out = append(out, s)
+		case internal:
+			out = append(out, fmt.Sprintf("no %s endpoint on this node: from %s clients of the cluster IP (internalTrafficPolicy: Local), %s; node-port and external traffic goes to every endpoint", f, f, d.turnedAway(sp, true)))
+		case ext:
+			out = append(out, fmt.Sprintf("no %s endpoint on this node: from %s clients of node ports and external addresses (externalTrafficPolicy: Local), %s (%s, as cluster-IP traffic does)", f, f, d.turnedAway(sp, true), d.fromHere(f)))
 		}
 	}
-	switch {
-	case has4 && !has6:
-		return "IPv6"
-	case has6 && !has4:
-		return "IPv4"
-	}
-	return ""
+	return out
 }
 
 // endpointList describes eps, the endpoints sp sends some traffic to, or

@@ -16,11 +16,13 @@ import (
 // endpoint (of the client's family) anywhere, dropped (DROP) when a Local
 // policy finds none on this node, with the traffic from this node and pods
 // that still goes to every endpoint; with bind and none, reset (TCP) or
-// dropped (UDP) by the proxy. It said "reset" or "dropped" whatever the
-// portal did.
+// dropped (UDP) by the proxy. It said "dropped" for a port with no
+// endpoints at all, and "IPv6 clients are refused" for a dual-stack port
+// whose IPv6 endpoint is on another node.
 func TestDebugServicesSaysWhatThePortalDoes(t *testing.T) {
 	here4 := state.Endpoint{Addr: netip.MustParseAddrPort("198.18.12.2:8080"), Ready: true, Serving: true, Local: true}
 	there4 := state.Endpoint{Addr: netip.MustParseAddrPort("198.18.13.2:8080"), Ready: true, Serving: true}
+	there6 := state.Endpoint{Addr: netip.MustParseAddrPort("[fd5e:b1b5:13::2]:8080"), Ready: true, Serving: true}
 	pods := []netip.Prefix{netip.MustParsePrefix("198.18.10.0/24"), netip.MustParsePrefix("fd5e:b1b5:10::/64")}
 	dual := []netip.Addr{netip.MustParseAddr("198.18.0.60"), netip.MustParseAddr("fd5e:b1b5::60")}
 	single := []netip.Addr{netip.MustParseAddr("198.18.0.61")}
@@ -34,6 +36,24 @@ func TestDebugServicesSaysWhatThePortalDoes(t *testing.T) {
 		local     []state.Endpoint
 		want, not []string
 	}{
+		{
+			name: "iptables, Local policies, IPv6 endpoint on another node", mode: PortalIPTables, proto: state.TCP, ips: dual, itp: true, etp: true,
+			cluster: []state.Endpoint{here4, there6}, local: []state.Endpoint{here4},
+			want: []string{"note:         no IPv6 endpoint on this node: from IPv6 clients, new connections are dropped (the portal's DROP rule), as kube-proxy drops them (traffic from this node, and from pods (--cluster-cidr), to node and external addresses goes to every endpoint)"},
+			not:  []string{"refused", "no IPv4"},
+		},
+		{
+			name: "bind, Local policies, IPv6 endpoint on another node", mode: PortalBind, proto: state.TCP, ips: dual, itp: true, etp: true,
+			cluster: []state.Endpoint{here4, there6}, local: []state.Endpoint{here4},
+			want: []string{"note:         no IPv6 endpoint on this node: from IPv6 clients, new connections are reset by the proxy (traffic from this node, and from pods"},
+			not:  []string{"refused", "DROP"},
+		},
+		{
+			name: "iptables, external Local only, IPv6 endpoint on another node", mode: PortalIPTables, proto: state.TCP, ips: dual, etp: true,
+			cluster: []state.Endpoint{here4, there6}, local: []state.Endpoint{here4},
+			want: []string{"note:         no IPv6 endpoint on this node: from IPv6 clients of node ports and external addresses (externalTrafficPolicy: Local), new connections are dropped (the portal's DROP rule)"},
+			not:  []string{"refused"},
+		},
 		{
 			name: "iptables, dual-stack, no IPv6 endpoint anywhere", mode: PortalIPTables, proto: state.UDP, ips: dual, etp: true,
 			cluster: []state.Endpoint{here4}, local: []state.Endpoint{here4},
