@@ -1,6 +1,7 @@
 package source
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -17,12 +18,17 @@ func FuzzParseManifests(f *testing.F) {
 	f.Add([]byte("apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service, metadata: {name: a}, spec: {ports: [{port: 1}]}}\n- {apiVersion: v1, kind: List, items: []}\n"))
 	f.Add([]byte(`{"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "x"}, "addressType": "IPv6", "endpoints": [{"addresses": ["::ffff:127.0.0.1"]}], "ports": [{}]}`))
 	f.Add([]byte("---\n--- #\nkind: [\n"))
+	f.Add([]byte("---\n---\n" + demoManifest + "---\n---\n---\n--- !!map\n"))
 	f.Add([]byte(""))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		svcs, sl, warnings, err := ParseManifests("fuzz.yaml", data)
 		for _, e := range append(flatten(err), warnings...) {
 			if !strings.Contains(e.Error(), "fuzz.yaml") {
 				t.Errorf("problem does not name the file: %v", e)
+			}
+			var oe *ObjectError
+			if errors.As(e, &oe) && (oe.Line < 0 || oe.Line > bytes.Count(data, []byte("\n"))+1) {
+				t.Errorf("problem names line %d, outside the file: %v", oe.Line, e)
 			}
 		}
 		if err != nil {

@@ -59,8 +59,10 @@ var newDecoders = sync.OnceValues(func() (decoders, error) {
 // Objects are decoded strictly with the Kubernetes API types and validated
 // (see validate.go); namespaces default to "default". Every problem is
 // reported, not just the first: err joins one *ObjectError per problem,
-// each naming the file, the document (non-empty documents count from 1),
-// the object when known and the field. Objects of other kinds, and
+// each naming the file, the document, the object when known and the field,
+// with the line of the file it is on. Documents count from 1, and only
+// those with content do: one of nothing but blank lines and comments, or
+// between two "---" lines in a row, is skipped, as kubectl skips it. Objects of other kinds, and
 // Services or slices that are valid but will not do what their author may
 // expect, are reported in warnings and do not make err non-nil. A file
 // with no content at all yields ErrEmptyManifest. When err is not nil, no
@@ -194,19 +196,21 @@ func parseManifests(name string, data []byte, known docCache) (*manifest, error)
 	}
 	m := &manifest{file: name, origins: make(map[objectKey]origin), dec: dec, known: known, docs: make(docCache, len(known))}
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	lines := documentLines(data)
-	for chunks, doc := 0, 1; ; chunks++ {
+	// next is the file's line (from 1) that the reader reads next.
+	for next, doc := 1, 1; ; {
 		at := origin{document: doc, item: -1}
-		if chunks < len(lines) {
-			at.line = lines[chunks]
-		}
 		chunk, err := r.Read()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
+			at.line = badSeparator(data, next)
 			m.errs = append(m.errs, &ObjectError{File: name, Document: doc, Line: at.line, Err: err})
 			break
+		}
+		chunk, at.line, next = documentAt(chunk, next)
+		if len(chunk) == 0 {
+			continue // separators only
 		}
 		var values []jsonValue
 		var badLine int
@@ -273,22 +277,44 @@ func jsonValues(doc []byte) (values []jsonValue, badLine int, err error) {
 	}
 }
 
-// documentLines returns the line where each document of data starts, as
-// YAMLReader splits them: a document is a run of lines between lines that
-// start with "---".
-func documentLines(data []byte) []int {
-	var starts []int
-	inDoc := false
-	for i, line := range bytes.Split(data, []byte("\n")) {
-		switch {
-		case bytes.HasPrefix(line, []byte("---")):
-			inDoc = false
-		case !inDoc:
-			starts = append(starts, i+1)
-			inDoc = true
+// documentAt places a chunk that YAMLReader returned, which starts on line
+// start of the file: it returns the document the chunk holds, the line
+// where that starts and the line the reader reads after it.
+//
+// The reader returns each line it reads in a chunk, but for the separator
+// that ends one ("---" after a line of content), which it drops. A
+// separator it meets before any content starts the chunk instead, so a
+// file that starts with "---", or a run of them ("---" ending one file
+// joined to another that starts with one), gives chunks that start with a
+// separator, and chunks that are nothing else ("---\n"). The document is
+// what follows that separator, and the line is counted past it, so that
+// lines are the file's whatever separators come before. The reader ends
+// each line it returns with "\n" (one "\r\n" or "\n" in the file).
+func documentAt(chunk []byte, start int) (doc []byte, line, next int) {
+	next = start + bytes.Count(chunk, []byte("\n")) + 1 // and the separator that ended it
+	if bytes.HasPrefix(chunk, []byte(yamlSeparator)) {
+		_, chunk, _ = bytes.Cut(chunk, []byte("\n"))
+		start++
+	}
+	return chunk, start, next
+}
+
+// yamlSeparator starts a line that separates YAML documents, as YAMLReader
+// reads them.
+const yamlSeparator = "---"
+
+// badSeparator returns the line (from 1) of the first separator YAMLReader
+// refuses (one followed by other than a comment) on or after line from, or
+// from.
+func badSeparator(data []byte, from int) int {
+	lines := bytes.Split(data, []byte("\n"))
+	for i := from - 1; i >= 0 && i < len(lines); i++ {
+		rest, ok := bytes.CutPrefix(lines[i], []byte(yamlSeparator))
+		if rest = bytes.TrimSpace(rest); ok && len(rest) > 0 && rest[0] != '#' {
+			return i + 1
 		}
 	}
-	return starts
+	return from
 }
 
 // yamlLine matches the line numbers in YAML parser messages, which count

@@ -891,3 +891,83 @@ spec:
 		}
 	})
 }
+
+// TestLinesAfterSeparatorRuns: documents separated by runs of "---" lines
+// (two files joined with cat, one ending and the next starting with "---"),
+// or a file that starts with one, are numbered as documents are counted
+// (non-empty ones, from 1) and every problem names its real line in the
+// file, in Line and in a YAML message alike.
+func TestLinesAfterSeparatorRuns(t *testing.T) {
+	docs := []string{
+		// 1: a warning about a field.
+		"apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec:\n  clusterIP: 198.18.1.1\n  selector: {app: a}\n  ports: [{port: 80}]\n",
+		// 2: a warning about the whole document.
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: x}\n",
+		// 3: an unknown field.
+		"apiVersion: v1\nkind: Service\nmetadata: {name: b, namespace: x}\nspec:\n  clusterIP: 198.18.1.2\n  ports:\n  - port: 80\n    protocl: TCP\n",
+		// 4: YAML that does not parse.
+		"apiVersion: v1\nkind: Service\nmetadata: {name: d, namespace: x}\nspec:\n  clusterIP: 198.18.1.4\n  ports: [{port: 80, protocol: TCP}\n",
+		// 5: a tab where YAML takes none.
+		"apiVersion: v1\nkind: Service\nmetadata: {name: e, namespace: x}\nspec:\n  clusterIP: 198.18.1.5\n  ports:\n\t- port: 80\n",
+	}
+	// Each problem: its document, and the text of the line it is on.
+	want := []struct {
+		doc  int
+		line string
+	}{
+		{1, "  selector: {app: a}\n"},
+		{2, "apiVersion: v1\nkind: ConfigMap\n"},
+		{3, "    protocl: TCP\n"},
+		{4, "  ports: [{port: 80, protocol: TCP}\n"},
+		{5, "\t- port: 80\n"},
+	}
+	tests := []struct{ name, lead, sep string }{
+		{"one separator", "", "---\n"},
+		{"a separator first", "---\n", "---\n"},
+		{"two separators first", "---\n---\n", "---\n"},
+		{"two separators", "", "---\n---\n"},
+		{"three separators", "", "---\n---\n---\n"},
+		{"separators with comments and blank lines", "--- # start\n\n", "---\n# nothing\n--- # again\n\n---\n"},
+		{"a separator first, CRLF", "---\r\n", "---\r\n---\r\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			data := tc.lead + strings.Join(docs, tc.sep)
+			crlf := strings.Contains(tc.sep, "\r\n")
+			if crlf {
+				data = strings.ReplaceAll(strings.ReplaceAll(data, "\r\n", "\n"), "\n", "\r\n")
+			}
+			_, _, warnings, err := ParseManifests("cat.yaml", []byte(data))
+			problems := append(slices.Clone(warnings), flatten(err)...)
+			if len(problems) != len(want) {
+				t.Fatalf("got %d problems, want %d: %v", len(problems), len(want), problems)
+			}
+			for _, e := range problems {
+				var oe *ObjectError
+				if !errors.As(e, &oe) || oe.Document < 1 || oe.Document > len(want) {
+					t.Fatalf("%v: not an ObjectError of a document 1-%d", e, len(want))
+				}
+				text := want[oe.Document-1].line
+				if crlf {
+					text = strings.ReplaceAll(text, "\n", "\r\n")
+				}
+				line := strings.Count(data[:strings.Index(data, text)], "\n") + 1
+				if oe.Line != line {
+					t.Errorf("%v: line %d, want %d", e, oe.Line, line)
+				}
+				if m := yamlLine.FindString(oe.Err.Error()); m != "" && m != fmt.Sprintf("line %d", line) {
+					t.Errorf("%v: message names %s, want line %d", e, m, line)
+				}
+			}
+		})
+	}
+
+	t.Run("a separator the reader refuses, in a run", func(t *testing.T) {
+		data := docs[0] + "---\n---\n--- !!map\n" + docs[1]
+		_, _, _, err := ParseManifests("cat.yaml", []byte(data))
+		var oe *ObjectError
+		if !errors.As(err, &oe) || oe.Line != strings.Count(docs[0], "\n")+3 || oe.Document != 2 {
+			t.Fatalf("got %v (line %d), want document 2 on line %d", err, oe.Line, strings.Count(docs[0], "\n")+3)
+		}
+	})
+}
