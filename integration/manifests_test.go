@@ -712,7 +712,7 @@ func TestBadInputFailsClearly(t *testing.T) {
 		{name: "bad udp timeout", args: []string{"--manifests", good, "--udp-timeout", "0s"}, wantCode: 2, want: []string{"--udp-timeout"}},
 		{name: "unknown flag", args: []string{"--manifests", good, "--no-such-flag"}, wantCode: 2, want: []string{"no-such-flag"}},
 		{name: "missing file", args: []string{"--manifests", filepath.Join(dir, "absent.yaml")}, wantCode: 1, want: []string{"manifests: open ", "absent.yaml", "no such file"}},
-		{name: "bad manifest", args: []string{"--manifests", bad}, wantCode: 1, want: []string{"bad.yaml", "document 1", "spec.ports[1].protocol", "QUIC"}},
+		{name: "bad manifest", args: []string{"--manifests", bad}, wantCode: 1, want: []string{"bad.yaml:10: document 1 (Service e2e/app): spec.ports[1].protocol", "QUIC"}},
 		{name: "bind portal without CAP_NET_ADMIN", nobody: true, args: []string{"--manifests", good, "--portal=bind"}, wantCode: 1, want: []string{"--portal=bind", "CAP_NET_ADMIN"}},
 		{name: "iptables portal without CAP_NET_ADMIN", nobody: true, args: []string{"--manifests", good, "--portal=iptables"}, wantCode: 1, want: []string{"--portal=iptables: "}},
 		{name: "cleanup without CAP_NET_ADMIN", nobody: true, args: []string{"--cleanup"}, wantCode: 1, want: []string{"cleanup", "CAP_NET_ADMIN"}},

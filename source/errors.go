@@ -43,11 +43,19 @@ type ObjectError struct {
 // Error returns e.g. "demo.yaml: document 3 (Service demo/web):
 // spec.ports[0].port: 70000 is out of range 1-65535", or, without a file,
 // "Service demo/web: spec.ports[0].port: ...".
-func (e *ObjectError) Error() string {
+func (e *ObjectError) Error() string { return e.format(false) }
+
+// format is Error, with the line after the file name ("demo.yaml:12:
+// document 3 ...", as compilers name a line and editors take it) when
+// withLine is true and the line is known.
+func (e *ObjectError) format(withLine bool) string {
 	var b strings.Builder
 	obj := e.Object()
 	if e.File != "" {
 		b.WriteString(e.File)
+		if withLine && e.Line > 0 {
+			fmt.Fprintf(&b, ":%d", e.Line)
+		}
 		if e.Document > 0 {
 			fmt.Fprintf(&b, ": document %d", e.Document)
 		}
@@ -70,6 +78,26 @@ func (e *ObjectError) Error() string {
 }
 
 func (e *ObjectError) Unwrap() error { return e.Err }
+
+// linedError is an ObjectError whose message names its line, for where no
+// log line gives it as the "line" key: the error that stops the proxy at
+// start-up.
+type linedError struct{ e *ObjectError }
+
+func (l linedError) Error() string { return l.e.format(true) }
+func (l linedError) Unwrap() error { return l.e }
+
+// withLines returns err, the errors of a manifest file joined, with each
+// ObjectError's message naming its line.
+func withLines(err error) error {
+	errs := flatten(err)
+	for i, e := range errs {
+		if oe, ok := e.(*ObjectError); ok && oe.File != "" && oe.Line > 0 {
+			errs[i] = linedError{oe}
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // Object returns "Kind namespace/name" with whatever parts are known, or "".
 func (e *ObjectError) Object() string {

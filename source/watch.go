@@ -120,7 +120,9 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	l.fileInfo, _ = os.Stat(l.path)
 	snap, _, err := l.load()
 	if err != nil {
-		return fmt.Errorf("manifests: %w", err)
+		// Nothing logs the problems of a first read, as logRejected
+		// does an edit's: their lines go in the message.
+		return fmt.Errorf("manifests: %w", withLines(err))
 	}
 	l.current = snap
 	l.follow()

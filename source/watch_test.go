@@ -437,7 +437,9 @@ func TestManifestsStartupErrors(t *testing.T) {
 		{"a directory", dir, "not a regular file (a directory)"},
 		{"missing file", filepath.Join(dir, "missing.yaml"), "no such file"},
 		{"missing directory", filepath.Join(dir, "nope", "x.yaml"), "nope"},
-		{"broken file", broken, "broken.yaml: document 1 (Service default/web): spec.ports[0].port: 0 is out of range 1-65535"},
+		// With the line, as an editor takes it, since no log line gives
+		// it as one does for a broken edit.
+		{"broken file", broken, "broken.yaml:4: document 1 (Service default/web): spec.ports[0].port: 0 is out of range 1-65535"},
 	}
 	fifo := filepath.Join(dir, "fifo.yaml")
 	switch err := mkfifo(fifo); {
