@@ -590,7 +590,10 @@ func strictField(msg string) (field, reason string) {
 }
 
 // identify reads kind, namespace and name from a document the decoder
-// refused, for messages only: it ignores any error.
+// refused, or of a kind the proxy does not read, for messages only: it
+// ignores any error. A document without a namespace is in "default", as
+// kubectl puts it, unless its kind is a cluster-scoped one of Kubernetes
+// (Namespace, ClusterRole): that has no namespace.
 func identify(data []byte) (kind, namespace, name string) {
 	var probe struct {
 		Kind     string `json:"kind"`
@@ -600,7 +603,7 @@ func identify(data []byte) (kind, namespace, name string) {
 		} `json:"metadata"`
 	}
 	_ = utilyaml.Unmarshal(data, &probe)
-	if probe.Metadata.Name != "" && probe.Metadata.Namespace == "" {
+	if probe.Metadata.Name != "" && probe.Metadata.Namespace == "" && !clusterScoped[probe.Kind] {
 		probe.Metadata.Namespace = corev1.NamespaceDefault
 	}
 	return probe.Kind, probe.Metadata.Namespace, probe.Metadata.Name
@@ -685,6 +688,22 @@ func (m *manifest) check(at origin, kind, ns, name string, fs []finding) bool {
 		}
 	}
 	return ok
+}
+
+// clusterScoped holds the cluster-scoped kinds of Kubernetes' own API
+// groups (`kubectl api-resources --namespaced=false`, 1.36), for naming
+// objects the proxy skips. A custom resource's scope is not known here:
+// its kind is named as namespaced ones are.
+var clusterScoped = map[string]bool{
+	"APIService": true, "CSIDriver": true, "CSINode": true, "CertificateSigningRequest": true,
+	"ClusterRole": true, "ClusterRoleBinding": true, "ClusterTrustBundle": true, "ComponentStatus": true,
+	"CustomResourceDefinition": true, "DeviceClass": true, "FlowSchema": true, "IPAddress": true,
+	"IngressClass": true, "MutatingAdmissionPolicy": true, "MutatingAdmissionPolicyBinding": true,
+	"MutatingWebhookConfiguration": true, "Namespace": true, "Node": true, "PersistentVolume": true,
+	"PriorityClass": true, "PriorityLevelConfiguration": true, "ResourceSlice": true, "RuntimeClass": true,
+	"ServiceCIDR": true, "StorageClass": true, "StorageVersionMigration": true,
+	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
+	"ValidatingWebhookConfiguration": true, "VolumeAttachment": true, "VolumeAttributesClass": true,
 }
 
 // kindVersions maps the kinds the proxy reads to the apiVersion it reads

@@ -971,3 +971,45 @@ func TestLinesAfterSeparatorRuns(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterScopedKindsHaveNoNamespace: an object of a cluster-scoped
+// kind the proxy skips (Namespace, ClusterRole) is named without a
+// namespace, where "Namespace default/x" named nothing that exists; other
+// kinds without one are in "default", as kubectl puts them, the proxy's
+// own included, even when they do not decode.
+func TestClusterScopedKindsHaveNoNamespace(t *testing.T) {
+	data := `apiVersion: v1
+kind: Namespace
+metadata: {name: x}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: reader}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {ports: [{port: 80, protocl: TCP}]}
+---
+apiVersion: v1
+kind: Servcie
+metadata: {name: typo}
+`
+	_, _, warnings, err := ParseManifests("demo.yaml", []byte(data))
+	var got []string
+	for _, e := range append(slices.Clone(warnings), flatten(err)...) {
+		var oe *ObjectError
+		if errors.As(e, &oe) {
+			got = append(got, oe.Object())
+		}
+	}
+	slices.Sort(got)
+	want := []string{"ClusterRole reader", "ConfigMap default/settings", "Namespace x", "Servcie default/typo", "Service default/web"}
+	if !slices.Equal(got, want) {
+		t.Errorf("objects named %q, want %q", got, want)
+	}
+}
