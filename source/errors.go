@@ -1,8 +1,12 @@
 package source
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -153,4 +157,33 @@ func flatten(err error) []error {
 		return out
 	}
 	return []error{err}
+}
+
+// inFileOrder sorts the problems of a manifest file in the order of the
+// file: by document, then item of a List, then line; the checks across
+// objects find theirs after every document is read. Problems that name no
+// document go last. The sort is stable.
+func inFileOrder(errs []error) {
+	slices.SortStableFunc(errs, func(a, b error) int {
+		ka, kb := fileOrder(a), fileOrder(b)
+		return cmp.Or(cmp.Compare(ka[0], kb[0]), cmp.Compare(ka[1], kb[1]), cmp.Compare(ka[2], kb[2]))
+	})
+}
+
+// fileOrder is err's place in its file: document, item (-1 for none) and
+// line.
+func fileOrder(err error) [3]int {
+	var oe *ObjectError
+	if !errors.As(err, &oe) || oe.Document <= 0 {
+		return [3]int{math.MaxInt, -1, 0}
+	}
+	item := -1
+	if rest, ok := strings.CutPrefix(oe.Field, "items["); ok {
+		if n, _, ok := strings.Cut(rest, "]"); ok {
+			if i, err := strconv.Atoi(n); err == nil {
+				item = i
+			}
+		}
+	}
+	return [3]int{oe.Document, item, oe.Line}
 }

@@ -235,6 +235,8 @@ func parseManifests(name string, data []byte, known docCache) (*manifest, error)
 		}
 	}
 	m.crossCheck()
+	inFileOrder(m.warnings)
+	inFileOrder(m.errs)
 	return m, errors.Join(m.errs...)
 }
 

@@ -1013,3 +1013,58 @@ metadata: {name: typo}
 		t.Errorf("objects named %q, want %q", got, want)
 	}
 }
+
+// TestWarningsInDocumentOrder: warnings come in the order of the file, by
+// document, then item of a List, then line, though the checks across
+// objects find theirs after every document is read; errors too.
+func TestWarningsInDocumentOrder(t *testing.T) {
+	data := `apiVersion: v1
+kind: Service
+metadata: {name: a, namespace: x}
+spec: {clusterIP: 198.18.1.1, selector: {app: a}, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: c, namespace: x}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: b, namespace: x}
+spec: {clusterIP: 198.18.1.1, ports: [{port: 81}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s, namespace: x, labels: {kubernetes.io/service-name: nothing}}
+addressType: IPv4
+endpoints: []
+---
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Service, metadata: {name: d, namespace: x}, spec: {clusterIP: 198.18.1.4, selector: {app: d}, ports: [{port: 80}]}}
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: e, namespace: x}}
+`
+	_, _, warnings, err := ParseManifests("demo.yaml", []byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, w := range warnings {
+		var oe *ObjectError
+		if !errors.As(w, &oe) {
+			t.Fatalf("%v: not an ObjectError", w)
+		}
+		got = append(got, fmt.Sprintf("%d %s %s", oe.Document, oe.Object(), oe.Field))
+	}
+	want := []string{
+		"1 Service x/a spec.selector",
+		"2 ConfigMap x/c ",
+		"3 Service x/b spec.clusterIP",
+		"4 EndpointSlice x/s metadata.labels",
+		"5 Service x/d items[0].spec.selector",
+		"5 ConfigMap x/e items[1]",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("warnings in this order:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -273,6 +273,10 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 		klog.InfoS("Manifest warning", append(logValues(w), "reason", reason(w))...)
 	}
 	snap, built := BuildSnapshot(m.services, m.slices, l.opts)
+	for i, p := range built {
+		built[i] = m.locate(p)
+	}
+	inFileOrder(built)
 	warned := make(map[string]bool, len(m.warnings))
 	for _, w := range m.warnings {
 		warned[w.Error()] = true
@@ -281,7 +285,6 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 	l.problems = make(map[string]bool, len(built))
 	var problems []error
 	for _, p := range built {
-		p = m.locate(p)
 		if warned[p.Error()] {
 			continue // a warning said it (a slice port that matches no port)
 		}
@@ -293,7 +296,9 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 	}
 	// What the warnings skipped (other kinds, slices of no Service) is
 	// ignored too.
-	l.tell(nil, append(slices.Clone(m.warnings), problems...))
+	ignored := append(slices.Clone(m.warnings), problems...)
+	inFileOrder(ignored)
+	l.tell(nil, ignored)
 	return snap, true, nil
 }
 

@@ -3,6 +3,7 @@ package source
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -555,5 +556,62 @@ func TestManifestsUnmatchedSlicePortSaidOnce(t *testing.T) {
 				t.Errorf("said %d times, want once: %q", n, ignored)
 			}
 		})
+	}
+}
+
+// TestManifestsIgnoredInDocumentOrder: Status lists what is ignored in the
+// order of the file, the manifest's warnings and what BuildSnapshot
+// leaves unused alike.
+func TestManifestsIgnoredInDocumentOrder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "demo.yaml")
+	data := `apiVersion: v1
+kind: Service
+metadata: {name: zeta, namespace: x}
+spec: {externalIPs: [169.254.169.254], ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: c, namespace: x}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: alpha, namespace: x}
+spec: {externalIPs: [169.254.169.254], ports: [{port: 81}]}
+`
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ignored := make(chan []error, 1)
+	m := &Manifests{
+		Path:    path,
+		Options: Options{AllowNoClusterIP: true},
+		Resync:  -1,
+		Status:  func(_ error, i []error) { ignored <- i },
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, func(state.Snapshot) {}) }()
+	var got []string
+	select {
+	case errs := <-ignored:
+		for _, e := range errs {
+			var oe *ObjectError
+			if !errors.As(e, &oe) {
+				t.Fatalf("%v: not an ObjectError", e)
+			}
+			got = append(got, fmt.Sprintf("%d %s", oe.Document, oe.Object()))
+		}
+	case err := <-done:
+		t.Fatalf("Run returned at start: %v", err)
+	case <-time.After(watchTimeout):
+		t.Fatal("no status")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	want := []string{"1 Service x/zeta", "2 ConfigMap x/c", "3 Service x/alpha"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ignored in this order: %q, want %q", got, want)
 	}
 }
