@@ -755,3 +755,122 @@ func TestBadInputFailsClearly(t *testing.T) {
 		})
 	}
 }
+
+// TestManifestNotesInDebugView: /debug/services lists the manifest's
+// warnings under a heading of their own, in the order of the file, and
+// under "Parts of the manifest file are ignored" only what is: a cluster
+// IP two Services share (on different ports: both are served) is a
+// warning, not an ignored part. The log says the same warnings in the
+// same order, and names a cluster-scoped kind without a namespace.
+func TestManifestNotesInDebugView(t *testing.T) {
+	a := httpBackend(t, "a")
+	np := freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	// Documents 1 and 2: app and its slice. 3: a Service on app's cluster
+	// IP that selects pods (two warnings the checks across objects find
+	// last). 4: a Namespace (skipped). 5: a slice of a family app lacks
+	// (ignored).
+	content := manifest(np, "None", []int{a}, nil) + `---
+apiVersion: v1
+kind: Service
+metadata: {name: other, namespace: e2e}
+spec:
+  clusterIP: 198.18.0.20
+  selector: {app: other}
+  ports: [{port: 81}]
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: e2e}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: app-six, namespace: e2e, labels: {kubernetes.io/service-name: app}}
+addressType: IPv6
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["::1"]}]
+`
+	writeFile(t, file, content)
+	lineOf := func(text string) int { return strings.Count(content[:strings.Index(content, text)], "\n") + 1 }
+	mp := freePort(t)
+	p := startProxy(t, append(proxyArgs(file), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", mp))...)
+	p.waitLog(0, `"Loaded manifests"`, 1, 20*time.Second)
+
+	var warnings, wantLogged []string
+	if np < 30000 || np > 32767 { // outside the default node port range
+		warnings = []string{"document 1 (Service e2e/app): spec.ports[0].nodePort: ", "document 1 (Service e2e/app): spec.ports[1].nodePort: "}
+		wantLogged = []string{
+			fmt.Sprintf(`document=1 line=%d object="Service e2e/app" field="spec.ports[0].nodePort"`, lineOf("- {name: http")),
+			fmt.Sprintf(`document=1 line=%d object="Service e2e/app" field="spec.ports[1].nodePort"`, lineOf("- {name: dns")),
+		}
+	}
+	warnings = append(warnings,
+		"document 3 (Service e2e/other): spec.clusterIP: 198.18.0.20 is also the cluster IP of Service e2e/app",
+		"document 3 (Service e2e/other): spec.selector: selects pods",
+		`document 4 (Namespace e2e): apiVersion "v1" kind "Namespace" is not a Service or EndpointSlice; skipped`,
+	)
+	ignored := []string{"document 5 (EndpointSlice e2e/app-six): "}
+	// section returns the lines under heading in view, up to the next line
+	// that is not indented.
+	section := func(view, heading string) []string {
+		_, rest, ok := strings.Cut(view, "\n"+heading+"\n")
+		if !ok {
+			return nil
+		}
+		var lines []string
+		for line := range strings.SplitSeq(rest, "\n") {
+			if !strings.HasPrefix(line, "  ") {
+				break
+			}
+			lines = append(lines, line)
+		}
+		return lines
+	}
+	// matches reports whether lines hold, one each and in order, the
+	// texts of want.
+	matches := func(lines, want []string) bool {
+		if len(lines) != len(want) {
+			return false
+		}
+		for i := range want {
+			if !strings.Contains(lines[i], want[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	var view string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		v, err := curl(t, fmt.Sprintf("http://127.0.0.1:%d/debug/services", mp))
+		if err == nil && !strings.HasPrefix(v, "Nothing applied yet") {
+			view = v
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/debug/services: %v: %s", err, v)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := section(view, "Warnings about the manifest file:"); !matches(got, warnings) {
+		t.Errorf("warnings:\n%s\nwant, in this order, lines with\n%s\nin /debug/services:\n%s", strings.Join(got, "\n"), strings.Join(warnings, "\n"), view)
+	}
+	if got := section(view, "Parts of the manifest file are ignored:"); !matches(got, ignored) {
+		t.Errorf("ignored:\n%s\nwant lines with\n%s\nin /debug/services:\n%s", strings.Join(got, "\n"), strings.Join(ignored, "\n"), view)
+	}
+
+	var logged []string
+	for line := range strings.SplitSeq(p.log(), "\n") {
+		if strings.Contains(line, `"Manifest warning"`) {
+			logged = append(logged, line)
+		}
+	}
+	wantLogged = append(wantLogged,
+		fmt.Sprintf(`document=3 line=%d object="Service e2e/other" field="spec.clusterIP"`, lineOf("  clusterIP: 198.18.0.20\n  selector")),
+		fmt.Sprintf(`document=3 line=%d object="Service e2e/other" field="spec.selector"`, lineOf("  selector: {app: other}")),
+		fmt.Sprintf(`document=4 line=%d object="Namespace e2e" reason=`, lineOf("apiVersion: v1\nkind: Namespace")),
+	)
+	if !matches(logged, wantLogged) {
+		t.Errorf("logged warnings:\n%s\nwant, in this order, lines with\n%s", strings.Join(logged, "\n"), strings.Join(wantLogged, "\n"))
+	}
+}

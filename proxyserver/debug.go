@@ -35,6 +35,7 @@ type debugView struct {
 type sourceStatus struct {
 	at       time.Time
 	rejected error   // why the manifest file was refused; nil when it was taken
+	warnings []error // the manifest file's warnings
 	ignored  []error // what of the objects read is left unused
 }
 
@@ -42,13 +43,13 @@ type sourceStatus struct {
 // file (source.Manifests.Status), where a refusal stays shown until the
 // file is taken again, or of the API server's objects (through
 // clusterRead).
-func (d *debugView) sourceRead(rejected error, ignored []error) {
-	d.source.Store(&sourceStatus{at: time.Now(), rejected: rejected, ignored: ignored})
+func (d *debugView) sourceRead(rejected error, warnings, ignored []error) {
+	d.source.Store(&sourceStatus{at: time.Now(), rejected: rejected, warnings: warnings, ignored: ignored})
 }
 
 // clusterRead records what of the API server's objects is left unused
 // (see source.Cluster.Ignored).
-func (d *debugView) clusterRead(ignored []error) { d.sourceRead(nil, ignored) }
+func (d *debugView) clusterRead(ignored []error) { d.sourceRead(nil, nil, ignored) }
 
 type debugSnapshot struct {
 	snap state.Snapshot
@@ -102,13 +103,21 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		if st.rejected != nil {
 			fmt.Fprintf(w, "The manifest file's last edit was rejected (%s); the last good state below still serves:\n", st.at.Format(time.RFC3339))
 			problems(st.rejected)
-		} else if len(st.ignored) > 0 {
-			if d.cluster {
-				fmt.Fprintln(w, "Parts of objects from the API server are ignored:")
-			} else {
-				fmt.Fprintln(w, "Parts of the manifest file are ignored:")
+		} else {
+			// As the log has them: warnings, some of which say what
+			// they skip, then what is left unused.
+			if len(st.warnings) > 0 {
+				fmt.Fprintln(w, "Warnings about the manifest file:")
+				problems(st.warnings...)
 			}
-			problems(st.ignored...)
+			if len(st.ignored) > 0 {
+				if d.cluster {
+					fmt.Fprintln(w, "Parts of objects from the API server are ignored:")
+				} else {
+					fmt.Fprintln(w, "Parts of the manifest file are ignored:")
+				}
+				problems(st.ignored...)
+			}
 		}
 	}
 	var hostAddrs []netip.Addr // for the sources a load-balancer IP admits

@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -49,10 +48,13 @@ type Manifests struct {
 
 	// Status, if set, is told what came of every read of changed content,
 	// the first included: rejected is why the file was refused (the last
-	// good state keeps serving), nil when it was taken; ignored are the
-	// problems that left objects of a taken file partly unused. It is
-	// called from Run's goroutine.
-	Status func(rejected error, ignored []error)
+	// good state keeps serving), nil when it was taken; warnings are those
+	// of a taken file (some say what they skip, some only what may not be
+	// what its author expects), and ignored the problems that left its
+	// objects partly unused, as the log says them ("Manifest warning",
+	// "Manifest object partly ignored"), each in the order of the file. It
+	// is called from Run's goroutine.
+	Status func(rejected error, warnings, ignored []error)
 	// HostChanged, if set, says this host's addresses changed: the file is
 	// built again, as an endpoint at one of them with a node port is
 	// ignored (see Options.HostAddrs); only new problems are logged.
@@ -198,7 +200,7 @@ type loader struct {
 	watcher *fsnotify.Watcher
 	// reloaded is Manifests.reloaded, or nil.
 	reloaded func(reloadOutcome, error)
-	status   func(rejected error, ignored []error)
+	status   func(rejected error, warnings, ignored []error)
 
 	target    string      // path with symbolic links resolved, or ""
 	targetDir string      // extra directory watched for target, or ""
@@ -251,7 +253,7 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 	}
 	l.seen = seen
 	if err != nil {
-		l.tell(err, nil)
+		l.tell(err, nil, nil)
 		return state.Snapshot{}, true, err
 	}
 	m, err := parseManifests(l.name, data, l.docs)
@@ -259,7 +261,7 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 		l.docs = m.docs
 	}
 	if err != nil {
-		l.tell(err, nil)
+		l.tell(err, nil, nil)
 		return state.Snapshot{}, true, err
 	}
 	for i, w := range m.warnings {
@@ -294,18 +296,14 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 			klog.ErrorS(p, "Manifest object partly ignored", logValues(p)...)
 		}
 	}
-	// What the warnings skipped (other kinds, slices of no Service) is
-	// ignored too.
-	ignored := append(slices.Clone(m.warnings), problems...)
-	inFileOrder(ignored)
-	l.tell(nil, ignored)
+	l.tell(nil, m.warnings, problems)
 	return snap, true, nil
 }
 
 // tell passes what came of a read to Manifests.Status.
-func (l *loader) tell(rejected error, ignored []error) {
+func (l *loader) tell(rejected error, warnings, ignored []error) {
 	if l.status != nil {
-		l.status(rejected, ignored)
+		l.status(rejected, warnings, ignored)
 	}
 }
 

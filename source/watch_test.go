@@ -521,7 +521,7 @@ func TestManifestsUnmatchedSlicePortSaidOnce(t *testing.T) {
 				Path:    path,
 				Options: Options{AllowLoopback: true, AllowNoClusterIP: true},
 				Resync:  -1,
-				Status:  func(_ error, i []error) { ignored = i },
+				Status:  func(_ error, w, i []error) { ignored = append(slices.Clone(w), i...) },
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -559,9 +559,9 @@ func TestManifestsUnmatchedSlicePortSaidOnce(t *testing.T) {
 	}
 }
 
-// TestManifestsIgnoredInDocumentOrder: Status lists what is ignored in the
-// order of the file, the manifest's warnings and what BuildSnapshot
-// leaves unused alike.
+// TestManifestsIgnoredInDocumentOrder: Status lists the manifest's
+// warnings and what BuildSnapshot leaves unused each in the order of the
+// file.
 func TestManifestsIgnoredInDocumentOrder(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "demo.yaml")
 	data := `apiVersion: v1
@@ -586,7 +586,7 @@ spec: {externalIPs: [169.254.169.254], ports: [{port: 81}]}
 		Path:    path,
 		Options: Options{AllowNoClusterIP: true},
 		Resync:  -1,
-		Status:  func(_ error, i []error) { ignored <- i },
+		Status:  func(_ error, w, i []error) { ignored <- slices.Concat(w, []error{nil}, i) },
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -596,6 +596,10 @@ spec: {externalIPs: [169.254.169.254], ports: [{port: 81}]}
 	case errs := <-ignored:
 		for _, e := range errs {
 			var oe *ObjectError
+			if e == nil {
+				got = append(got, "then ignored:")
+				continue
+			}
 			if !errors.As(e, &oe) {
 				t.Fatalf("%v: not an ObjectError", e)
 			}
@@ -610,7 +614,7 @@ spec: {externalIPs: [169.254.169.254], ports: [{port: 81}]}
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	want := []string{"1 Service x/zeta", "2 ConfigMap x/c", "3 Service x/alpha"}
+	want := []string{"2 ConfigMap x/c", "then ignored:", "1 Service x/zeta", "3 Service x/alpha"}
 	if !slices.Equal(got, want) {
 		t.Errorf("ignored in this order: %q, want %q", got, want)
 	}
