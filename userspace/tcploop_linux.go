@@ -315,12 +315,18 @@ type tcpConn struct {
 	// that has something to read.
 	readable, hup [2]bool
 	halfClosed    bool
+	// failing says a side failed (a reset, most often) while proxying:
+	// failedSide, 0 for the client, 1 for the endpoint (the index of the
+	// direction it is the source of). What it sent before is still
+	// passed on; then the other side is reset (see fail).
+	failing    bool
+	failedSide int
 	// header is the PROXY protocol header, which goes to the endpoint
 	// before any byte of the client's; nil without one, or once sent. A
 	// pointer, so connections without one stay as small as they were.
 	header       *pendingHeader
 	lastProgress time.Time
-	dialDeadline time.Time
+	deadline     time.Time // while dialing, the attempt's; once a side failed, the drain's
 	timer        timerEntry
 
 	clientSide, backendSide connSide
@@ -359,7 +365,7 @@ func (s *connSide) event(ev uint32) {
 		return // client data waits until the endpoint is connected
 	}
 	c.pump()
-	if ev&unix.EPOLLERR != 0 && !c.closed {
+	if ev&unix.EPOLLERR != 0 && !c.closed && !(c.failing && c.failedSide == i) {
 		// The socket failed (a reset, a keep-alive timeout) while what it
 		// had sent waited for the other side to take it, so the pump did
 		// not read it to find out: pass the failure on now, or the other
@@ -372,7 +378,8 @@ func (s *connSide) event(ev uint32) {
 		if s.backend {
 			from = "endpoint"
 		}
-		c.abortBecause(sideFailed(from, true, err))
+		c.fail(i, sideFailed(from, true, err))
+		c.pump()
 	}
 }
 
@@ -444,7 +451,7 @@ func (l *tcpListener) proxyHeader(v state.ProxyProtocol, cfd int, client netip.A
 
 // sendHeader writes what remains of the PROXY protocol header to the
 // endpoint. It reports false when the endpoint cannot take more now
-// (EPOLLOUT brings us back) or the connection was aborted (c.closed).
+// (EPOLLOUT brings us back) or it failed (c.failing, or c.closed).
 func (c *tcpConn) sendHeader() bool {
 	h := c.header
 	for h.sent < h.n {
@@ -456,7 +463,7 @@ func (c *tcpConn) sendHeader() bool {
 		case unix.EAGAIN:
 			return false
 		default:
-			c.abortBecause(sideFailed("endpoint", false, err))
+			c.fail(1, sideFailed("endpoint", false, err))
 			return false
 		}
 		h.sent += n
@@ -500,8 +507,8 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 		return
 	}
 	c.dialing = true
-	c.dialDeadline = time.Now().Add(p.cfg.DialTimeouts[c.attempt])
-	c.lp.schedule(&c.timer, c.dialDeadline)
+	c.deadline = time.Now().Add(p.cfg.DialTimeouts[c.attempt])
+	c.lp.schedule(&c.timer, c.deadline)
 }
 
 // dialProgress looks at the endpoint socket while connecting.
@@ -586,18 +593,102 @@ func (c *tcpConn) connected() {
 
 // pump moves whatever can move in both directions without blocking.
 func (c *tcpConn) pump() {
-	for i := range c.dirs {
-		if !c.pumpDir(i) {
-			return // the connection was aborted
+	if !c.failing {
+		for i := range c.dirs {
+			if !c.pumpDir(i) {
+				break // aborted, or a side failed
+			}
 		}
 	}
-	if c.dirs[0].shut && c.dirs[1].shut {
+	switch {
+	case c.closed:
+	case c.failing:
+		c.drain()
+	case c.dirs[0].shut && c.dirs[1].shut:
 		c.finish()
 	}
 }
 
+// resetDrain bounds how long a connection one side of which failed goes
+// on passing what that side had sent to the other side, which is reset
+// then (see fail).
+const resetDrain = 2 * time.Second
+
+// drainPoll is how often a connection one side of which failed looks
+// whether the other side has acknowledged all it was sent: no event
+// says when a socket's send queue is empty.
+const drainPoll = 5 * time.Millisecond
+
+// fail handles the failure of side x (0: the client, 1: the endpoint),
+// most often a reset, found by reading from it or writing to it. A
+// direct connection or kernel NAT would still deliver what x sent before
+// it failed (Linux keeps data that arrived before a reset readable, and
+// a write that finds the reset does not read it, e.g. an HTTP server's
+// "413" sent before it closed with an upload unread), so direction x goes
+// on until it reads x's EOF or error, as far as the other side takes it;
+// what was on its way to x is dropped. The other side is reset only when
+// it has acknowledged all it was sent, since closing with SO_LINGER 0
+// discards the socket's send queue, or after resetDrain (see drain).
+// A failure of the other side meanwhile aborts at once.
+func (c *tcpConn) fail(x int, why string) {
+	if c.why == "" {
+		c.why = why
+	}
+	if c.closed {
+		return
+	}
+	if c.failing {
+		c.abort() // both have failed: nobody is left to deliver to
+		return
+	}
+	c.failing, c.failedSide = true, x
+	c.halfClosed = false
+	d := &c.dirs[1-x] // what was on its way to x
+	if d.p != nil {
+		if d.pending > 0 {
+			d.p.close() // data left in it; never reuse
+		} else {
+			putPipe(d.p)
+		}
+		d.p, d.pending = nil, 0
+	}
+	d.buf, d.eof, d.shut = nil, true, true
+	// Read x until it says EOF or fails again, whatever events came.
+	c.readable[x], c.hup[x] = true, true
+	c.deadline = time.Now().Add(resetDrain)
+	c.lp.schedule(&c.timer, c.deadline)
+}
+
+// drain moves what the failed side sent to the other side, and resets
+// the connection once the other side has acknowledged all of it.
+func (c *tcpConn) drain() {
+	c.pumpDir(c.failedSide)
+	switch {
+	case c.closed:
+	case c.delivered():
+		c.abort()
+	case c.dirs[c.failedSide].shut:
+		// All written, not all acknowledged: look again soon.
+		if next := time.Now().Add(drainPoll); next.Before(c.deadline) {
+			c.lp.schedule(&c.timer, next)
+		}
+	}
+}
+
+// delivered reports whether the failed side's EOF has been reached and
+// everything before it written to the other side and acknowledged by it.
+func (c *tcpConn) delivered() bool {
+	if !c.dirs[c.failedSide].shut {
+		return false
+	}
+	unacked, err := unix.IoctlGetInt(c.socket(1-c.failedSide), unix.SIOCOUTQ)
+	return err != nil || unacked == 0
+}
+
 // pumpDir moves data from one socket to the other until either would
-// block. It reports false if it aborted the connection.
+// block. It reports false if it aborted the connection or found a side
+// failed (c.failing). With the source failed, it reads on to its EOF,
+// taking an error or EAGAIN for the EOF, and passes no FIN on.
 func (c *tcpConn) pumpDir(i int) bool {
 	p := c.l.sp.p
 	src, dst := c.cfd, c.bfd
@@ -609,8 +700,9 @@ func (c *tcpConn) pumpDir(i int) bool {
 		counter = &p.stats.BytesToClient
 	}
 	if i == 0 && c.header != nil && !c.sendHeader() {
-		return !c.closed // the client's bytes wait for the header
+		return !c.closed && !c.failing // the client's bytes wait for the header
 	}
+	failed := c.failing // and the source is the side that failed
 	d := &c.dirs[i]
 	progress := func(n int) {
 		counter.Add(uint64(n))
@@ -629,7 +721,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			case unix.EAGAIN:
 				return true // dst is full: EPOLLOUT will bring us back
 			default:
-				c.abortBecause(sideFailed(to, false, err))
+				c.fail(1-i, sideFailed(to, false, err))
 				return false
 			}
 			d.buf = d.buf[n:]
@@ -646,7 +738,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			case unix.EAGAIN:
 				return true // dst is full: EPOLLOUT will bring us back
 			default:
-				c.abortBecause(sideFailed(to, false, err))
+				c.fail(1-i, sideFailed(to, false, err))
 				return false
 			}
 			d.pending -= int(n)
@@ -665,7 +757,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 					// both sides are done, finish closes both sockets
 					// instead, which sends the FIN without a shutdown.
 					if err := rawShutdown(dst, unix.SHUT_WR); err != nil {
-						c.abortBecause(sideFailed(to, false, err))
+						c.fail(1-i, sideFailed(to, false, err))
 						return false
 					}
 					c.halfClosed = true
@@ -684,11 +776,15 @@ func (c *tcpConn) pumpDir(i int) bool {
 			switch {
 			case err == unix.EINTR:
 				continue
+			case failed && err != nil:
+				d.eof = true // all it sent has been read
+				continue
 			case err == unix.EAGAIN:
 				c.readable[i] = false
 				return true
 			case err != nil:
-				c.abortBecause(sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset
+				d.eof = true
+				c.fail(i, sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset, after what it sent
 				return false
 			case n == 0:
 				d.eof = true
@@ -704,7 +800,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			case unix.EAGAIN, unix.EINTR:
 				m = 0
 			default:
-				c.abortBecause(sideFailed(to, false, err))
+				c.fail(1-i, sideFailed(to, false, err))
 				return false
 			}
 			progress(m)
@@ -728,13 +824,20 @@ func (c *tcpConn) pumpDir(i int) bool {
 		switch {
 		case err == unix.EINTR:
 			continue
+		case failed && err != nil:
+			putPipe(d.p)
+			d.p = nil
+			d.eof = true // all it sent has been read
 		case err == unix.EAGAIN:
 			putPipe(d.p) // nothing to read: hold no pipe while idle
 			d.p = nil
 			c.readable[i] = false
 			return true
 		case err != nil:
-			c.abortBecause(sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset
+			putPipe(d.p)
+			d.p = nil
+			d.eof = true
+			c.fail(i, sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset, after what it sent
 			return false
 		case n == 0:
 			d.eof = true
@@ -747,22 +850,33 @@ func (c *tcpConn) pumpDir(i int) bool {
 	}
 }
 
-// expired handles the connection's timer: a dial that took too long, or a
-// half-closed connection that stayed silent too long.
+// expired handles the connection's timer: a dial that took too long, a
+// connection one side of which failed that has delivered what that side
+// sent or may wait no longer, or a half-closed connection that stayed
+// silent too long.
 func (c *tcpConn) expired(now time.Time) time.Time {
 	p := c.l.sp.p
 	switch {
 	case c.closed:
 		return time.Time{}
 	case c.dialing:
-		if now.Before(c.dialDeadline) {
-			return c.dialDeadline
+		if now.Before(c.deadline) {
+			return c.deadline
 		}
 		c.dialFailed(unix.ETIMEDOUT)
 		if c.dialing && !c.closed {
-			return c.dialDeadline
+			return c.deadline
 		}
 		return time.Time{}
+	case c.failing:
+		if !now.Before(c.deadline) || c.delivered() {
+			c.abort()
+			return time.Time{}
+		}
+		if next := now.Add(drainPoll); c.dirs[c.failedSide].shut && next.Before(c.deadline) {
+			return next // waiting for the acknowledgement
+		}
+		return c.deadline // waiting for the other side to take more (EPOLLOUT)
 	case c.halfClosed:
 		if d := c.lastProgress.Add(p.cfg.TCPHalfCloseTimeout); d.After(now) {
 			return d

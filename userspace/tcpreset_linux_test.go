@@ -72,8 +72,10 @@ func TestTCPClientResetReachesStalledEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The event loops see the reset at once; the goroutine build when its
-	// stalled write next looks at the client (stallCheck there).
+	// The event loops pass it on once the endpoint has had resetDrain to
+	// take what the client sent before it (it takes nothing here); the
+	// goroutine build when its stalled write next looks at the client
+	// (stallCheck there).
 	const stallLimit = 10 * time.Second
 	deadline := time.Now().Add(stallLimit)
 	for {
