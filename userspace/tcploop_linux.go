@@ -853,7 +853,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 // expired handles the connection's timer: a dial that took too long, a
 // connection one side of which failed that has delivered what that side
 // sent or may wait no longer, or a half-closed connection that stayed
-// silent too long.
+// silent too long: nothing moved and nothing waited to be sent.
 func (c *tcpConn) expired(now time.Time) time.Time {
 	p := c.l.sp.p
 	switch {
@@ -881,10 +881,27 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 		if d := c.lastProgress.Add(p.cfg.TCPHalfCloseTimeout); d.After(now) {
 			return d
 		}
+		if c.holdsData() {
+			// Not silent: data waits for a reader that has paused, as
+			// the goroutine build waits in its write. Once it moves
+			// again, the timeout counts from then.
+			return now.Add(p.cfg.TCPHalfCloseTimeout)
+		}
 		p.stats.HalfCloseTimeouts.Add(1)
 		c.abortBecause(whyHalfCloseSilent)
 	}
 	return time.Time{}
+}
+
+// holdsData reports whether the proxy holds data that one side has sent
+// and the other has not taken yet.
+func (c *tcpConn) holdsData() bool {
+	for i := range c.dirs {
+		if d := &c.dirs[i]; len(d.buf) > 0 || d.pending > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // finish closes a connection both sides have finished with.
