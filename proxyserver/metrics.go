@@ -299,6 +299,9 @@ func counter(name, help string, value func(s *snap) uint64, labels ...string) st
 		func(s *snap) float64 { return float64(value(s)) }}
 }
 
+// noEndpointsNote ends the help of the no_endpoints counters.
+const noEndpointsNote = " by the proxy because the service port had no endpoints for them (the iptables portal refuses or drops most such traffic before it reaches the proxy; that is not counted here)."
+
 // bytesHelp is the help of kube_userspace_proxy_bytes_total.
 const bytesHelp = "Bytes proxied, by protocol and direction: TCP stream bytes, UDP datagram payloads, SCTP message payloads."
 
@@ -311,7 +314,7 @@ func gauge(name, help string, value func(s *snap) int64) statDesc {
 var statDescs = []statDesc{
 	counter("tcp_connections_accepted_total", "TCP client connections taken from listening sockets, including those then reset: shed for want of descriptors (also in shed_total) or refused.", func(s *snap) uint64 { return s.TCPAccepted }),
 	gauge("tcp_connections_active", "Proxied TCP connections open now.", func(s *snap) int64 { return s.TCPActive }),
-	counter("tcp_no_endpoints_total", "TCP connections reset because the service port had no endpoints.", func(s *snap) uint64 { return s.TCPNoEndpoints }),
+	counter("tcp_no_endpoints_total", "TCP connections reset"+noEndpointsNote, func(s *snap) uint64 { return s.TCPNoEndpoints }),
 	counter("tcp_dial_failures_total", "Failed dials to TCP endpoints (each attempt).", func(s *snap) uint64 { return s.TCPDialFailures }),
 	counter("tcp_dial_give_ups_total", "TCP connections reset after every dial attempt failed.", func(s *snap) uint64 { return s.TCPDialGiveUps }),
 	counter("tcp_half_close_timeouts_total", "TCP connections ended because a half-closed side stayed silent too long.", func(s *snap) uint64 { return s.HalfCloseTimeouts }),
@@ -323,13 +326,13 @@ var statDescs = []statDesc{
 	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.SCTPBytesOut }, "protocol", "sctp", "direction", "to_client"),
 	counter("sctp_associations_accepted_total", "SCTP client associations taken from listening sockets, including those then aborted: shed for want of descriptors (also in shed_total) or refused.", func(s *snap) uint64 { return s.SCTPAccepted }),
 	gauge("sctp_associations_active", "Proxied SCTP association pairs open now.", func(s *snap) int64 { return s.SCTPActive }),
-	counter("sctp_no_endpoints_total", "SCTP associations aborted because the service port had no endpoints.", func(s *snap) uint64 { return s.SCTPNoEndpoints }),
+	counter("sctp_no_endpoints_total", "SCTP associations aborted"+noEndpointsNote, func(s *snap) uint64 { return s.SCTPNoEndpoints }),
 	counter("sctp_dial_failures_total", "Failed associations to SCTP endpoints (each attempt).", func(s *snap) uint64 { return s.SCTPDialFailures }),
 	counter("sctp_dial_give_ups_total", "SCTP associations aborted after every attempt failed.", func(s *snap) uint64 { return s.SCTPDialGiveUps }),
 	counter("udp_sessions_opened_total", "UDP sessions opened.", func(s *snap) uint64 { return s.UDPSessionsOpened }),
 	gauge("udp_sessions_active", "UDP sessions open now.", func(s *snap) int64 { return s.UDPSessionsActive }),
 	counter("udp_sessions_rejected_total", "UDP datagrams dropped because the service port was at --udp-max-sessions.", func(s *snap) uint64 { return s.UDPSessionsRejected }),
-	counter("udp_no_endpoints_total", "UDP datagrams dropped because the service port had no endpoints.", func(s *snap) uint64 { return s.UDPNoEndpoints }),
+	counter("udp_no_endpoints_total", "UDP datagrams dropped"+noEndpointsNote, func(s *snap) uint64 { return s.UDPNoEndpoints }),
 	counter("udp_datagrams_total", "UDP datagrams proxied, by direction.", func(s *snap) uint64 { return s.UDPDatagramsIn }, "direction", "to_endpoint"),
 	counter("udp_datagrams_total", "UDP datagrams proxied, by direction.", func(s *snap) uint64 { return s.UDPDatagramsOut }, "direction", "to_client"),
 	counter("udp_dropped_total", "UDP datagrams dropped on a full socket buffer or a send error.", func(s *snap) uint64 { return s.UDPDropped }),
