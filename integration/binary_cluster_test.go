@@ -408,7 +408,7 @@ func TestBinaryClusterSemantics(t *testing.T) {
 	// portal's DROP rule)".
 	t.Run("a Service without endpoints is said to be refused", func(t *testing.T) {
 		createService(t, c, newService(ns, "gone", func(s *corev1.Service) {
-			s.Spec.ClusterIP = "198.18.0.66"
+			s.Spec.ClusterIP = "198.18.0.69"
 			s.Spec.Type = corev1.ServiceTypeNodePort
 			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 			s.Spec.Ports[0].NodePort = 30066
