@@ -19,17 +19,16 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }
 // only once the destination reads again, which a stalled one may never do.
 const stallCheck = 5 * time.Second
 
-// errSourceFailed is the failure of the source a stalled write found.
-type errSourceFailed struct{ err error }
-
-func (e errSourceFailed) Error() string { return e.err.Error() }
-func (e errSourceFailed) Unwrap() error { return e.err }
-
 type progressWriter struct {
-	w, src   *net.TCPConn
-	progress func(int)
+	w, src    *net.TCPConn
+	progress  func(int)
+	srcFailed func(error)
 }
 
+// Write writes b to w. A write that cannot go on looks at the source
+// every stallCheck: a failure found there is reported to srcFailed, and
+// the write goes on, since what the source sent before it is still
+// delivered (it ends when the connection is reset).
 func (pw progressWriter) Write(b []byte) (int, error) {
 	written := 0
 	for {
@@ -43,16 +42,17 @@ func (pw progressWriter) Write(b []byte) (int, error) {
 			return written, err
 		}
 		if serr := socketError(pw.src); serr != nil {
-			return written, errSourceFailed{serr}
+			pw.srcFailed(serr)
 		}
 	}
 }
 
 // copyStream copies from src to dst until src reaches EOF (nil error) or
-// either side fails.
-func copyStream(dst, src *net.TCPConn, progress func(int)) error {
+// either side fails; a failure of src found while a write waits is
+// reported to srcFailed, and copying goes on (progressWriter).
+func copyStream(dst, src *net.TCPConn, progress func(int), srcFailed func(error)) error {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
-	_, err := io.CopyBuffer(progressWriter{dst, src, progress}, struct{ io.Reader }{src}, *bp)
+	_, err := io.CopyBuffer(progressWriter{dst, src, progress, srcFailed}, struct{ io.Reader }{src}, *bp)
 	return err
 }

@@ -19,6 +19,16 @@ import (
 // and count stay the kernel's.
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: -1, Count: -1}
 
+// resetDrain bounds how long a connection one side of which failed goes
+// on passing what that side had sent to the other side, which is reset
+// then (see fail, in both builds).
+const resetDrain = 2 * time.Second
+
+// drainPoll is how often a connection one side of which failed looks
+// whether the other side has acknowledged all it was sent: no event
+// says when a socket's send queue is empty.
+const drainPoll = 5 * time.Millisecond
+
 // logConnEnded logs, at -v=4, how a proxied connection ended: the bytes it
 // carried each way, how long it lasted, and whether it ended with a reset,
 // and if so why (resetWhy).

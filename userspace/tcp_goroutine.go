@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -173,7 +174,13 @@ func (s *Stats) tcpDialCounters() dialCounters {
 // half-close (CloseWrite), so request-then-shutdown protocols keep their
 // replies; the other direction then runs under TCPHalfCloseTimeout, so no
 // socket is left in FIN_WAIT2 or CLOSE_WAIT for ever (the failure that made
-// the legacy proxier drop half-close: kubernetes/kubernetes#18354).
+// the legacy proxier drop half-close: kubernetes/kubernetes#18354). A side
+// that fails (a reset, most often) has what it sent before delivered to
+// the other side, which is reset then (see fail).
+//
+// Direction 0 copies from the client to the endpoint, direction 1 from
+// the endpoint to the client; side i (0: the client, 1: the endpoint) is
+// the source of direction i.
 type tcpConn struct {
 	p       *Proxier
 	sp      *servicePort
@@ -181,9 +188,20 @@ type tcpConn struct {
 	backend *net.TCPConn
 	// halfClosed is set once either direction has ended with EOF.
 	halfClosed atomic.Bool
-	// pending counts the directions still copying; the last one to finish
-	// closes both sockets.
-	pending   atomic.Int32
+	// pending counts the goroutines still at work on the connection: the
+	// directions still copying, and drain; the last one to finish closes
+	// both sockets.
+	pending atomic.Int32
+	// failed is 1 + the side that failed while the connection was
+	// proxied, 0 while none has (see fail).
+	failed atomic.Int32
+	// passed[i] is set once direction i has passed on all its source sent:
+	// its FIN, or what it sent before it failed.
+	passed [2]atomic.Bool
+	// finSent[i] is set before side i is sent a FIN (CloseWrite): an EOF
+	// it says after that may be a normal close, not a reset.
+	finSent   [2]atomic.Bool
+	aborted   atomic.Bool
 	abortOnce sync.Once
 	why       atomic.Pointer[string] // set once it is reset: why, for the -v=4 line
 
@@ -195,43 +213,54 @@ type tcpConn struct {
 	toEndpoint, toClient atomic.Uint64
 }
 
+// sideNames names side i (and the source of direction i).
+var sideNames = [2]string{"client", "endpoint"}
+
+// side returns the socket of side i.
+func (t *tcpConn) side(i int) *net.TCPConn {
+	if i == 0 {
+		return t.client
+	}
+	return t.backend
+}
+
 // copyToBackend and copyToClient are named so goroutine dumps say which
 // direction is blocked.
 func (t *tcpConn) copyToBackend() {
 	defer t.p.wg.Done()
-	watch := t.pipe(t.backend, t.client, &t.p.stats.BytesToBackend, &t.toEndpoint)
+	watch := t.pipe(0, &t.p.stats.BytesToBackend, &t.toEndpoint)
 	t.directionDone()
 	if watch {
-		t.awaitReset(t.client, "client")
+		t.awaitReset(0)
 	}
 }
 
 func (t *tcpConn) copyToClient() {
 	defer t.p.wg.Done()
-	watch := t.pipe(t.client, t.backend, &t.p.stats.BytesToClient, &t.toClient)
+	watch := t.pipe(1, &t.p.stats.BytesToClient, &t.toClient)
 	t.directionDone()
 	if watch {
-		t.awaitReset(t.backend, "endpoint")
+		t.awaitReset(1)
 	}
 }
 
-// awaitReset passes on a reset from side, whose socket c nothing reads
-// any more: side has finished sending first, and its FIN has been passed
-// on. Without it, a reset (or a keep-alive timeout) there would reach the
-// other side only when that side next sent something, or at
-// TCPHalfCloseTimeout, and until then the other side would go on serving a
-// peer that is gone. It returns when the connection ends. The goroutine it
-// runs on is the direction's own, which would otherwise end here: a
-// half-closed connection holds two parked goroutines, as an open one does,
-// and nothing more.
-func (t *tcpConn) awaitReset(c *net.TCPConn, side string) {
-	if err := awaitSocketError(c); err != nil {
-		t.abortBecause(sideFailed(side, true, err))
+// awaitReset passes on a reset from side i, whose socket nothing reads
+// any more: side i has finished sending first, and its FIN has been
+// passed on. Without it, a reset (or a keep-alive timeout) there would
+// reach the other side only when that side next sent something, or at
+// TCPHalfCloseTimeout, and until then the other side would go on serving
+// a peer that is gone. It returns when the connection ends. The goroutine
+// it runs on is the direction's own, which would otherwise end here: a
+// half-closed connection holds two parked goroutines, as an open one
+// does, and nothing more.
+func (t *tcpConn) awaitReset(i int) {
+	if err := awaitSocketError(t.side(i)); err != nil {
+		t.fail(i, sideFailed(sideNames[i], true, err))
 	}
 }
 
-// directionDone is called as each direction stops copying; the last one
-// closes both sockets, which also ends awaitReset.
+// directionDone is called as each direction stops copying, and by drain;
+// the last one closes both sockets, which also ends awaitReset.
 func (t *tcpConn) directionDone() {
 	if t.pending.Add(-1) == 0 {
 		t.client.Close()
@@ -250,14 +279,13 @@ func (t *tcpConn) directionDone() {
 	}
 }
 
-// pipe copies from src to dst until src has finished sending, or either
-// side fails. It reports whether src finished first, so that its socket
-// must now be watched for a reset (awaitReset).
-func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) (watch bool) {
-	from, to := "client", "endpoint"
-	if src == t.backend {
-		from, to = to, from
-	}
+// pipe runs direction i: it copies from side i to the other side until
+// side i has finished sending, or a side fails. It reports whether side
+// i finished first, so that its socket must now be watched for a reset
+// (awaitReset).
+func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
+	src, dst := t.side(i), t.side(1-i)
+	from, to := sideNames[i], sideNames[1-i]
 	progress := func(n int) {
 		counter.Add(uint64(n))
 		moved.Add(uint64(n))
@@ -265,55 +293,142 @@ func (t *tcpConn) pipe(dst, src *net.TCPConn, counter, moved *atomic.Uint64) (wa
 			_ = src.SetReadDeadline(time.Now().Add(t.p.cfg.TCPHalfCloseTimeout))
 		}
 	}
-	err := copyStream(dst, src, progress)
-	if err == nil {
+	srcFailed := func(err error) { t.fail(i, sideFailed(from, true, err)) }
+	err := copyStream(dst, src, progress, srcFailed)
+	var oe *net.OpError
+	var ne net.Error
+	switch {
+	case errors.Is(err, net.ErrClosed):
+		return false // the other direction or Close ended the connection
+	case err != nil && errors.As(err, &oe) && oe.Op == "write":
+		t.fail(1-i, sideFailed(to, false, err))
+		return false
+	case t.failed.Load() == int32(2-i):
+		// dst failed: what was on its way to it is dropped; a failure of
+		// src, which this direction found reading it, ends the connection
+		// at once (fail), since nobody is left to deliver to.
+		if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
+			t.fail(i, sideFailed(from, true, err))
+		}
+		return false
+	case t.failed.Load() == int32(1+i):
+		// src had failed: all it sent before has been read, and written.
+		t.passed[i].Store(true)
+		return false
+	case err == nil && !t.halfClosed.Load() && !t.finSent[i].Load() && closedUnder(src):
+		// An EOF from a socket that was reset, whose error a write to it
+		// took first (before that write's fail): not a FIN to pass on.
+		t.fail(i, sideFailed(from, true, syscall.ECONNRESET))
+		t.passed[i].Store(true)
+		return false
+	case err == nil:
 		if t.halfClosed.Load() {
-			// Both sides have finished sending: directionDone closes both sockets,
-			// which sends dst its FIN without a separate shutdown.
+			// Both sides have finished sending: directionDone closes both
+			// sockets, which sends dst its FIN without a separate shutdown.
+			t.passed[i].Store(true)
 			return false
 		}
 		// src sent FIN: pass it on and bound the other direction.
+		t.finSent[1-i].Store(true)
 		if cerr := dst.CloseWrite(); cerr != nil {
-			t.abortBecause(sideFailed(to, false, cerr))
+			t.fail(1-i, sideFailed(to, false, cerr))
 			return false
 		}
+		t.passed[i].Store(true)
 		if t.halfClosed.Swap(true) {
 			return false // the other direction finished meanwhile
 		}
 		_ = dst.SetReadDeadline(time.Now().Add(t.p.cfg.TCPHalfCloseTimeout))
 		return true
-	}
-	if errors.Is(err, net.ErrClosed) {
-		return false // the other direction or Close ended the connection
-	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		err = nil
-	}
-	var ne net.Error
-	var oe *net.OpError
-	var sf errSourceFailed
-	switch {
-	case errors.As(err, &sf):
-		t.abortBecause(sideFailed(from, true, sf.err))
 	case errors.As(err, &ne) && ne.Timeout():
 		t.p.stats.HalfCloseTimeouts.Add(1)
 		t.abortBecause(whyHalfCloseSilent)
-	case errors.As(err, &oe) && oe.Op == "write":
-		t.abortBecause(sideFailed(to, false, err))
 	default:
-		t.abortBecause(sideFailed(from, true, err))
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = nil
+		}
+		t.fail(i, sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset, after what src sent
+		t.passed[i].Store(true)
 	}
 	return false
+}
+
+// fail handles the failure of side x (0: the client, 1: the endpoint),
+// most often a reset, found by reading from it, writing to it, or
+// watching it. A direct connection or kernel NAT would still deliver what
+// x sent before it failed (Linux keeps data that arrived before a reset
+// readable, and a write that finds the reset does not read it, e.g. an
+// HTTP server's "413" sent before it closed with an upload unread), so
+// direction x goes on until it reads x's EOF or error, as far as the
+// other side takes it, and passes no FIN on; what was on its way to x is
+// dropped. The other side is reset only when it has acknowledged all it
+// was sent, since closing with SO_LINGER 0 discards the socket's send
+// queue, or after resetDrain (see drain). A failure of the other side
+// meanwhile aborts at once.
+func (t *tcpConn) fail(x int, why string) {
+	if !t.failed.CompareAndSwap(0, int32(1+x)) {
+		if t.failed.Load() != int32(1+x) {
+			t.abortBecause(why) // both have failed: nobody is left to deliver to
+		}
+		return
+	}
+	if !t.hold() {
+		return // the connection has ended
+	}
+	t.why.CompareAndSwap(nil, &why)
+	t.p.wg.Add(1) // the caller's own keeps the count above zero
+	go t.drain(x)
+}
+
+// hold counts one more goroutine at work on the connection, unless the
+// last one has finished.
+func (t *tcpConn) hold() bool {
+	for range 1000 {
+		n := t.pending.Load()
+		if n == 0 {
+			return false
+		}
+		if t.pending.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+	return false
+}
+
+// drain waits, for at most resetDrain, until what failed side x sent has
+// been passed on and acknowledged by the other side, then resets the
+// connection. Where the acknowledgement cannot be seen (unacked), it
+// resets once all has been written.
+func (t *tcpConn) drain(x int) {
+	defer t.p.wg.Done()
+	defer t.directionDone()
+	other := t.side(1 - x)
+	deadline := time.Now().Add(resetDrain)
+	for n := 0; n < int(resetDrain/drainPoll)+1 && !t.aborted.Load() && time.Now().Before(deadline); n++ {
+		if t.passed[x].Load() {
+			if q, ok := unacked(other); !ok || q == 0 {
+				break
+			}
+		}
+		if err := socketError(other); err != nil {
+			t.abortBecause(sideFailed(sideNames[1-x], true, err)) // it failed too
+			return
+		}
+		time.Sleep(drainPoll)
+	}
+	t.abortBecause(whyProxyStopped) // the reason fail recorded stays
 }
 
 // abort ends both sides at once with a reset, so an error on one side
 // reaches the other and nothing lingers.
 func (t *tcpConn) abort() { t.abortBecause(whyProxyStopped) }
 
-// abortBecause aborts, saying why in the -v=4 line.
+// abortBecause aborts, saying why in the -v=4 line, unless a reason was
+// given before (fail's).
 func (t *tcpConn) abortBecause(why string) {
 	t.abortOnce.Do(func() {
-		t.why.Store(&why)
+		t.why.CompareAndSwap(nil, &why)
+		t.aborted.Store(true)
 		resetTCP(t.client)
 		resetTCP(t.backend)
 	})

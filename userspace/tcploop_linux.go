@@ -609,16 +609,6 @@ func (c *tcpConn) pump() {
 	}
 }
 
-// resetDrain bounds how long a connection one side of which failed goes
-// on passing what that side had sent to the other side, which is reset
-// then (see fail).
-const resetDrain = 2 * time.Second
-
-// drainPoll is how often a connection one side of which failed looks
-// whether the other side has acknowledged all it was sent: no event
-// says when a socket's send queue is empty.
-const drainPoll = 5 * time.Millisecond
-
 // fail handles the failure of side x (0: the client, 1: the endpoint),
 // most often a reset, found by reading from it or writing to it. A
 // direct connection or kernel NAT would still deliver what x sent before

@@ -74,8 +74,8 @@ func TestTCPClientResetReachesStalledEndpoint(t *testing.T) {
 	}
 	// The event loops pass it on once the endpoint has had resetDrain to
 	// take what the client sent before it (it takes nothing here); the
-	// goroutine build when its stalled write next looks at the client
-	// (stallCheck there).
+	// goroutine build finds the reset when its stalled write next looks at
+	// the client (stallCheck there), and passes it on resetDrain later.
 	const stallLimit = 10 * time.Second
 	deadline := time.Now().Add(stallLimit)
 	for {
