@@ -78,25 +78,7 @@ func TestTCPEndpointAnswerBeforeResetReachesClient(t *testing.T) {
 	addr := proxyAddr(t, p, name)
 	for round := range 8 {
 		full := make(chan struct{})
-		served := make(chan error, 1)
-		go func() {
-			c, err := ln.Accept()
-			if err != nil {
-				served <- err
-				return
-			}
-			defer c.Close() // with the upload unread: a reset
-			if _, err := io.ReadFull(c, make([]byte, 1000)); err != nil {
-				served <- err
-				return
-			}
-			select {
-			case <-full: // the upload waits in the proxy for the endpoint
-			case <-time.After(10 * time.Second):
-			}
-			_, err = c.Write([]byte(answer))
-			served <- err
-		}()
+		served := answerThenReset(ln, full, []byte(answer), nil)
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
@@ -204,28 +186,7 @@ func TestTCPLongAnswerBeforeResetIsNotCutShort(t *testing.T) {
 	addr := proxyAddr(t, p, name)
 	for round := range 3 {
 		full := make(chan struct{})
-		served := make(chan error, 1)
-		go func() {
-			c, err := ln.Accept()
-			if err != nil {
-				served <- err
-				return
-			}
-			defer c.Close() // with the upload unread: a reset
-			if _, err := io.ReadFull(c, make([]byte, 1000)); err != nil {
-				served <- err
-				return
-			}
-			select {
-			case <-full:
-			case <-time.After(10 * time.Second):
-			}
-			if _, err := c.Write(answer); err != nil {
-				served <- err
-				return
-			}
-			served <- waitAcked(c.(*net.TCPConn), 10*time.Second)
-		}()
+		served := answerThenReset(ln, full, answer, func(c *net.TCPConn) error { return waitAcked(c, 10*time.Second) })
 		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 			return rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<10) })
 		}}
@@ -278,4 +239,35 @@ func waitAcked(c *net.TCPConn, d time.Duration) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// answerThenReset serves one connection on ln as an endpoint that refuses
+// an upload: it reads the first 1000 bytes, waits until full is closed
+// (the rest of the upload waits in the proxy), writes answer, waits for
+// then (if not nil), and closes with the upload unread, so its kernel
+// sends a reset. The channel gets what came of it.
+func answerThenReset(ln net.Listener, full <-chan struct{}, answer []byte, then func(*net.TCPConn) error) <-chan error {
+	served := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close() // with the upload unread: a reset
+		if _, err := io.ReadFull(c, make([]byte, 1000)); err != nil {
+			served <- err
+			return
+		}
+		select {
+		case <-full:
+		case <-time.After(10 * time.Second):
+		}
+		if _, err := c.Write(answer); err != nil || then == nil {
+			served <- err
+			return
+		}
+		served <- then(c.(*net.TCPConn))
+	}()
+	return served
 }
