@@ -383,7 +383,7 @@ func (t *tcpConn) fail(x int, why string) {
 // hold counts one more goroutine at work on the connection, unless the
 // last one has finished.
 func (t *tcpConn) hold() bool {
-	for range 1000 {
+	for {
 		n := t.pending.Load()
 		if n == 0 {
 			return false
@@ -392,7 +392,6 @@ func (t *tcpConn) hold() bool {
 			return true
 		}
 	}
-	return false
 }
 
 // drain waits, for at most resetDrain, until what failed side x sent has
