@@ -23,6 +23,21 @@ func unacked(c *net.TCPConn) (int, bool) {
 	return n, true
 }
 
+// unsent reports whether c has data in its send queue that its peer's
+// window has not let the kernel send yet (SIOCOUTQNSD). What is sent and
+// not yet acknowledged does not count.
+func unsent(c *net.TCPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n, ierr := 0, error(nil)
+	if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQNSD) }); err != nil || ierr != nil {
+		return false
+	}
+	return n > 0
+}
+
 // closedUnder reports whether c's connection has ended under it (TCP
 // state CLOSE): a reset, or a keep-alive timeout. Meant for a socket that
 // has just read EOF and was sent no FIN: then the EOF is its peer's FIN

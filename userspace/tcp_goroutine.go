@@ -294,9 +294,16 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 		}
 	}
 	srcFailed := func(err error) { t.fail(i, sideFailed(from, true, err)) }
-	err := copyStream(dst, src, progress, srcFailed)
-	var oe *net.OpError
 	var ne net.Error
+	err := copyStream(dst, src, progress, srcFailed)
+	for errors.As(err, &ne) && ne.Timeout() && t.failed.Load() == 0 && (unsent(src) || unsent(dst)) {
+		// Not silent: what was handed on waits in a send queue for a
+		// reader that has paused, as it waits in a write when the
+		// queue is full. The timeout counts again from now.
+		_ = src.SetReadDeadline(time.Now().Add(t.p.cfg.TCPHalfCloseTimeout))
+		err = copyStream(dst, src, progress, srcFailed)
+	}
+	var oe *net.OpError
 	switch {
 	case errors.Is(err, net.ErrClosed):
 		return false // the other direction or Close ended the connection

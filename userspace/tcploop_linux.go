@@ -871,10 +871,11 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 		if d := c.lastProgress.Add(p.cfg.TCPHalfCloseTimeout); d.After(now) {
 			return d
 		}
-		if c.holdsData() {
-			// Not silent: data waits for a reader that has paused, as
-			// the goroutine build waits in its write. Once it moves
-			// again, the timeout counts from then.
+		if c.holdsData() || c.queued() {
+			// Not silent: data waits for a reader that has paused, in
+			// the proxy or in a socket's send queue, as the goroutine
+			// build waits in its write. Once it moves again, the
+			// timeout counts from then.
 			return now.Add(p.cfg.TCPHalfCloseTimeout)
 		}
 		p.stats.HalfCloseTimeouts.Add(1)
@@ -888,6 +889,20 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 func (c *tcpConn) holdsData() bool {
 	for i := range c.dirs {
 		if d := &c.dirs[i]; len(d.buf) > 0 || d.pending > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// queued reports whether either socket has data in its send queue that
+// its peer's window has not let the kernel send yet (SIOCOUTQNSD): data
+// the proxy has handed on, waiting for a reader that has paused. What is
+// sent and not yet acknowledged does not count, so a peer that vanished
+// does not hold the connection.
+func (c *tcpConn) queued() bool {
+	for _, fd := range [2]int{c.cfd, c.bfd} {
+		if n, err := unix.IoctlGetInt(fd, unix.SIOCOUTQNSD); err == nil && n > 0 {
 			return true
 		}
 	}
