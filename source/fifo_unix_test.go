@@ -2,7 +2,7 @@
 
 package source
 
-import "syscall"
+import "golang.org/x/sys/unix"
 
 // mkfifo makes a named pipe at path.
-func mkfifo(path string) error { return syscall.Mkfifo(path, 0o644) }
+func mkfifo(path string) error { return unix.Mkfifo(path, 0o644) }

@@ -215,18 +215,34 @@ func (b *balancer) choose(client netip.Addr, avoid []netip.AddrPort) (netip.Addr
 			b.mu.Unlock()
 		}
 	}
-	start := int((b.next[fam].Add(1) - 1) % uint64(n))
+	turn := b.next[fam].Add(1) - 1
+	start := int(turn % uint64(n))
 	ep, why := set.addrs[start], pickedInTurn
 	if n > 1 && (len(avoid) > 0 || set.penalized.Load() > 0) {
-		// Pass over endpoints that just failed, in round-robin order; if
-		// every one has, keep the plain choice rather than refuse.
 		nowNano := b.clock.Now().UnixNano()
-		for k := range n {
-			if i := (start + k) % n; set.usable(i, nowNano, avoid) {
-				if k > 0 {
-					ep, why = set.addrs[i], pickedPastFailures
+		if !set.usable(start, nowNano, avoid) {
+			// Pass over an endpoint that just failed. Its turns go to
+			// the usable endpoints in rotation, one round to each, so
+			// that no single neighbour takes its whole share; if every
+			// one has failed, keep the plain choice rather than refuse.
+			usable := 0
+			for i := range n {
+				if set.usable(i, nowNano, avoid) {
+					usable++
 				}
-				break
+			}
+			if usable > 0 {
+				k := int(turn / uint64(n) % uint64(usable))
+				for i := range n {
+					if !set.usable(i, nowNano, avoid) {
+						continue
+					}
+					if k == 0 {
+						ep, why = set.addrs[i], pickedPastFailures
+						break
+					}
+					k--
+				}
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package userspace
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"strings"
 	"sync"
@@ -334,5 +335,39 @@ func TestEligibleSaysWhichPoolRanOutOfReadyEndpoints(t *testing.T) {
 	}
 	if got := eligible(state.Endpoint{Addr: ep1, Ready: true, Serving: true}, true); len(got) != 0 {
 		t.Errorf("a ready endpoint without hints: %q", got)
+	}
+}
+
+// TestBalancerSpreadsAFailedEndpointsTurns: while an endpoint is in its
+// penalty, its turns are shared by the others, not all given to the one
+// after it (which would double that endpoint's load while a crashed pod
+// is still marked ready). With four endpoints and one failed, 300 picks
+// go 100 to each of the other three; with two failed, 200 picks go 100
+// to each of the other two.
+func TestBalancerSpreadsAFailedEndpointsTurns(t *testing.T) {
+	ep4 := netip.MustParseAddrPort("198.18.1.4:80")
+	for _, tc := range []struct {
+		failed []netip.AddrPort
+		picks  int
+		want   map[netip.AddrPort]int
+	}{
+		{[]netip.AddrPort{ep2}, 300, map[netip.AddrPort]int{ep1: 100, ep3: 100, ep4: 100}},
+		{[]netip.AddrPort{ep2, ep3}, 200, map[netip.AddrPort]int{ep1: 100, ep4: 100}},
+	} {
+		b := newBalancer(newFakeClock(), eps(ep1, ep2, ep3, ep4), state.Affinity{})
+		for _, ep := range tc.failed {
+			b.penalize(ep, time.Minute)
+		}
+		got := map[netip.AddrPort]int{}
+		for range tc.picks {
+			ep, _, err := b.choose(c1, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[ep]++
+		}
+		if !maps.Equal(got, tc.want) {
+			t.Errorf("with %v failed, %d picks went %v; want %v", tc.failed, tc.picks, got, tc.want)
+		}
 	}
 }

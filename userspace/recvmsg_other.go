@@ -45,7 +45,8 @@ func readBatch(rc syscall.RawConn, b *recvBatch) (int, error) {
 		if d.buf == nil {
 			d.buf = *datagramPool.Get().(*[]byte)
 		}
-		d.n, oobn, _, from, rerr = unix.Recvmsg(int(fd), d.buf, b.oob[:], unix.MSG_DONTWAIT)
+		// Go's sockets are non-blocking, so no MSG_DONTWAIT (which AIX lacks).
+		d.n, oobn, _, from, rerr = unix.Recvmsg(int(fd), d.buf, b.oob[:], 0)
 		if rerr == unix.EAGAIN || rerr == unix.EINTR {
 			b.release()
 			return false

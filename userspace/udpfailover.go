@@ -53,7 +53,7 @@ func (p *udpPending) settle() {
 // udpFailover handles a refusal by endpoint ep of a session from client
 // picked from b (see udpRefused). When the session has had no reply yet
 // and another endpoint remains to try (at most as many as TCP's dial
-// attempts, --tcp-dial-timeouts), it returns that endpoint: the session
+// attempts, Config.DialTimeouts), it returns that endpoint: the session
 // moves there and sends what pend holds again. Otherwise the session ends.
 func (sp *servicePort) udpFailover(b *balancer, role socketRole, client, ep netip.AddrPort, pend *udpPending) (netip.AddrPort, bool) {
 	sp.udpRefused(b, client, ep)
