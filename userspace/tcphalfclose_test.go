@@ -20,8 +20,16 @@ import (
 // answer is delivered and the endpoint stays silent, the bound applies
 // again, in both builds.
 func TestTCPHalfCloseWaitsForSlowReader(t *testing.T) {
+	halfCloseWaitsForPausedReader(t, bytes.Repeat([]byte("0123456789abcdef"), 20<<20/16), &net.Dialer{})
+}
+
+// halfCloseWaitsForPausedReader runs a client, dialed with d, that sends
+// its request and FIN, pauses past the half-close timeout while the
+// endpoint's answer waits, then reads all of it, and then is reset once
+// the endpoint stays silent.
+func halfCloseWaitsForPausedReader(t *testing.T, answer []byte, d *net.Dialer) {
+	t.Helper()
 	const timeout = 300 * time.Millisecond
-	answer := bytes.Repeat([]byte("0123456789abcdef"), 20<<20/16)
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +55,7 @@ func TestTCPHalfCloseWaitsForSlowReader(t *testing.T) {
 	p := newTestProxier(t, Config{TCPHalfCloseTimeout: timeout})
 	name := spn("slow", "", state.TCP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(ln.Addr().(*net.TCPAddr).AddrPort())})
-	c, err := net.Dial("tcp4", proxyAddr(t, p, name))
+	c, err := d.Dial("tcp4", proxyAddr(t, p, name))
 	if err != nil {
 		t.Fatal(err)
 	}
