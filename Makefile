@@ -62,7 +62,7 @@ staticcheck:
 	$(GO) tool staticcheck -tags goroutines ./userspace
 
 ## unit: the unit tests under the race detector; the data plane also with
-## its portable goroutine implementation (what macOS and Windows run).
+## its portable goroutine implementation (what macOS, the BSDs and Windows run; Windows has no UDP).
 unit:
 	$(GO) test -race -count=1 ./...
 	$(GO) test -race -count=1 -tags goroutines ./userspace

@@ -36,8 +36,9 @@
 // with deadlines in a heap. A proxied TCP connection then costs two file
 // descriptors and about half a KiB, and no goroutine; a UDP session one
 // descriptor. Apply hands sockets to the loops through eventLoop.do.
-// Elsewhere (macOS, BSDs, Windows) goroutines serve each listener,
-// connection direction and session (tcp_goroutine.go, udp_goroutine.go).
+// Elsewhere (macOS, BSDs, Solaris, AIX, Windows) goroutines serve each
+// listener, connection direction and session (tcp_goroutine.go,
+// udp_goroutine.go); Windows has no UDP yet (udp_other.go).
 //
 // What it leaves to others: turning Kubernetes objects into a Snapshot
 // (package source), steering service addresses to the listeners (package
