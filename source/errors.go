@@ -103,6 +103,19 @@ func withLines(err error) error {
 	return errors.Join(errs...)
 }
 
+// lined returns errs, with each ObjectError's message naming its line, in
+// a new slice (errs may be kept by others).
+func lined(errs []error) []error {
+	if len(errs) == 0 {
+		return errs
+	}
+	out := make([]error, len(errs))
+	for i, e := range errs {
+		out[i] = withLines(e)
+	}
+	return out
+}
+
 // Object returns "Kind namespace/name" with whatever parts are known, or "".
 func (e *ObjectError) Object() string {
 	id := e.Name

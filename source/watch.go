@@ -52,8 +52,9 @@ type Manifests struct {
 	// of a taken file (some say what they skip, some only what may not be
 	// what its author expects), and ignored the problems that left its
 	// objects partly unused, as the log says them ("Manifest warning",
-	// "Manifest object partly ignored"), each in the order of the file. It
-	// is called from Run's goroutine.
+	// "Manifest object partly ignored"), each in the order of the file,
+	// their messages naming the line as the start-up error does
+	// ("demo.yaml:12: document 3 ..."). It is called from Run's goroutine.
 	Status func(rejected error, warnings, ignored []error)
 	// HostChanged, if set, says this host's addresses changed: the file is
 	// built again, as an endpoint at one of them with a node port is
@@ -303,7 +304,7 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 // tell passes what came of a read to Manifests.Status.
 func (l *loader) tell(rejected error, warnings, ignored []error) {
 	if l.status != nil {
-		l.status(rejected, warnings, ignored)
+		l.status(withLines(rejected), lined(warnings), lined(ignored))
 	}
 }
 

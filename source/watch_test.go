@@ -619,3 +619,60 @@ spec: {externalIPs: [169.254.169.254], ports: [{port: 81}]}
 		t.Errorf("ignored in this order: %q, want %q", got, want)
 	}
 }
+
+// TestManifestsStatusNamesLines: what Status is told (shown by
+// /debug/services) names each problem's line as the start-up error and the
+// log do: a warning of a taken file and the reason a file was refused.
+func TestManifestsStatusNamesLines(t *testing.T) {
+	good := "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: x}\nspec: {ports: [{port: 80}]}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: x}\n"
+	bad := "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: x}\nspec:\n  ports:\n  - port: x\n"
+	for _, tc := range []struct {
+		name, data, want string
+		rejected         bool
+	}{
+		{"warning", good, "demo.yaml:6: document 2 (ConfigMap x/c): ", false},
+		{"rejected", bad, "demo.yaml:6: document 1 (Service x/web): spec.ports[0].port: ", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "demo.yaml")
+			if err := os.WriteFile(path, []byte(tc.data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			told := make(chan []error, 1)
+			m := &Manifests{
+				Path:    path,
+				Options: Options{AllowNoClusterIP: true},
+				Resync:  -1,
+				Status: func(r error, w, _ []error) {
+					if tc.rejected {
+						w = []error{r}
+					}
+					select {
+					case told <- w:
+					default:
+					}
+				},
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- m.Run(ctx, func(state.Snapshot) {}) }()
+			select {
+			case errs := <-told:
+				var msgs []string
+				for _, e := range errs {
+					if e != nil {
+						msgs = append(msgs, e.Error())
+					}
+				}
+				if !slices.ContainsFunc(msgs, func(m string) bool { return strings.HasPrefix(m, path+":") && strings.Contains(m, tc.want) }) {
+					t.Errorf("Status was told %q, want one starting with the file and containing %q", msgs, tc.want)
+				}
+			case <-time.After(watchTimeout):
+				t.Fatal("Status was told nothing")
+			}
+			cancel()
+			<-done
+		})
+	}
+}
