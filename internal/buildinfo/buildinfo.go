@@ -5,7 +5,7 @@
 // .../internal/buildinfo.commit=..."); what the go command stamped
 // (module version, VCS revision) fills in the rest.
 //
-//	fmt.Println(buildinfo.String()) // v0.3.0-12-gabc commit abc0123def45 go1.26.8 linux/amd64
+//	fmt.Println(buildinfo.String()) // v0.3.0-12-gabc commit abc0123def45 go1.26.8 linux/amd64, event loops
 package buildinfo
 
 import (
@@ -33,9 +33,11 @@ var commit string
 const Name = "kube-userspace-proxy"
 
 // String describes the build: version, else the module version (or
-// "(devel)") with the commit when the go command stamped one, and the Go
-// toolchain and platform.
-func String() string {
+// "(devel)") with the commit when the go command stamped one, the Go
+// toolchain and platform, and the data plane (DataPlane).
+func String() string { return describe() + ", " + DataPlane }
+
+func describe() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return cmp.Or(version, "(unknown)") + " " + runtime.Version()

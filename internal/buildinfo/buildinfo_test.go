@@ -40,3 +40,11 @@ func TestStampedCommit(t *testing.T) {
 		t.Errorf("UserAgent() = %q", ua)
 	}
 }
+
+// TestStringNamesDataPlane: String ends with the data plane this build
+// runs, so that --version tells the goroutine build from the event loops.
+func TestStringNamesDataPlane(t *testing.T) {
+	if s := String(); !regexp.MustCompile(`^\S.* [a-z0-9]+/[a-z0-9]+, (event loops|goroutines)$`).MatchString(s) || !regexp.MustCompile(", "+DataPlane+"$").MatchString(s) {
+		t.Errorf("String() = %q, want it to end with the platform and %q", s, DataPlane)
+	}
+}
