@@ -3,6 +3,7 @@ package userspace
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"slices"
@@ -79,32 +80,37 @@ type dialCounters struct {
 }
 
 // dialWithFailover connects to an endpoint chosen by b with dial. A failed
-// attempt moves on to another endpoint with the next, longer timeout and
-// replaces the client's affinity; at most len(DialTimeouts) attempts are
-// made.
-func dialWithFailover[C any](p *Proxier, b *balancer, role socketRole, client netip.AddrPort, sp *servicePort, n dialCounters, dial func(context.Context, netip.AddrPort) (C, error)) (C, netip.AddrPort, error) {
-	var (
-		zero    C
-		tried   []netip.AddrPort
-		lastErr error
-	)
-	for _, timeout := range p.cfg.DialTimeouts {
-		ep, why, err := b.choose(client.Addr(), tried)
+// attempt moves on at once to another endpoint with the next, longer
+// timeout and replaces the client's affinity; at most len(DialTimeouts)
+// attempts are made. An attempt whose time is up goes on connecting while
+// the next one starts ("happy eyeballs" across endpoints, RFC 8305, as
+// the event loops do: see tcpConn.dialTimedOut), and the first to connect
+// wins; the others are closed. Attempts run on the caller's goroutine
+// until one's time is up; then the race takes over (see failover.run).
+func dialWithFailover[C io.Closer](p *Proxier, b *balancer, role socketRole, client netip.AddrPort, sp *servicePort, n dialCounters, dial func(context.Context, netip.AddrPort) (C, error)) (C, netip.AddrPort, error) {
+	f := &failover[C]{p: p, b: b, role: role, client: client, sp: sp, n: n, dial: dial}
+	var zero C
+	for {
+		ep, err := f.choose()
 		if err != nil {
-			n.noEndpoints.Add(1)
-			if klog.V(4).Enabled() {
-				klog.InfoS("No endpoints; resetting connection", "service", sp.name, "client", client)
-			}
 			return zero, ep, err
 		}
-		if !worthDialing(ep, tried, lastErr) {
-			break
+		if !ep.IsValid() {
+			return zero, ep, f.giveUp()
 		}
-		if klog.V(4).Enabled() {
-			sp.explainPick(b, role, client, ep, why, len(tried)+1)
-		}
-		ctx, cancel := context.WithTimeout(p.ctx, timeout)
+		ctx, cancel := context.WithCancel(p.ctx)
+		f.ep, f.cancel = ep, cancel
+		f.ready.Add(1)
+		t := time.AfterFunc(p.cfg.DialTimeouts[f.attempt], f.timedOut)
 		conn, err := dial(ctx, ep)
+		if !t.Stop() {
+			// Its time was up: it has joined the race, which decides.
+			f.ready.Wait()
+			f.results <- dialResult[C]{conn: conn, err: err}
+			w := <-f.won
+			return w.conn, w.ep, w.err
+		}
+		f.ready.Done()
 		cancel()
 		if err == nil {
 			return conn, ep, nil
@@ -117,16 +123,256 @@ func dialWithFailover[C any](p *Proxier, b *balancer, role socketRole, client ne
 		if p.ctx.Err() != nil {
 			return zero, ep, p.ctx.Err()
 		}
-		n.failures.Add(1)
-		b.penalize(ep, p.cfg.EndpointPenalty)
-		klog.V(3).InfoS("Dial to endpoint failed", "service", sp.name, "endpoint", ep, "client", client, "err", err)
-		tried = append(tried, ep)
-		lastErr = err
+		f.attemptFailed(ep, err)
+		f.tried = append(f.tried, ep)
+		f.lastErr = err
+		f.attempt++
+		if f.attempt == len(p.cfg.DialTimeouts) {
+			return zero, netip.AddrPort{}, f.giveUp()
+		}
 	}
-	n.giveUps.Add(1)
-	sp.dialGaveUp(lastErr)
-	klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", sp.name, "client", client, "tried", len(tried), "err", lastErr)
-	return zero, netip.AddrPort{}, lastErr
+}
+
+// failover is the state of one connection's dial attempts.
+type failover[C io.Closer] struct {
+	p      *Proxier
+	b      *balancer
+	role   socketRole
+	client netip.AddrPort
+	sp     *servicePort
+	n      dialCounters
+	dial   func(context.Context, netip.AddrPort) (C, error)
+
+	attempt int              // the current attempt, from 0
+	tried   []netip.AddrPort // the endpoints of the attempts before it
+	lastErr error
+	ep      netip.AddrPort     // the current attempt's endpoint
+	cancel  context.CancelFunc // ends the current attempt
+
+	// Made once an attempt on the caller's goroutine is out of time (see
+	// timedOut); ready says they are.
+	ready   sync.WaitGroup
+	results chan dialResult[C] // every racing attempt's outcome, one each
+	won     chan dialResult[C] // the race's outcome, for the caller
+}
+
+// dialResult is the outcome of attempt i of a race.
+type dialResult[C any] struct {
+	conn C
+	ep   netip.AddrPort
+	err  error
+	i    int
+}
+
+// choose picks the current attempt's endpoint, or the zero address when
+// the last failure makes the pick not worth dialing (see worthDialing).
+func (f *failover[C]) choose() (netip.AddrPort, error) {
+	ep, why, err := f.b.choose(f.client.Addr(), f.tried)
+	if err != nil {
+		f.n.noEndpoints.Add(1)
+		if klog.V(4).Enabled() {
+			klog.InfoS("No endpoints; resetting connection", "service", f.sp.name, "client", f.client)
+		}
+		return ep, err
+	}
+	if !worthDialing(ep, f.tried, f.lastErr) {
+		return netip.AddrPort{}, nil
+	}
+	if klog.V(4).Enabled() {
+		f.sp.explainPick(f.b, f.role, f.client, ep, why, f.attempt+1)
+	}
+	return ep, nil
+}
+
+// attemptFailed counts and logs a failed dial attempt to ep, and passes
+// over ep for a while.
+func (f *failover[C]) attemptFailed(ep netip.AddrPort, err error) {
+	f.n.failures.Add(1)
+	f.b.penalize(ep, f.p.cfg.EndpointPenalty)
+	klog.V(3).InfoS("Dial to endpoint failed", "service", f.sp.name, "endpoint", ep, "client", f.client, "err", err)
+}
+
+func (f *failover[C]) giveUp() error {
+	f.n.giveUps.Add(1)
+	f.sp.dialGaveUp(f.lastErr)
+	klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", f.sp.name, "client", f.client, "tried", len(f.tried), "err", f.lastErr)
+	return f.lastErr
+}
+
+// timedOut runs when the time of the attempt on the caller's goroutine is
+// up: that attempt goes on, and the race starts beside it (the one
+// allocation racing adds, with its goroutines).
+func (f *failover[C]) timedOut() {
+	f.results = make(chan dialResult[C], len(f.p.cfg.DialTimeouts))
+	f.won = make(chan dialResult[C], 1)
+	f.p.wg.Add(1) // the caller's goroutine holds the proxier's count
+	go f.run()
+	f.ready.Done()
+}
+
+// raceAttempt is one attempt of a race.
+type raceAttempt struct {
+	ep       netip.AddrPort
+	cancel   context.CancelFunc
+	timedOut bool // its time is up: it races the later ones
+	done     bool // its outcome has come
+}
+
+// run is the race, from the end of the first racing attempt's time (that
+// attempt, on the caller's goroutine, is attempt 0 here and sends its
+// outcome to f.results like the others). When the current attempt's time
+// is up and attempts remain, the next starts; when it fails outright, the
+// next starts at once. The first to connect wins, and goes to the caller
+// at once; every other attempt is cancelled, and closed if it connected
+// all the same, and the attempts that timed out to other endpoints count
+// as failed (an endpoint whose attempt timed out and then won is not
+// penalized). When the last attempt's time is up, or none is left, the
+// connection is given up. The proxier stopping ends every attempt. run
+// returns once every attempt has ended, so nothing it started outlives
+// it.
+func (f *failover[C]) run() {
+	defer f.p.wg.Done()
+	p := f.p
+	timeouts := p.cfg.DialTimeouts
+	attempts := make([]raceAttempt, 1, len(timeouts)-f.attempt)
+	attempts[0] = raceAttempt{ep: f.ep, cancel: f.cancel}
+	running, current := 1, 0
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	decided := false
+	finish := func(r dialResult[C]) {
+		decided = true
+		timer.Stop()
+		for _, a := range attempts {
+			a.cancel()
+		}
+		f.won <- r
+	}
+	giveUp := func() {
+		for i, a := range attempts {
+			if !a.done && a.timedOut {
+				f.attemptFailed(a.ep, context.DeadlineExceeded)
+				attempts[i].done = true // counted; its outcome is only closed
+			}
+		}
+		finish(dialResult[C]{err: f.giveUp()})
+	}
+	// next starts the next attempt; with none left to start and none
+	// running, the connection is given up. Those running have until the
+	// current one's deadline.
+	next := func() {
+		if f.attempt+1 < len(timeouts) {
+			f.attempt++
+			ep, err := f.choose()
+			if err != nil {
+				finish(dialResult[C]{ep: ep, err: err})
+				return
+			}
+			if ep.IsValid() {
+				ctx, cancel := context.WithCancel(p.ctx)
+				i := len(attempts)
+				attempts = append(attempts, raceAttempt{ep: ep, cancel: cancel})
+				current = i
+				running++
+				timer.Reset(timeouts[f.attempt])
+				p.wg.Add(1)
+				go func() {
+					defer p.wg.Done()
+					conn, err := f.dial(ctx, ep)
+					f.results <- dialResult[C]{conn: conn, ep: ep, err: err, i: i}
+				}()
+				return
+			}
+		}
+		if running == 0 {
+			giveUp()
+		}
+	}
+	// timeUp handles the end of the current attempt's time.
+	timeUp := func() {
+		a := &attempts[current]
+		if !a.done {
+			a.timedOut = true
+			f.tried = append(f.tried, a.ep)
+			f.lastErr = context.DeadlineExceeded
+			if f.attempt+1 < len(timeouts) {
+				next()
+				return
+			}
+		}
+		giveUp()
+	}
+	timeUp()
+	stopping := p.ctx.Done()
+	for running > 0 {
+		select {
+		case r := <-f.results:
+			running--
+			a := &attempts[r.i]
+			r.ep = a.ep
+			counted := a.done
+			a.done = true
+			switch {
+			case decided || counted:
+				if r.err == nil {
+					r.conn.Close() // never carried data: a plain close
+				}
+			case r.err == nil:
+				if r.ep != attempts[len(attempts)-1].ep {
+					rememberWinner(f.b, f.client.Addr(), r.ep)
+				}
+				for i, b := range attempts {
+					if !b.done && b.timedOut && b.ep != r.ep {
+						f.attemptFailed(b.ep, context.DeadlineExceeded)
+						attempts[i].done = true
+					}
+				}
+				finish(r)
+			case isResourceExhausted(r.err):
+				p.stats.Shed.Add(1)
+				p.shed.log(r.err, f.sp.name.String())
+				finish(r)
+			case p.ctx.Err() != nil:
+				finish(dialResult[C]{ep: r.ep, err: p.ctx.Err()})
+			default:
+				f.attemptFailed(r.ep, r.err)
+				if !a.timedOut {
+					f.tried = append(f.tried, r.ep)
+				}
+				f.lastErr = r.err
+				if r.i == current {
+					next()
+				} else if running == 0 && attempts[current].done {
+					giveUp()
+				}
+			}
+		case <-timer.C:
+			if !decided {
+				timeUp()
+			}
+		case <-stopping:
+			stopping = nil // the attempts end with it
+			if !decided {
+				finish(dialResult[C]{err: p.ctx.Err()})
+			}
+		}
+	}
+	if !decided {
+		giveUp()
+	}
+}
+
+// rememberWinner points client's ClientIP affinity at ep, the endpoint
+// of an attempt that timed out and then connected first: the attempts
+// after it had moved the affinity on (see balancer.choose).
+func rememberWinner(b *balancer, client netip.Addr, ep netip.AddrPort) {
+	if !b.aff.Load().Sticky() || !client.IsValid() {
+		return
+	}
+	now := b.clock.Now()
+	b.mu.Lock()
+	b.clients[client] = affinityEntry{endpoint: ep, lastUsed: now}
+	b.mu.Unlock()
 }
 
 // worthDialing reports whether ep deserves a dial after the failures so

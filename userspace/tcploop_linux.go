@@ -292,12 +292,15 @@ type tcpConn struct {
 	cfd    int
 	bfd    int
 
-	endpoint netip.AddrPort
-	tried    []netip.AddrPort
-	attempt  int
-	dialing  bool
-	active   bool // counted in TCPActive
-	closed   bool
+	endpoint netip.AddrPort // the current dial attempt's, then the connection's
+	// race holds the earlier dial attempts that timed out and still
+	// connect, racing the current one (bfd); nil until an attempt failed
+	// or timed out.
+	race    *dialRace
+	attempt int
+	dialing bool
+	active  bool // counted in TCPActive
+	closed  bool
 
 	dirs  [2]spliceDir // 0: client to endpoint; 1: endpoint to client
 	moved [2]uint64    // bytes each way, for the -v=4 log
@@ -477,6 +480,7 @@ func (c *tcpConn) sendHeader() bool {
 func (c *tcpConn) dial(ep netip.AddrPort) {
 	p := c.l.sp.p
 	c.endpoint = ep
+	c.deadline = time.Now().Add(p.cfg.DialTimeouts[c.attempt])
 	fam := familyOf(ep.Addr())
 	fd, err := rawSocket(domainOf(fam), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err == nil && !p.fds.connFD(fd) {
@@ -507,7 +511,6 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 		return
 	}
 	c.dialing = true
-	c.deadline = time.Now().Add(p.cfg.DialTimeouts[c.attempt])
 	c.lp.schedule(&c.timer, c.deadline)
 }
 
@@ -530,32 +533,33 @@ func (c *tcpConn) dialProgress(ev uint32) {
 	}
 }
 
-// dialFailed moves on to another endpoint with the next, longer timeout
-// (the failed one is passed over for a while and the client's affinity
-// replaced), or resets the client once every attempt has failed.
+// dialFailed handles the failure of the current dial attempt (refused,
+// unreachable): it moves on at once to another endpoint with the next,
+// longer timeout (the failed one is passed over for a while and the
+// client's affinity replaced). With no attempt left to make, the earlier
+// attempts that still connect (see dialTimedOut) have until the failed
+// one's deadline; with none, the client is reset.
 func (c *tcpConn) dialFailed(err error) {
 	p := c.l.sp.p
 	c.closeBackend()
-	c.dialing = false
 	if isResourceExhausted(err) {
 		p.stats.Shed.Add(1)
 		p.shed.log(err, c.l.sp.name.String())
 		c.abort()
 		return
 	}
-	p.stats.TCPDialFailures.Add(1)
-	c.b.penalize(c.endpoint, p.cfg.EndpointPenalty)
-	klog.V(3).InfoS("Dial to endpoint failed", "service", c.l.sp.name, "endpoint", c.endpoint, "client", c.client, "err", err)
-	c.tried = append(c.tried, c.endpoint)
+	c.attemptFailed(c.endpoint, err)
+	r := c.racing()
+	r.tried = append(r.tried, c.endpoint)
 	c.attempt++
 	if c.attempt < len(p.cfg.DialTimeouts) {
-		ep, why, perr := c.b.choose(c.client.Addr(), c.tried)
+		ep, why, perr := c.b.choose(c.client.Addr(), r.tried)
 		if perr != nil {
 			p.stats.TCPNoEndpoints.Add(1)
 			c.abort()
 			return
 		}
-		if worthDialing(ep, c.tried, err) {
+		if worthDialing(ep, r.tried, err) {
 			if klog.V(4).Enabled() {
 				c.l.sp.explainPick(c.b, c.l.role, c.client, ep, why, c.attempt+1)
 			}
@@ -563,10 +567,220 @@ func (c *tcpConn) dialFailed(err error) {
 			return
 		}
 	}
+	if r.pending() {
+		// The timer, at the failed attempt's deadline, gives up.
+		r.lastErr = err
+		c.lp.schedule(&c.timer, c.deadline)
+		return
+	}
+	c.giveUp(err)
+}
+
+// attemptFailed counts and logs a failed dial attempt to ep, and passes
+// over ep for a while.
+func (c *tcpConn) attemptFailed(ep netip.AddrPort, err error) {
+	p := c.l.sp.p
+	p.stats.TCPDialFailures.Add(1)
+	c.b.penalize(ep, p.cfg.EndpointPenalty)
+	klog.V(3).InfoS("Dial to endpoint failed", "service", c.l.sp.name, "endpoint", ep, "client", c.client, "err", err)
+}
+
+// giveUp resets the client once every dial attempt has failed.
+func (c *tcpConn) giveUp(err error) {
+	p := c.l.sp.p
 	p.stats.TCPDialGiveUps.Add(1)
 	c.l.sp.dialGaveUp(err)
-	klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", c.l.sp.name, "client", c.client, "tried", len(c.tried), "err", err)
+	klog.V(2).InfoS("Every dial attempt failed; resetting connection", "service", c.l.sp.name, "client", c.client, "tried", len(c.race.tried), "err", err)
 	c.abort()
+}
+
+// dialTimedOut handles the end of the current attempt's time. While
+// attempts remain, the next one starts, to the next endpoint in turn
+// past those tried, and the current one goes on connecting meanwhile
+// ("happy eyeballs" across endpoints, RFC 8305): an endpoint more than
+// the first timeout away, or whose first SYN was lost (the kernel sends
+// it again after 1 s), is still reached by its first attempt, where a
+// new socket would start over. The first attempt to connect wins (see
+// raceWon). After the last attempt's time, the connection is given up.
+func (c *tcpConn) dialTimedOut() {
+	p := c.l.sp.p
+	r := c.racing()
+	if c.bfd >= 0 && c.attempt+1 < len(p.cfg.DialTimeouts) {
+		klog.V(3).InfoS("Dial to endpoint timed out; it goes on connecting while the next attempt starts", "service", c.l.sp.name, "endpoint", c.endpoint, "client", c.client)
+		r.add(c, c.bfd, c.endpoint)
+		c.bfd = -1
+		c.readable[1], c.hup[1] = false, false
+		r.tried = append(r.tried, c.endpoint)
+		c.attempt++
+		ep, why, err := c.b.choose(c.client.Addr(), r.tried)
+		if err != nil {
+			p.stats.TCPNoEndpoints.Add(1)
+			c.abort()
+			return
+		}
+		// A timeout leaves every endpoint worth dialing (worthDialing).
+		if klog.V(4).Enabled() {
+			c.l.sp.explainPick(c.b, c.l.role, c.client, ep, why, c.attempt+1)
+		}
+		c.dial(ep)
+		return
+	}
+	err := r.lastErr
+	if c.bfd >= 0 {
+		c.closeBackend()
+		c.attemptFailed(c.endpoint, unix.ETIMEDOUT)
+		r.tried = append(r.tried, c.endpoint)
+		err = unix.ETIMEDOUT
+	}
+	for i := range r.racers {
+		if a := &r.racers[i]; a.fd >= 0 {
+			c.attemptFailed(a.endpoint, unix.ETIMEDOUT)
+			c.lp.closeFD(a.fd)
+			a.fd = -1
+		}
+	}
+	c.giveUp(err)
+}
+
+// racing returns the connection's dialRace, made on the first attempt
+// that fails or times out: the one allocation failover adds.
+func (c *tcpConn) racing() *dialRace {
+	if c.race == nil {
+		c.race = &dialRace{}
+		c.race.tried = c.race.triedBuf[:0]
+		for i := range c.race.racers {
+			c.race.racers[i] = racer{c: c, fd: -1}
+		}
+	}
+	return c.race
+}
+
+// dialRace is what a connection's dial needs once an attempt failed or
+// timed out: the endpoints tried, and the attempts that timed out and go
+// on connecting. One allocation, for the default four attempts.
+type dialRace struct {
+	tried    []netip.AddrPort // the endpoints of the attempts before the current one
+	triedBuf [maxRacers + 1]netip.AddrPort
+	racers   [maxRacers]racer // fd -1: a free slot
+	lastErr  error            // why the last attempt failed, while the earlier ones go on
+}
+
+// maxRacers is how many attempts that timed out go on connecting at once:
+// all of them with DefaultDialTimeouts. With more attempts configured,
+// the oldest gives way to the next (see add).
+const maxRacers = 3
+
+// racer is an attempt that timed out and goes on connecting: the epoll
+// handler of its socket.
+type racer struct {
+	c        *tcpConn
+	fd       int
+	attempt  int
+	endpoint netip.AddrPort
+}
+
+// add takes over the socket of c's current attempt, which timed out.
+func (r *dialRace) add(c *tcpConn, fd int, ep netip.AddrPort) {
+	slot := &r.racers[0]
+	for i := range r.racers {
+		if a := &r.racers[i]; a.fd < 0 {
+			slot = a
+			break
+		} else if a.attempt < slot.attempt {
+			slot = a
+		}
+	}
+	if slot.fd >= 0 {
+		c.attemptFailed(slot.endpoint, unix.ETIMEDOUT)
+		c.lp.closeFD(slot.fd)
+	}
+	slot.fd, slot.attempt, slot.endpoint = fd, c.attempt, ep
+	c.lp.handlers[int32(fd)] = slot // epoll knows the socket already
+}
+
+// pending reports whether an attempt that timed out still connects.
+func (r *dialRace) pending() bool {
+	for i := range r.racers {
+		if r.racers[i].fd >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *racer) event(ev uint32) {
+	c := a.c
+	if c.closed || a.fd < 0 {
+		return
+	}
+	if ev&(unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+		soErr, err := rawGetsockoptInt(a.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err == nil && soErr != 0 {
+			err = unix.Errno(soErr)
+		}
+		if err != nil {
+			c.racerFailed(a, err)
+			return
+		}
+	}
+	if ev&unix.EPOLLOUT != 0 {
+		c.raceWon(a, ev) // writable without an error: the handshake is done
+	}
+}
+
+func (a *racer) shut() { a.c.abort() }
+
+// racerFailed drops an attempt that timed out and then failed outright
+// (refused, unreachable). The current attempt goes on; with none (no
+// attempt was left to make), and no other that timed out, the connection
+// is given up.
+func (c *tcpConn) racerFailed(a *racer, err error) {
+	c.lp.closeFD(a.fd)
+	a.fd = -1
+	c.attemptFailed(a.endpoint, err)
+	if c.bfd < 0 && !c.race.pending() {
+		c.giveUp(err)
+	}
+}
+
+// raceWon makes attempt a, which timed out and then connected, the
+// connection's: the current attempt's socket is closed (it never carried
+// data), and so are the other racers' (see endRace). A client with
+// ClientIP affinity, which the later attempts moved, goes to a's
+// endpoint from now on.
+func (c *tcpConn) raceWon(a *racer, ev uint32) {
+	chosen := c.endpoint
+	c.closeBackend()
+	c.bfd, c.endpoint = a.fd, a.endpoint
+	a.fd = -1
+	c.lp.handlers[int32(c.bfd)] = &c.backendSide
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP) != 0 {
+		c.readable[1] = true
+	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP) != 0 {
+		c.hup[1] = true
+	}
+	if c.endpoint != chosen {
+		rememberWinner(c.b, c.client.Addr(), c.endpoint)
+	}
+	c.connected()
+}
+
+// endRace closes the attempts still racing the one that connected. Those
+// to other endpoints timed out: they count as failed, and their endpoints
+// are passed over for a while. One to the endpoint that connected only
+// lost the race.
+func (c *tcpConn) endRace() {
+	for i := range c.race.racers {
+		if a := &c.race.racers[i]; a.fd >= 0 {
+			c.lp.closeFD(a.fd)
+			a.fd = -1
+			if a.endpoint != c.endpoint {
+				c.attemptFailed(a.endpoint, unix.ETIMEDOUT)
+			}
+		}
+	}
+	c.race = nil
 }
 
 // closeBackend drops a failed attempt's socket, and what its events said,
@@ -582,6 +796,9 @@ func (c *tcpConn) closeBackend() {
 func (c *tcpConn) connected() {
 	c.dialing = false
 	c.lp.unschedule(&c.timer)
+	if c.race != nil {
+		c.endRace()
+	}
 	c.active = true
 	c.l.sp.connOpened(&c.l.sp.p.stats.TCPActive)
 	if klog.V(4).Enabled() {
@@ -853,7 +1070,7 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 		if now.Before(c.deadline) {
 			return c.deadline
 		}
-		c.dialFailed(unix.ETIMEDOUT)
+		c.dialTimedOut()
 		if c.dialing && !c.closed {
 			return c.deadline
 		}
@@ -941,6 +1158,14 @@ func (c *tcpConn) release(reset bool) {
 		lp.closeFD(fd)
 	}
 	c.cfd, c.bfd = -1, -1
+	if c.race != nil {
+		for i := range c.race.racers {
+			if r := &c.race.racers[i]; r.fd >= 0 {
+				lp.closeFD(r.fd) // never carried data: a plain close
+				r.fd = -1
+			}
+		}
+	}
 	for i := range c.dirs {
 		if d := &c.dirs[i]; d.p != nil {
 			if d.pending > 0 {
