@@ -263,6 +263,19 @@ func (b *balancer) penalize(ep netip.AddrPort, d time.Duration) {
 	}
 }
 
+// remember points client's ClientIP affinity at ep, the endpoint of a
+// dial attempt that timed out and then connected first: the attempts
+// after it had moved the affinity on (choose records every pick).
+func (b *balancer) remember(client netip.Addr, ep netip.AddrPort) {
+	if !b.aff.Load().Sticky() || !client.IsValid() {
+		return
+	}
+	now := b.clock.Now()
+	b.mu.Lock()
+	b.clients[client] = affinityEntry{endpoint: ep, lastUsed: now}
+	b.mu.Unlock()
+}
+
 // forget drops client's affinity if it still points at ep, e.g. after ep
 // refused a session.
 func (b *balancer) forget(client netip.Addr, ep netip.AddrPort) {

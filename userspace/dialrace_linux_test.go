@@ -72,7 +72,7 @@ func inOwnNetns(t *testing.T) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := fmt.Sprintf("fx43-dialrace-%d-%d", os.Getpid(), raceNetnsSeq.Add(1))
+	name := fmt.Sprintf("kup-dialrace-%d-%d", os.Getpid(), raceNetnsSeq.Add(1))
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		skipOrFail(t, "ip netns add %s: %v: %s", name, err, out)
 	}

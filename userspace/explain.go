@@ -52,7 +52,12 @@ func (sp *servicePort) explainPick(b *balancer, r socketRole, client, ep netip.A
 		}
 	}
 	if attempt > 1 {
-		how = append(how, fmt.Sprintf("attempt %d: the %d before %s", attempt, attempt-1, failed))
+		before := failed
+		if sp.proto != state.UDP {
+			// A dial whose time ran out goes on connecting (dialTimedOut).
+			before += " or ran out of time (those still connecting race this one)"
+		}
+		how = append(how, fmt.Sprintf("attempt %d: the %d before %s", attempt, attempt-1, before))
 	}
 	pool := endpointPool{desc: "the Service's endpoints"}
 	if p := b.pool.Load(); p != nil {

@@ -319,7 +319,7 @@ func (f *failover[C]) run() {
 				}
 			case r.err == nil:
 				if r.ep != attempts[len(attempts)-1].ep {
-					rememberWinner(f.b, f.client.Addr(), r.ep)
+					f.b.remember(f.client.Addr(), r.ep)
 				}
 				for i, b := range attempts {
 					if !b.done && b.timedOut && b.ep != r.ep {
@@ -360,19 +360,6 @@ func (f *failover[C]) run() {
 	if !decided {
 		giveUp()
 	}
-}
-
-// rememberWinner points client's ClientIP affinity at ep, the endpoint
-// of an attempt that timed out and then connected first: the attempts
-// after it had moved the affinity on (see balancer.choose).
-func rememberWinner(b *balancer, client netip.Addr, ep netip.AddrPort) {
-	if !b.aff.Load().Sticky() || !client.IsValid() {
-		return
-	}
-	now := b.clock.Now()
-	b.mu.Lock()
-	b.clients[client] = affinityEntry{endpoint: ep, lastUsed: now}
-	b.mu.Unlock()
 }
 
 // worthDialing reports whether ep deserves a dial after the failures so

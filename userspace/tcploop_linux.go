@@ -761,7 +761,7 @@ func (c *tcpConn) raceWon(a *racer, ev uint32) {
 		c.hup[1] = true
 	}
 	if c.endpoint != chosen {
-		rememberWinner(c.b, c.client.Addr(), c.endpoint)
+		c.b.remember(c.client.Addr(), c.endpoint)
 	}
 	c.connected()
 }
