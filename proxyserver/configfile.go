@@ -178,18 +178,39 @@ func badField(v any, path []string) (string, error) {
 	return "", nil
 }
 
-// decodeKubeProxyConfig reads a KubeProxyConfiguration (YAML or JSON) as
-// kube-proxy does: strictly, and if only strictness fails (an unknown or
-// repeated field, perhaps from a newer kube-proxy), leniently with a
-// warning. It also returns the legacy userspace mode's udpIdleTimeout,
-// which the type no longer has (0 if absent).
 // duplicateKey matches the YAML decoder's report of a key given twice.
 var duplicateKey = regexp.MustCompile(`line (\d+): key "([^"]*)" already set in map`)
 
+// duplicateKeys names the keys data (YAML or JSON) gives twice in one
+// object, as "line N: key", in the order of the lines; nil if none.
+func duplicateKeys(data []byte) []string {
+	_, err := yaml.YAMLToJSONStrict(data)
+	if err == nil {
+		return nil
+	}
+	var out []string
+	for _, m := range duplicateKey.FindAllStringSubmatch(err.Error(), -1) {
+		out = append(out, "line "+m[1]+": "+m[2])
+	}
+	return out
+}
+
+// decodeKubeProxyConfig reads a KubeProxyConfiguration (YAML or JSON) as
+// kube-proxy does: strictly, and if only strictness fails (an unknown or
+// repeated field, perhaps from a newer kube-proxy, or a kubeadm template's
+// mode: "" with a mode added below it), leniently with a warning that
+// names the fields; of a repeated field, the last value wins. It also
+// returns the legacy userspace mode's udpIdleTimeout, which the type no
+// longer has (0 if absent).
 func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfiguration, time.Duration, error) {
 	var fields map[string]any
 	if err := yaml.Unmarshal(data, &fields); err != nil {
 		return nil, 0, err
+	}
+	// Before udpIdleTimeout is taken out below, which writes the fields
+	// again, once each.
+	if dups := duplicateKeys(data); len(dups) > 0 {
+		klog.InfoS("Using lenient decoding as strict decoding failed: the --config file sets a field more than once; the last value is used, as in kube-proxy", "duplicates", dups)
 	}
 	var udpIdle time.Duration
 	if v, ok := fields["udpIdleTimeout"]; ok {
@@ -206,11 +227,8 @@ func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfigurati
 	}
 	var kp kubeproxyv1alpha1.KubeProxyConfiguration
 	if strictErr := yaml.UnmarshalStrict(data, &kp); strictErr != nil {
-		// A field given twice is refused, as kube-proxy's strict decoding
-		// refuses it: which of the two was meant cannot be told.
-		if m := duplicateKey.FindStringSubmatch(strictErr.Error()); m != nil {
-			return nil, 0, fmt.Errorf("line %s: %s is set twice", m[1], m[2])
-		}
+		// Strict decoding stops at the first repeated field (said
+		// above) before it looks for unknown ones: those are found here.
 		kp = kubeproxyv1alpha1.KubeProxyConfiguration{}
 		if err := yaml.Unmarshal(data, &kp); err != nil {
 			if path, ferr := badField(fields, nil); path != "" {
@@ -220,7 +238,7 @@ func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfigurati
 		}
 		if unknown := unknownFields(fields, reflect.TypeOf(kp), ""); len(unknown) > 0 {
 			klog.InfoS("The --config file has fields this proxy does not know (perhaps a newer kube-proxy's, or misspelt); they are ignored", "fields", unknown)
-		} else {
+		} else if !duplicateKey.MatchString(strictErr.Error()) {
 			klog.InfoS("The --config file has a field this proxy does not know, maybe more; they are ignored", "first", decodeMessage(strictErr))
 		}
 	}

@@ -222,6 +222,52 @@ func TestConfigFileOverridesModeFlags(t *testing.T) {
 	}
 }
 
+// TestConfigFileRepeatedField: as kube-proxy, a field given twice (a
+// kubeadm template's mode: "" with mode: userspace added below it) is
+// read leniently, with a warning naming it and its line: the last value
+// wins. Unknown fields beside it are still named.
+func TestConfigFileRepeatedField(t *testing.T) {
+	head := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	tests := []struct {
+		name, file string
+		want       []string // in the log
+		sync       time.Duration
+	}{
+		{"YAML", head + "mode: \"\"\nmode: userspace\niptables:\n  syncPeriod: 10s\n  syncPeriod: 20s\n",
+			[]string{`Using lenient decoding as strict decoding failed`, `duplicates=["line 4: mode","line 7: syncPeriod"]`}, 20 * time.Second},
+		{"JSON", `{"apiVersion":"kubeproxy.config.k8s.io/v1alpha1","kind":"KubeProxyConfiguration","mode":"","mode":"userspace"}`,
+			[]string{`Using lenient decoding as strict decoding failed`, `duplicates=["line 1: mode"]`}, 30 * time.Second},
+		{"with an unknown field", head + "mode: \"\"\nmode: userspace\nsomethingNew: 1\n",
+			[]string{`duplicates=["line 4: mode"]`, `fields=["somethingNew"]`}, 30 * time.Second},
+		{"with udpIdleTimeout", head + "mode: \"\"\nudpIdleTimeout: 1s\nmode: userspace\n",
+			[]string{`duplicates=["line 5: mode"]`}, 30 * time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			klog.LogToStderr(false)
+			klog.SetOutput(&buf)
+			t.Cleanup(func() { klog.LogToStderr(true) })
+			c, err := loadConfig(t, tc.file)
+			if err == nil {
+				err = c.Validate()
+			}
+			if err != nil {
+				t.Fatalf("a repeated field: %v, want it read leniently", err)
+			}
+			if c.SyncPeriod != tc.sync {
+				t.Errorf("sync period %v, want the last value, %v", c.SyncPeriod, tc.sync)
+			}
+			klog.Flush()
+			for _, want := range tc.want {
+				if !strings.Contains(buf.String(), want) {
+					t.Errorf("the log does not say %s:\n%s", want, buf.String())
+				}
+			}
+		})
+	}
+}
+
 func mustDecode(t *testing.T, s string) *kubeproxyv1alpha1.KubeProxyConfiguration {
 	t.Helper()
 	kp, _, err := decodeKubeProxyConfig([]byte(s))
@@ -250,7 +296,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"cluster CIDR", head + "clusterCIDR: 10.244.0.0/16,nope\n", `clusterCIDR: "nope" is not a CIDR`},
 		{"three cluster CIDRs", head + "clusterCIDR: 10.244.0.0/16,fd00::/56,10.1.0.0/16\n", `: clusterCIDR: "10.244.0.0/16,fd00::/56,10.1.0.0/16" has 3 CIDRs`},
 		{"two cluster CIDRs of one family", head + "clusterCIDR: 10.244.0.0/16,10.1.0.0/16\n", `: clusterCIDR: "10.244.0.0/16,10.1.0.0/16" is not a dual-stack pair`},
-		{"a field twice", head + "mode: userspace\niptables: {syncPeriod: 30s}\nmode: iptables\n", "line 5: mode is set twice"},
+		{"a field twice: the last wins", head + "mode: userspace\niptables: {syncPeriod: 30s}\nmode: iptables\n", `mode: "iptables" is one of kube-proxy's own modes`},
 		{"unknown detectLocalMode", head + "detectLocalMode: Bogus\n", `detectLocalMode: "Bogus" is not a mode`},
 		{"blank host name", head + "hostnameOverride: \"  \"\n", `: hostnameOverride: "  " is blank`},
 		{"manifests too", head + "clientConnection: {kubeconfig: /k}\n", "--manifests and the --config file's clientConnection.kubeconfig"},
