@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -227,7 +228,7 @@ func serveHTTP(ctx context.Context, what, where, addr string, h http.Handler, re
 			klog.ErrorS(err, "Stopped serving "+what+"; starting again", "addr", addr)
 		} else if !said {
 			said = true
-			klog.ErrorS(err, "Cannot serve "+what+" (set "+where+" to a free address, or to empty to turn it off); trying again meanwhile", "addr", addr, "retryEvery", retry)
+			klog.ErrorS(err, "Cannot serve "+what+" ("+freeAddressHint(where)+"); trying again meanwhile", "addr", addr, "retryEvery", retry)
 		}
 		select {
 		case <-ctx.Done():
@@ -235,6 +236,17 @@ func serveHTTP(ctx context.Context, what, where, addr string, h http.Handler, re
 		case <-time.After(retry):
 		}
 	}
+}
+
+// freeAddressHint says what to do about an address that cannot be
+// bound, set by where (Config.where): give a free one, or, a flag, none
+// at all. In a --config file an empty address means kube-proxy's default,
+// not off, so it is not offered there.
+func freeAddressHint(where string) string {
+	if strings.HasPrefix(where, "--config ") {
+		return "set " + where + " to a free address"
+	}
+	return "set " + where + " to a free address, or to empty to turn it off"
 }
 
 // listening is the key-value pairs that tell where ln, listening on addr,

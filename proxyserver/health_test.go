@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
@@ -398,6 +400,59 @@ func TestListeningFamilies(t *testing.T) {
 			kv := listening("[::]:10256", ln, tc.host)
 			if got := fmt.Sprint(kv[len(kv)-1]); got != tc.want {
 				t.Errorf("families=%s, want %s (%v)", got, tc.want, kv)
+			}
+		})
+	}
+}
+
+// TestBusyServerAddressHint: an address /healthz or /metrics cannot bind
+// is reported with what to do. A flag may be emptied to turn the server
+// off; a --config file's field may not (empty means kube-proxy's default
+// address there), so only a free address is suggested.
+func TestBusyServerAddressHint(t *testing.T) {
+	holder, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	busy := holder.Addr().String()
+	head := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for _, tc := range []struct {
+		name, file string
+		args       []string
+		flag, want string
+		wantOff    bool
+	}{
+		{"healthz flag", "", []string{"--healthz-bind-address=" + busy}, "healthz-bind-address", "set --healthz-bind-address to a free address, or to empty to turn it off", true},
+		{"metrics flag", "", []string{"--metrics-bind-address=" + busy}, "metrics-bind-address", "set --metrics-bind-address to a free address, or to empty to turn it off", true},
+		{"healthz field", head + "healthzBindAddress: " + busy + "\n", nil, "healthz-bind-address", ": healthzBindAddress to a free address)", false},
+		{"metrics field", head + "metricsBindAddress: " + busy + "\n", nil, "metrics-bind-address", ": metricsBindAddress to a free address)", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(t, tc.file, tc.args...)
+			if err == nil {
+				err = c.Validate()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := c.healthz
+			if tc.flag == "metrics-bind-address" {
+				addr = c.metrics
+			}
+			var buf strings.Builder
+			klog.LogToStderr(false)
+			klog.SetOutput(&buf)
+			t.Cleanup(func() { klog.LogToStderr(true) })
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // one try, reported, and no retry
+			serveHTTP(ctx, "/x", c.where(tc.flag), addr, http.NotFoundHandler(), time.Hour)
+			klog.Flush()
+			if !strings.Contains(buf.String(), tc.want) {
+				t.Errorf("the log does not say %q:\n%s", tc.want, buf.String())
+			}
+			if off := strings.Contains(buf.String(), "turn it off"); off != tc.wantOff {
+				t.Errorf("offers to turn the server off: %v, want %v:\n%s", off, tc.wantOff, buf.String())
 			}
 		})
 	}
