@@ -110,6 +110,11 @@ type Config struct {
 	// MetricsBindAddress is where /metrics is served: "ip:port", or an IP
 	// alone for port 10249. Empty turns it off.
 	MetricsBindAddress string
+	// BindAddressHardFail makes an address /healthz or /metrics cannot
+	// listen on a fatal start-up error (kube-proxy's
+	// --bind-address-hard-fail). If false, the proxy serves traffic and
+	// tries the address again every 10s.
+	BindAddressHardFail bool
 
 	// Parsed by Validate.
 	bindAddr  netip.Addr
@@ -187,6 +192,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.SyncPeriod, "iptables-sync-period", c.SyncPeriod, "The longest time between two full resyncs (e.g. '30s'); must be greater than 0.")
 	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port of /healthz and /livez; an unspecified address ('0.0.0.0' or '[::]') listens in both IP families, and an IP alone means port 10256. They answer 503 once a change has waited more than twice --iptables-sync-period because the portal cannot be programmed; /healthz also while this node's Node is going away. Empty turns them off.")
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port of /metrics (Prometheus; kube-proxy's sync metrics and the data plane's counters), an unspecified address ('0.0.0.0:10249' or '[::]:10249') listens in both IP families, and an IP alone means port 10249. Empty turns it off.")
+	fs.BoolVar(&c.BindAddressHardFail, "bind-address-hard-fail", c.BindAddressHardFail, "If true, an address --healthz-bind-address or --metrics-bind-address cannot listen on (in use, not this host's) is fatal: the proxy exits at start. If false, it serves traffic and tries the address again every 10s.")
 	c.addKubeProxyFlags(fs)
 }
 

@@ -45,6 +45,7 @@ var configFileFields = map[string]string{
 	"proxy-port-range":             "portRange",
 	"udp-timeout":                  "udpIdleTimeout",
 	"hostname-override":            "hostnameOverride",
+	"bind-address-hard-fail":       "bindAddressHardFail",
 }
 
 // overriddenModeFlags are kube-proxy's flags that the --config file's
@@ -290,6 +291,7 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	}
 	c.HealthzBindAddress = or(kp.HealthzBindAddress, healthz)
 	c.MetricsBindAddress = or(kp.MetricsBindAddress, metrics)
+	c.BindAddressHardFail = kp.BindAddressHardFail
 	c.SyncPeriod = orDuration(kp.IPTables.SyncPeriod.Duration, d.SyncPeriod)
 	c.MinSyncPeriod = orDuration(kp.IPTables.MinSyncPeriod.Duration, d.MinSyncPeriod)
 	c.ConfigSyncPeriod = orDuration(kp.ConfigSyncPeriod.Duration, d.ConfigSyncPeriod)
@@ -327,7 +329,6 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 		}
 	}
 	add(len(kp.FeatureGates) > 0, "featureGates")
-	add(kp.BindAddressHardFail, "bindAddressHardFail")
 	add(kp.EnableProfiling, "enableProfiling")
 	add(kp.ShowHiddenMetricsForVersion != "", "showHiddenMetricsForVersion")
 	add(kp.IPTables.MasqueradeAll, "iptables.masqueradeAll")
@@ -444,14 +445,15 @@ func (c *Config) marshalKubeProxyConfig(verbosity int) ([]byte, error) {
 // flags stand for.
 func (c *Config) kubeProxyConfig(verbosity int) kubeproxyv1alpha1.KubeProxyConfiguration {
 	kp := kubeproxyv1alpha1.KubeProxyConfiguration{
-		Mode:               ModeUserspace,
-		HostnameOverride:   c.HostnameOverride,
-		BindAddress:        c.BindAddress,
-		HealthzBindAddress: c.HealthzBindAddress,
-		MetricsBindAddress: c.MetricsBindAddress,
-		ClusterCIDR:        c.ClusterCIDR,
-		PortRange:          c.ProxyPortRange,
-		NodePortAddresses:  c.NodePortAddresses,
+		Mode:                ModeUserspace,
+		HostnameOverride:    c.HostnameOverride,
+		BindAddress:         c.BindAddress,
+		HealthzBindAddress:  c.HealthzBindAddress,
+		MetricsBindAddress:  c.MetricsBindAddress,
+		BindAddressHardFail: c.BindAddressHardFail,
+		ClusterCIDR:         c.ClusterCIDR,
+		PortRange:           c.ProxyPortRange,
+		NodePortAddresses:   c.NodePortAddresses,
 	}
 	kp.APIVersion, kp.Kind = kubeProxyAPIVersion, "KubeProxyConfiguration"
 	kp.ClientConnection.Kubeconfig = c.Kubeconfig

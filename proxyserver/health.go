@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"slices"
@@ -194,10 +195,28 @@ func (h *proxyHealth) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_, _ = w.Write(body)
 }
 
+// What the health and metrics servers serve, for messages.
+const (
+	healthWhat  = "/healthz and /livez"
+	metricsWhat = "/metrics"
+)
+
 // serveHealth serves h on addr until ctx is done (see serveHTTP); where
 // names what set addr (the flag, or the --config file's field).
-func serveHealth(ctx context.Context, where, addr string, h http.Handler, retry time.Duration) {
-	serveHTTP(ctx, "/healthz and /livez", where, addr, h, retry)
+func serveHealth(ctx context.Context, where, addr string, ln net.Listener, h http.Handler, retry time.Duration) {
+	serveHTTP(ctx, healthWhat, where, addr, ln, h, retry)
+}
+
+// listenHardFail opens addr (ip:port) for what, as serveHTTP would, for
+// --bind-address-hard-fail (set by hardFail, the flag or the --config
+// file's field): failing is a fatal start-up error, which names the
+// address, what set it (where) and the setting.
+func listenHardFail(what, where, addr, hardFail string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("cannot serve %s on %s (%s): %w; %s is set, so this is fatal (%s)", what, addr, where, err, hardFail, freeAddressHint(where))
+	}
+	return ln, nil
 }
 
 // serveHTTP serves h on addr (ip:port) until ctx is done. As kube-proxy
@@ -207,12 +226,15 @@ func serveHealth(ctx context.Context, where, addr string, h http.Handler, retry 
 // port it cannot take is logged, naming where (the flag or the --config
 // file's field that set addr), and tried again every retry,
 // so what serves comes up once the port is free; the proxy serves traffic
-// meanwhile.
-func serveHTTP(ctx context.Context, what, where, addr string, h http.Handler, retry time.Duration) {
+// meanwhile. ln, if not nil, is addr already open (listenHardFail).
+func serveHTTP(ctx context.Context, what, where, addr string, ln net.Listener, h http.Handler, retry time.Duration) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	said := false
 	for {
-		ln, err := net.Listen("tcp", addr)
+		var err error
+		if ln == nil {
+			ln, err = net.Listen("tcp", addr)
+		}
 		if err == nil {
 			klog.InfoS("Serving "+what, listening(addr, ln, hostFamilies())...)
 			stop := context.AfterFunc(ctx, func() {
@@ -221,6 +243,7 @@ func serveHTTP(ctx context.Context, what, where, addr string, h http.Handler, re
 				_ = srv.Shutdown(sctx)
 			})
 			err = srv.Serve(newQuietListener(ln, what, nil))
+			ln = nil
 			stop()
 			if errors.Is(err, http.ErrServerClosed) {
 				return

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -446,7 +449,7 @@ func TestBusyServerAddressHint(t *testing.T) {
 			t.Cleanup(func() { klog.LogToStderr(true) })
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel() // one try, reported, and no retry
-			serveHTTP(ctx, "/x", c.where(tc.flag), addr, http.NotFoundHandler(), time.Hour)
+			serveHTTP(ctx, "/x", c.where(tc.flag), addr, nil, http.NotFoundHandler(), time.Hour)
 			klog.Flush()
 			if !strings.Contains(buf.String(), tc.want) {
 				t.Errorf("the log does not say %q:\n%s", tc.want, buf.String())
@@ -456,4 +459,91 @@ func TestBusyServerAddressHint(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBindAddressHardFail: as kube-proxy, with --bind-address-hard-fail
+// (or the --config file's bindAddressHardFail) an address /healthz or
+// /metrics cannot listen on ends the proxy at start, with an error that
+// names the address, what set it and the setting.
+func TestBindAddressHardFail(t *testing.T) {
+	holder, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	busy := holder.Addr().String()
+	manifests := filepath.Join(t.TempDir(), "services.yaml")
+	if err := os.WriteFile(manifests, []byte("# no Services\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	head := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	common := []string{"--manifests=" + manifests, "--portal=none", "--hostname-override=node"}
+	for _, tc := range []struct {
+		name, file string
+		args       []string
+		want       []string
+	}{
+		{"healthz, flags", "", []string{"--bind-address-hard-fail", "--healthz-bind-address=" + busy, "--metrics-bind-address="},
+			[]string{"cannot serve /healthz and /livez on " + busy + " (--healthz-bind-address)", "--bind-address-hard-fail is set, so this is fatal"}},
+		{"metrics, flags", "", []string{"--bind-address-hard-fail=true", "--healthz-bind-address=", "--metrics-bind-address=" + busy},
+			[]string{"cannot serve /metrics on " + busy + " (--metrics-bind-address)", "--bind-address-hard-fail is set"}},
+		{"metrics, file", head + "bindAddressHardFail: true\nhealthzBindAddress: 127.0.0.1:0\nmetricsBindAddress: " + busy + "\n", nil,
+			[]string{"cannot serve /metrics on " + busy + " (--config ", ": metricsBindAddress)", ": bindAddressHardFail is set, so this is fatal", "metricsBindAddress to a free address)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(t, tc.file, append(slices.Clone(common), tc.args...)...)
+			if err == nil {
+				err = c.Validate()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			err = Run(ctx, c)
+			if err == nil || ctx.Err() != nil {
+				t.Fatalf("Run: %v (context: %v), want a start-up error at once", err, ctx.Err())
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("the error does not say %q: %v", want, err)
+				}
+			}
+		})
+	}
+	if got := inapplicable(mustDecode(t, head+"bindAddressHardFail: true\n")); len(got) != 0 {
+		t.Errorf("bindAddressHardFail named as ignored: %v", got)
+	}
+	c, err := loadConfig(t, "", "--bind-address-hard-fail")
+	if err != nil || slices.Contains(c.ignoredKubeProxyFlags(), "--bind-address-hard-fail") {
+		t.Errorf("--bind-address-hard-fail named as ignored: %v, %v", err, c.ignoredKubeProxyFlags())
+	}
+}
+
+// TestServeHTTPOnOpenListener: what listenHardFail opened is what
+// serveHTTP serves on.
+func TestServeHTTPOnOpenListener(t *testing.T) {
+	ln, err := listenHardFail("/x", "--x", "127.0.0.1:0", "--hard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serveHTTP(ctx, "/x", "--x", "127.0.0.1:1", ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = w.Write([]byte("served"))
+		}), time.Hour)
+	}()
+	resp, err := http.Get("http://" + ln.Addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "served" {
+		t.Errorf("answer %q, want served", body)
+	}
+	cancel()
+	<-done
 }

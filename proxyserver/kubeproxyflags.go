@@ -20,7 +20,6 @@ var kubeProxyOnlyFlags = []struct {
 	name string
 	add  func(fs *pflag.FlagSet, name string)
 }{
-	{"bind-address-hard-fail", addBool},
 	{"conntrack-max-per-core", addInt},
 	{"conntrack-min", addInt},
 	{"conntrack-tcp-be-liberal", addBool},

@@ -2,6 +2,7 @@ package proxyserver
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -268,8 +269,8 @@ func (m *metrics) handler() http.Handler {
 }
 
 // serveMetrics serves m on addr until ctx is done, as serveHealth does.
-func serveMetrics(ctx context.Context, where, addr string, m *metrics, retry time.Duration) {
-	serveHTTP(ctx, "/metrics", where, addr, m.handler(), retry)
+func serveMetrics(ctx context.Context, where, addr string, ln net.Listener, m *metrics, retry time.Duration) {
+	serveHTTP(ctx, metricsWhat, where, addr, ln, m.handler(), retry)
 }
 
 // statsCollector reads the data plane's counters at each scrape.

@@ -48,6 +48,24 @@ func Run(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
+	var healthLn, metricsLn net.Listener // open already: --bind-address-hard-fail
+	if cfg.BindAddressHardFail {
+		// As kube-proxy: a server that cannot listen ends the proxy, and
+		// before it programs anything.
+		hardFail := cfg.where("bind-address-hard-fail")
+		if cfg.healthz != "" {
+			if healthLn, err = listenHardFail(healthWhat, cfg.where("healthz-bind-address"), cfg.healthz, hardFail); err != nil {
+				return err
+			}
+			defer healthLn.Close() // if not served; closing twice does no harm
+		}
+		if cfg.metrics != "" {
+			if metricsLn, err = listenHardFail(metricsWhat, cfg.where("metrics-bind-address"), cfg.metrics, hardFail); err != nil {
+				return err
+			}
+			defer metricsLn.Close()
+		}
+	}
 	if cfg.ConfigFile != "" && cfg.fileData != nil {
 		// As kube-proxy: a changed --config file ends the proxy, with an
 		// error, so its DaemonSet runs it again with the new content.
@@ -242,10 +260,14 @@ func Run(ctx context.Context, cfg *Config) error {
 		loop.run(ctx)
 	}()
 	if cfg.healthz != "" {
-		wg.Go(func() { serveHealth(ctx, cfg.where("healthz-bind-address"), cfg.healthz, health, 10*time.Second) })
+		wg.Go(func() {
+			serveHealth(ctx, cfg.where("healthz-bind-address"), cfg.healthz, healthLn, health, 10*time.Second)
+		})
 	}
 	if cfg.metrics != "" {
-		wg.Go(func() { serveMetrics(ctx, cfg.where("metrics-bind-address"), cfg.metrics, m, 10*time.Second) })
+		wg.Go(func() {
+			serveMetrics(ctx, cfg.where("metrics-bind-address"), cfg.metrics, metricsLn, m, 10*time.Second)
+		})
 	}
 	defer func() {
 		cancel()
