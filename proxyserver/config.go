@@ -58,6 +58,12 @@ type Config struct {
 	KubeAPIQPS         float32
 	KubeAPIBurst       int
 	KubeAPIContentType string
+	// KubeAPIAcceptContentTypes is the --config file's
+	// clientConnection.acceptContentTypes: the Accept header of the API
+	// client's requests (e.g. "application/json"), as kube-proxy sets it.
+	// kube-proxy has no flag for it. If empty, client-go's: the content
+	// type, with JSON as a fallback.
+	KubeAPIAcceptContentTypes string
 	// ConfigSyncPeriod is how often the informers redeliver every object.
 	ConfigSyncPeriod time.Duration
 	// Portal selects the kernel redirection: auto, iptables, bind or none.

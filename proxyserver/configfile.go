@@ -272,6 +272,7 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	cc := kp.ClientConnection
 	c.Kubeconfig = cc.Kubeconfig
 	c.KubeAPIContentType = or(cc.ContentType, d.KubeAPIContentType)
+	c.KubeAPIAcceptContentTypes = cc.AcceptContentTypes
 	c.KubeAPIQPS, c.KubeAPIBurst = d.KubeAPIQPS, d.KubeAPIBurst
 	if cc.QPS != 0 {
 		c.KubeAPIQPS = cc.QPS
@@ -329,6 +330,9 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 		}
 	}
 	add(len(kp.FeatureGates) > 0, "featureGates")
+	// Shown in /configz and written by --write-config-to, but the API
+	// client (source.NewClient) cannot be given it yet.
+	add(kp.ClientConnection.AcceptContentTypes != "", "clientConnection.acceptContentTypes (not yet applied to the API client)")
 	add(kp.EnableProfiling, "enableProfiling")
 	add(kp.ShowHiddenMetricsForVersion != "", "showHiddenMetricsForVersion")
 	add(kp.IPTables.MasqueradeAll, "iptables.masqueradeAll")
@@ -460,6 +464,7 @@ func (c *Config) kubeProxyConfig(verbosity int) kubeproxyv1alpha1.KubeProxyConfi
 	kp.ClientConnection.QPS = c.KubeAPIQPS
 	kp.ClientConnection.Burst = int32(c.KubeAPIBurst)
 	kp.ClientConnection.ContentType = c.KubeAPIContentType
+	kp.ClientConnection.AcceptContentTypes = c.KubeAPIAcceptContentTypes
 	kp.ConfigSyncPeriod.Duration = c.ConfigSyncPeriod
 	kp.IPTables.SyncPeriod.Duration = c.SyncPeriod
 	kp.IPTables.MinSyncPeriod.Duration = c.MinSyncPeriod
@@ -549,6 +554,9 @@ func (c *Config) readsBackAs(data []byte, verbosity int) error {
 		if got != want {
 			errs = append(errs, fmt.Errorf("--%s=%s cannot be written: a KubeProxyConfiguration's %s would read back as %s", name, want, configFileFields[name], got))
 		}
+	}
+	if back.KubeAPIAcceptContentTypes != c.KubeAPIAcceptContentTypes {
+		errs = append(errs, fmt.Errorf("clientConnection.acceptContentTypes %q cannot be written: it would read back as %q", c.KubeAPIAcceptContentTypes, back.KubeAPIAcceptContentTypes))
 	}
 	if vmodule, err := vmoduleFlag(kp.Logging.VModule); err != nil || vmodule != c.LogVModule {
 		errs = append(errs, fmt.Errorf("--vmodule=%s cannot be written: logging.vmodule would read back as %s", c.LogVModule, vmodule))

@@ -541,6 +541,50 @@ func TestConfigz(t *testing.T) {
 	}
 }
 
+// TestAcceptContentTypes: the file's clientConnection.acceptContentTypes,
+// which kube-proxy's API client sends as its Accept header, is kept: /configz
+// shows it and --write-config-to writes it, to be read back the same.
+func TestAcceptContentTypes(t *testing.T) {
+	const accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+	file := strings.Replace(kubeadmConfig, `acceptContentTypes: ""`, `acceptContentTypes: "`+accept+`"`, 1)
+	c, err := loadConfig(t, file)
+	if err == nil {
+		err = c.Validate()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.KubeAPIAcceptContentTypes != accept {
+		t.Errorf("accept content types %q, want the file's %q", c.KubeAPIAcceptContentTypes, accept)
+	}
+	body, err := c.configzBody(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]kubeproxyv1alpha1.KubeProxyConfiguration
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if a := got["kubeproxy.config.k8s.io"].ClientConnection.AcceptContentTypes; a != accept {
+		t.Errorf("/configz acceptContentTypes %q, want %q:\n%s", a, accept, body)
+	}
+	c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
+	if _, err := c.WriteConfigFile(0); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(c.WriteConfigTo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := loadConfig(t, string(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.KubeAPIAcceptContentTypes != accept {
+		t.Errorf("--write-config-to wrote acceptContentTypes as %q, want %q:\n%s", back.KubeAPIAcceptContentTypes, accept, data)
+	}
+}
+
 // TestConfigzHasWrittenFields: /configz shows every field --write-config-to
 // writes, with the same value (the effective one), udpIdleTimeout among
 // them, with and without a --udp-timeout.
