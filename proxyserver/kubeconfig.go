@@ -3,34 +3,51 @@ package proxyserver
 import (
 	"fmt"
 	"os"
+	"strings"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// LoadKubeconfig reads and checks the kubeconfig the options name, when
-// the proxy follows a cluster through one: a file that does not exist,
-// does not parse, or gives no usable cluster is an error, found before
-// the proxy starts (and by --init-only). It does not contact the server.
+// LoadKubeconfig reads and checks the kubeconfig and --master the options
+// name, when the proxy follows a cluster through them: a file that does
+// not exist, does not parse, or gives no usable cluster, and a server URL
+// that does not parse, are errors, found before the proxy starts (and by
+// --init-only). As source.NewClient will, it builds the API client's
+// REST configuration and client (reading the TLS files they name), but it
+// does not contact the server.
 // Run watches the content read here when --config is given: a change of
 // it ends the proxy, as a change of the --config file does.
 func (c *Config) LoadKubeconfig() error {
-	if c.Manifests != "" || c.Kubeconfig == "" {
+	if c.Manifests != "" || c.Kubeconfig == "" && c.Master == "" {
 		return nil
 	}
 	flag := "--kubeconfig"
 	if c.fromFile["kubeconfig"] {
 		flag = "--config " + c.ConfigFile + ": clientConnection.kubeconfig"
 	}
-	data, err := os.ReadFile(c.Kubeconfig)
-	if err != nil {
-		return fmt.Errorf("%s: %w", flag, err)
+	var data []byte
+	if c.Kubeconfig != "" {
+		var err error
+		if data, err = os.ReadFile(c.Kubeconfig); err != nil {
+			return fmt.Errorf("%s: %w", flag, err)
+		}
+		flag += " " + c.Kubeconfig
+	}
+	if c.Master != "" {
+		flag = strings.TrimPrefix(flag+" with --master "+c.Master, "--kubeconfig with ")
 	}
 	// As source.NewClient will read it (paths in it relative to it).
 	overrides := &clientcmd.ConfigOverrides{ClusterInfo: clientcmdapi.Cluster{Server: c.Master}}
 	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(&clientcmd.ClientConfigLoadingRules{ExplicitPath: c.Kubeconfig}, overrides)
-	if _, err := loader.ClientConfig(); err != nil {
-		return fmt.Errorf("%s %s: %w", flag, c.Kubeconfig, err)
+	restConfig, err := loader.ClientConfig()
+	if err != nil {
+		return fmt.Errorf("%s: %w", flag, err)
+	}
+	// The server URL is parsed, and the TLS files read, only here.
+	if _, err := kubernetes.NewForConfig(restConfig); err != nil {
+		return fmt.Errorf("%s: %w", flag, err)
 	}
 	c.kubeconfigData = data
 	return nil
