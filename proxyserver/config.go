@@ -96,6 +96,7 @@ type Config struct {
 	// loopback address. Traffic from other hosts never reaches them there.
 	LocalhostNodePorts bool
 	// HostnameOverride names this node; empty means the host name.
+	// Validate trims it and makes it lower case, as kube-proxy does.
 	HostnameOverride string
 	// ClusterCIDR is the pods' CIDRs, comma-separated (one per IP family):
 	// their traffic to a Service with externalTrafficPolicy: Local is not
@@ -255,6 +256,10 @@ func (c *Config) Validate() error {
 		// kube-proxy trims it and refuses what is left empty: taken as
 		// is, it would name a node no endpoint is ever on.
 		bad("hostname-override", "%q is blank: give this node's name, or leave it out to use the host name", c.HostnameOverride)
+	} else {
+		// As kube-proxy stores it (processHostnameOverrideFlag): what
+		// /configz shows and --write-config-to writes is the node name.
+		c.HostnameOverride = strings.ToLower(strings.TrimSpace(c.HostnameOverride))
 	}
 	var err error
 	if c.bindAddr, err = netip.ParseAddr(strings.TrimSpace(c.BindAddress)); err != nil {

@@ -585,6 +585,52 @@ func TestAcceptContentTypes(t *testing.T) {
 	}
 }
 
+// TestConfigzHostnameOverride: as kube-proxy stores it, the host name
+// override is trimmed and lower-cased: /configz and --write-config-to show
+// the node name that is used.
+func TestConfigzHostnameOverride(t *testing.T) {
+	head := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for _, tc := range []struct {
+		name, file string
+		args       []string
+	}{
+		{"flag", "", []string{"--hostname-override= Node-A "}},
+		{"file", head + "hostnameOverride: \" Node-A \"\n", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(t, tc.file, tc.args...)
+			if err == nil {
+				err = c.Validate()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := c.configzBody(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got map[string]kubeproxyv1alpha1.KubeProxyConfiguration
+			if err := json.Unmarshal(body, &got); err != nil {
+				t.Fatal(err)
+			}
+			if h := got["kubeproxy.config.k8s.io"].HostnameOverride; h != "node-a" {
+				t.Errorf("/configz hostnameOverride %q, want node-a", h)
+			}
+			c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
+			if _, err := c.WriteConfigFile(0); err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(c.WriteConfigTo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(data), "\nhostnameOverride: node-a\n") {
+				t.Errorf("--write-config-to does not write hostnameOverride: node-a:\n%s", data)
+			}
+		})
+	}
+}
+
 // TestConfigzHasWrittenFields: /configz shows every field --write-config-to
 // writes, with the same value (the effective one), udpIdleTimeout among
 // them, with and without a --udp-timeout.
