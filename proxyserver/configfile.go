@@ -342,7 +342,10 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 	add(!reflect.ValueOf(kp.Winkernel).IsZero(), "winkernel")
 	add(kp.Logging.Format != "" && kp.Logging.Format != "text", "logging.format (logs are text)")
 	add(kp.Logging.FlushFrequency.Duration.Duration != 0 || kp.Logging.FlushFrequency.SerializeAsString, "logging.flushFrequency (logs are not buffered)")
-	add(!reflect.ValueOf(kp.Logging.Options).IsZero(), "logging.options")
+	// kubeadm's config.conf gives infoBufferSize "0" for both formats:
+	// the default, as no options at all.
+	routed := func(o logsapi.OutputRoutingOptions) bool { return o.SplitStream || !o.InfoBufferSize.IsZero() }
+	add(routed(kp.Logging.Options.Text.OutputRoutingOptions) || routed(kp.Logging.Options.JSON.OutputRoutingOptions), "logging.options")
 	add(kp.DetectLocalMode != "" && kp.DetectLocalMode != "ClusterCIDR", "detectLocalMode (only ClusterCIDR is supported)")
 	add(kp.DetectLocal.BridgeInterface != "" || kp.DetectLocal.InterfaceNamePrefix != "", "detectLocal")
 	add(kp.OOMScoreAdj != nil, "oomScoreAdj")

@@ -182,6 +182,16 @@ func TestLoadConfigFileLogging(t *testing.T) {
 		!strings.Contains(err.Error(), "logging.vmodule[0].filePattern") {
 		t.Errorf("bad pattern: %v", err)
 	}
+	// kubeadm's config.conf: every option at its default.
+	kubeadm := head + "logging:\n  flushFrequency: 0\n  options:\n    json:\n      infoBufferSize: \"0\"\n    text:\n      infoBufferSize: \"0\"\n  verbosity: 0\n"
+	if got := inapplicable(mustDecode(t, kubeadm)); len(got) != 0 {
+		t.Errorf("kubeadm's logging options at their defaults: inapplicable = %q, want none", got)
+	}
+	for _, opts := range []string{"{text: {splitStream: true}}", "{json: {infoBufferSize: 64Ki}}", "{text: {infoBufferSize: \"1\"}}"} {
+		if got := inapplicable(mustDecode(t, head+"logging:\n  options: "+opts+"\n")); !slices.Equal(got, []string{"logging.options"}) {
+			t.Errorf("logging.options %s: inapplicable = %q, want logging.options", opts, got)
+		}
+	}
 	got := inapplicable(mustDecode(t, head+"logging:\n  format: json\n  flushFrequency: 1s\n  options: {text: {splitStream: true}}\n"))
 	want := []string{"logging.flushFrequency (logs are not buffered)", "logging.format (logs are text)", "logging.options"}
 	if !slices.Equal(got, want) {
