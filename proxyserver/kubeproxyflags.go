@@ -3,10 +3,12 @@ package proxyserver
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 )
 
 // kubeProxyOnlyFlags are kube-proxy's flags that mean nothing to a
@@ -138,4 +140,57 @@ func checkMode(where, mode string) error {
 		return fmt.Errorf("%s: %q is one of kube-proxy's own modes; this proxy is mode %q (set %s, or leave it out)", where, mode, ModeUserspace, set)
 	}
 	return fmt.Errorf("%s: %q is not a mode; this proxy is mode %q (set %s, or leave it out)", where, mode, ModeUserspace, set)
+}
+
+// Description is what -h says the program is, above its flags.
+const Description = "kube-userspace-proxy is a userspace L4 service proxy for Kubernetes: kube-proxy's removed userspace mode, rebuilt.\n" +
+	"It takes kube-proxy's flags and KubeProxyConfiguration file (mode: userspace), or serves Services from a manifest file without a cluster."
+
+// SetUsage makes -h print, as kube-proxy's does, what the program is,
+// how it is run, and its flags, to fs's output.
+func SetUsage(fs *pflag.FlagSet) {
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "%s\n\nUsage:\n  %s [flags]\n\nFlags:\n%s", Description, fs.Name(), fs.FlagUsages())
+	}
+}
+
+// VersionValue is --version, as kube-proxy's (component-base verflag):
+// "false", "true" (--version alone) or "raw"; anything else is kept as
+// given, for the caller to refuse (this proxy cannot report another
+// version, as verflag's --version=vX.Y.Z does). -h shows it as
+// kube-proxy's, "--version version[=true]".
+type VersionValue string
+
+// AddVersionFlag registers --version on fs and returns its value.
+func AddVersionFlag(fs *pflag.FlagSet) *VersionValue {
+	v := VersionValue("false")
+	fs.Var(&v, "version", "Print the version and exit; --version=raw prints it field by field, as kube-proxy does.")
+	fs.Lookup("version").NoOptDefVal = "true"
+	return &v
+}
+
+func (v *VersionValue) String() string { return string(*v) }
+
+// Type names the value in -h.
+func (v *VersionValue) Type() string { return "version" }
+
+// Set takes raw or a boolean (true, 1, f...) as verflag does, and keeps
+// anything else as given.
+func (v *VersionValue) Set(s string) error {
+	if b, err := strconv.ParseBool(s); err == nil {
+		s = strconv.FormatBool(b)
+	}
+	*v = VersionValue(s)
+	return nil
+}
+
+// LogFlags logs every flag and its value at -v=1, in kube-proxy's words
+// (cliflag.PrintFlags): FLAG: --name="value".
+func LogFlags(fs *pflag.FlagSet) {
+	if !klog.V(1).Enabled() {
+		return
+	}
+	fs.VisitAll(func(f *pflag.Flag) {
+		klog.V(1).Infof("FLAG: --%s=%q", f.Name, f.Value)
+	})
 }

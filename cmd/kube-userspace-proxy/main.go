@@ -29,8 +29,8 @@ func main() {
 		return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
 	})
 	cfg.AddFlags(fs)
-	showVersion := fs.String("version", "false", "Print the version and exit; --version=raw prints it field by field, as kube-proxy does.")
-	fs.Lookup("version").NoOptDefVal = "true"
+	showVersion := proxyserver.AddVersionFlag(fs)
+	proxyserver.SetUsage(fs)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -50,13 +50,13 @@ func main() {
 		os.Exit(2)
 	}
 	switch *showVersion {
-	case "false":
 	case "true":
 		fmt.Println("kube-userspace-proxy", buildinfo.String())
 		os.Exit(0)
 	case "raw":
 		fmt.Printf("%#v\n", buildinfo.Info())
 		os.Exit(0)
+	case "false":
 	default:
 		fmt.Fprintf(os.Stderr, "kube-userspace-proxy: --version=%s: want true, false or raw (this proxy cannot report another version, as kube-proxy's --version=vX.Y.Z does)\n", *showVersion)
 		os.Exit(2)
@@ -68,6 +68,7 @@ func main() {
 	// As kube-proxy, first of all: which build this is (before what
 	// reading the --config file logs).
 	proxyserver.LogVersion()
+	proxyserver.LogFlags(fs) // at -v=1, as kube-proxy
 	if err := cfg.LoadConfigFile(fs); err != nil {
 		fmt.Fprintln(os.Stderr, "kube-userspace-proxy:", err)
 		os.Exit(2)
