@@ -207,7 +207,7 @@ func startAPIServer() (api *apiServer, skip bool, err error) {
 	if err := a.writeKubeconfig(filepath.Join(certDir, "apiserver.crt")); err != nil {
 		return nil, false, err
 	}
-	a.Client, err = source.NewClient(a.Kubeconfig, "", 1000, 2000, "application/vnd.kubernetes.protobuf")
+	a.Client, err = source.NewClient(a.Kubeconfig, "", 1000, 2000, "application/vnd.kubernetes.protobuf", "")
 	if err != nil {
 		return nil, false, err
 	}

@@ -100,7 +100,7 @@ func TestClusterScale(t *testing.T) {
 	t.Cleanup(func() { deleteScale(t, c, ns) })
 
 	// A client of its own, as a proxy would have: no shared caches.
-	client, err := source.NewClient(api.Kubeconfig, "", 50, 100, "application/vnd.kubernetes.protobuf")
+	client, err := source.NewClient(api.Kubeconfig, "", 50, 100, "application/vnd.kubernetes.protobuf", "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -330,9 +330,6 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 		}
 	}
 	add(len(kp.FeatureGates) > 0, "featureGates")
-	// Shown in /configz and written by --write-config-to, but the API
-	// client (source.NewClient) cannot be given it yet.
-	add(kp.ClientConnection.AcceptContentTypes != "", "clientConnection.acceptContentTypes (not yet applied to the API client)")
 	add(kp.EnableProfiling, "enableProfiling")
 	add(kp.ShowHiddenMetricsForVersion != "", "showHiddenMetricsForVersion")
 	add(kp.IPTables.MasqueradeAll, "iptables.masqueradeAll")

@@ -78,7 +78,7 @@ var errNodeIPsChanged = errors.New("the node's primary IPs changed")
 // says how; or nil when ctx ends. A Node without any, or gone, changes
 // nothing (kube-proxy goes on with the IPs it has too).
 func watchPrimaryIPs(ctx context.Context, cfg *Config, node string, was []netip.Addr) error {
-	client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType)
+	client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType, cfg.KubeAPIAcceptContentTypes)
 	if err != nil {
 		return nil // read once at start: the proxy goes on with them
 	}
@@ -122,7 +122,7 @@ func watchPrimaryIPs(ctx context.Context, cfg *Config, node string, was []netip.
 // nodePrimaryIPs reads the Node's primary IPs, waiting up to
 // primaryNodeWait for it to exist.
 func nodePrimaryIPs(parent context.Context, cfg *Config, node string) ([]netip.Addr, error) {
-	client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType)
+	client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType, cfg.KubeAPIAcceptContentTypes)
 	if err != nil {
 		return nil, err
 	}

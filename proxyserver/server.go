@@ -314,7 +314,7 @@ func Run(ctx context.Context, cfg *Config) error {
 			return err // says "manifests:" itself
 		}
 	} else {
-		client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType)
+		client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType, cfg.KubeAPIAcceptContentTypes)
 		if err != nil && cfg.Kubeconfig == "" && cfg.Master == "" {
 			return fmt.Errorf("no source of services: give --manifests FILE or --kubeconfig/--master, or run inside a cluster (%w)", err)
 		}

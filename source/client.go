@@ -19,9 +19,12 @@ import (
 // rate (--kube-api-qps, --kube-api-burst; zero means client-go's 5 and 10);
 // contentType is the encoding it sends and asks for
 // (--kube-api-content-type, e.g. "application/vnd.kubernetes.protobuf"); if
-// empty, JSON. The client logs when the API server stops answering and
-// when it answers again (see contact).
-func NewClient(kubeconfig, master string, qps float32, burst int, contentType string) (kubernetes.Interface, error) {
+// empty, JSON; acceptContentTypes is its Accept header
+// (clientConnection.acceptContentTypes of a --config file), if empty
+// client-go's: the content type, with JSON as a fallback. The client logs
+// when the API server stops answering and when it answers again (see
+// contact).
+func NewClient(kubeconfig, master string, qps float32, burst int, contentType, acceptContentTypes string) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	hint := ""
@@ -39,6 +42,7 @@ func NewClient(kubeconfig, master string, qps float32, burst int, contentType st
 		return nil, fmt.Errorf("api client: %w", err)
 	}
 	cfg.ContentType = contentType
+	cfg.AcceptContentTypes = acceptContentTypes
 	cfg.QPS = qps
 	cfg.Burst = burst
 	// The proxy's name and version, not client-go's v0.0.0 and $Format,
