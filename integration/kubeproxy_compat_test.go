@@ -188,7 +188,7 @@ func TestBinaryVersionInLogAndUserAgent(t *testing.T) {
 	}))
 	defer srv.Close()
 	px := startProxy(t, "--master", srv.URL, "--portal=none", "--hostname-override=node")
-	px.waitLog(0, `"Version info" version="[^"]+".*goVersion="go1\.`, 1, 10*time.Second)
+	px.waitLog(0, `"Version info" version="[^"]+".*goVersion="go1\.[^"]*" platform="[^"]+" dataPlane="(event loops|goroutines)"`, 1, 10*time.Second)
 	select {
 	case ua := <-agents:
 		if !regexp.MustCompile(`^kube-userspace-proxy/[^ ]+ \(\w+/\w+\) kubernetes/\S+$`).MatchString(ua) ||

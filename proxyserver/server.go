@@ -28,7 +28,7 @@ import (
 // LogVersion logs which build this is, as kube-proxy's first log line.
 func LogVersion() {
 	v := buildinfo.Info()
-	klog.InfoS("Version info", "version", v.GitVersion, "gitCommit", v.GitCommit, "goVersion", v.GoVersion, "platform", v.Platform)
+	klog.InfoS("Version info", "version", v.GitVersion, "gitCommit", v.GitCommit, "goVersion", v.GoVersion, "platform", v.Platform, "dataPlane", buildinfo.DataPlane)
 }
 
 // Run serves until ctx is done. It returns an error at once if the source
