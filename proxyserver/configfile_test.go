@@ -27,6 +27,48 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
+// validConfig is loadConfig and Validate, either of whose errors fails
+// the test.
+func validConfig(t *testing.T, file string, args ...string) *Config {
+	t.Helper()
+	c, err := loadConfig(t, file, args...)
+	if err == nil {
+		err = c.Validate()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// configzOf returns what /configz serves for c, as sent and decoded.
+func configzOf(t *testing.T, c *Config) ([]byte, map[string]kubeproxyv1alpha1.KubeProxyConfiguration) {
+	t.Helper()
+	body, err := c.configzBody(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]kubeproxyv1alpha1.KubeProxyConfiguration
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	return body, got
+}
+
+// writtenConfig returns what --write-config-to writes for c.
+func writtenConfig(t *testing.T, c *Config) []byte {
+	t.Helper()
+	c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
+	if _, err := c.WriteConfigFile(0); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(c.WriteConfigTo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
 // loadConfig parses args, writes file (if not empty) for --config, and
 // loads it.
 func loadConfig(t *testing.T, file string, args ...string) (*Config, error) {
@@ -557,35 +599,15 @@ func TestConfigz(t *testing.T) {
 func TestAcceptContentTypes(t *testing.T) {
 	const accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 	file := strings.Replace(kubeadmConfig, `acceptContentTypes: ""`, `acceptContentTypes: "`+accept+`"`, 1)
-	c, err := loadConfig(t, file)
-	if err == nil {
-		err = c.Validate()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := validConfig(t, file)
 	if c.KubeAPIAcceptContentTypes != accept {
 		t.Errorf("accept content types %q, want the file's %q", c.KubeAPIAcceptContentTypes, accept)
 	}
-	body, err := c.configzBody(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got map[string]kubeproxyv1alpha1.KubeProxyConfiguration
-	if err := json.Unmarshal(body, &got); err != nil {
-		t.Fatal(err)
-	}
+	body, got := configzOf(t, c)
 	if a := got["kubeproxy.config.k8s.io"].ClientConnection.AcceptContentTypes; a != accept {
 		t.Errorf("/configz acceptContentTypes %q, want %q:\n%s", a, accept, body)
 	}
-	c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
-	if _, err := c.WriteConfigFile(0); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(c.WriteConfigTo)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := writtenConfig(t, c)
 	back, err := loadConfig(t, string(data))
 	if err != nil {
 		t.Fatal(err)
@@ -608,32 +630,12 @@ func TestConfigzHostnameOverride(t *testing.T) {
 		{"file", head + "hostnameOverride: \" Node-A \"\n", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := loadConfig(t, tc.file, tc.args...)
-			if err == nil {
-				err = c.Validate()
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, err := c.configzBody(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got map[string]kubeproxyv1alpha1.KubeProxyConfiguration
-			if err := json.Unmarshal(body, &got); err != nil {
-				t.Fatal(err)
-			}
+			c := validConfig(t, tc.file, tc.args...)
+			_, got := configzOf(t, c)
 			if h := got["kubeproxy.config.k8s.io"].HostnameOverride; h != "node-a" {
 				t.Errorf("/configz hostnameOverride %q, want node-a", h)
 			}
-			c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
-			if _, err := c.WriteConfigFile(0); err != nil {
-				t.Fatal(err)
-			}
-			data, err := os.ReadFile(c.WriteConfigTo)
-			if err != nil {
-				t.Fatal(err)
-			}
+			data := writtenConfig(t, c)
 			if !strings.Contains(string(data), "\nhostnameOverride: node-a\n") {
 				t.Errorf("--write-config-to does not write hostnameOverride: node-a:\n%s", data)
 			}
@@ -735,14 +737,7 @@ func TestConfigzCommandLineVModule(t *testing.T) {
 		if err := c.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		body, err := c.configzBody(0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got map[string]kubeproxyv1alpha1.KubeProxyConfiguration
-		if err := json.Unmarshal(body, &got); err != nil {
-			t.Fatal(err)
-		}
+		_, got := configzOf(t, c)
 		vm := got["kubeproxy.config.k8s.io"].Logging.VModule
 		if len(vm) != 2 || vm[0].FilePattern != "proxier" || vm[0].Verbosity != 4 || vm[1].FilePattern != "sync*" || vm[1].Verbosity != 2 {
 			t.Errorf("with --config %v: logging.vmodule = %+v, want proxier=4,sync*=2", file != "", vm)

@@ -432,13 +432,7 @@ func TestBusyServerAddressHint(t *testing.T) {
 		{"metrics field", head + "metricsBindAddress: " + busy + "\n", nil, "metrics-bind-address", ": metricsBindAddress to a free address)", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := loadConfig(t, tc.file, tc.args...)
-			if err == nil {
-				err = c.Validate()
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := validConfig(t, tc.file, tc.args...)
 			addr := c.healthz
 			if tc.flag == "metrics-bind-address" {
 				addr = c.metrics
@@ -491,13 +485,7 @@ func TestBindAddressHardFail(t *testing.T) {
 			[]string{"cannot serve /metrics on " + busy + " (--config ", ": metricsBindAddress)", ": bindAddressHardFail is set, so this is fatal", "metricsBindAddress to a free address)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := loadConfig(t, tc.file, append(slices.Clone(common), tc.args...)...)
-			if err == nil {
-				err = c.Validate()
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := validConfig(t, tc.file, append(slices.Clone(common), tc.args...)...)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
 			err = Run(ctx, c)
