@@ -2,6 +2,7 @@ package userspace
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -68,6 +69,33 @@ func (s *endpointSet) usable(i int, now int64, avoid []netip.AddrPort) bool {
 		return false
 	}
 	return s.penalized.Load() == 0 || s.until[i].Load() <= now
+}
+
+// rotate picks, for round-robin turn, one of the endpoints usable at now
+// (see usable), in rotation: each in turn takes one round of the turns
+// of those passed over. It reports false when none is usable.
+func (s *endpointSet) rotate(turn uint64, now int64, avoid []netip.AddrPort) (int, bool) {
+	n := len(s.addrs)
+	usable := 0
+	for i := range n {
+		if s.usable(i, now, avoid) {
+			usable++
+		}
+	}
+	if usable == 0 {
+		return 0, false
+	}
+	k := int(turn / uint64(n) % uint64(usable))
+	for i := range n {
+		if !s.usable(i, now, avoid) {
+			continue
+		}
+		if k == 0 {
+			return i, true
+		}
+		k--
+	}
+	return 0, false // not reached: k < usable
 }
 
 // affinityEntry remembers which endpoint a client IP was sent to.
@@ -223,26 +251,16 @@ func (b *balancer) choose(client netip.Addr, avoid []netip.AddrPort) (netip.Addr
 		if !set.usable(start, nowNano, avoid) {
 			// Pass over an endpoint that just failed. Its turns go to
 			// the usable endpoints in rotation, one round to each, so
-			// that no single neighbour takes its whole share; if every
-			// one has failed, keep the plain choice rather than refuse.
-			usable := 0
-			for i := range n {
-				if set.usable(i, nowNano, avoid) {
-					usable++
-				}
+			// that no single neighbour takes its whole share. If every
+			// one is in its penalty, those this connection has not
+			// tried yet are still better than those it has; if it has
+			// tried them all, keep the plain choice rather than refuse.
+			i, ok := set.rotate(turn, nowNano, avoid)
+			if !ok && len(avoid) > 0 {
+				i, ok = set.rotate(turn, math.MaxInt64, avoid)
 			}
-			if usable > 0 {
-				k := int(turn / uint64(n) % uint64(usable))
-				for i := range n {
-					if !set.usable(i, nowNano, avoid) {
-						continue
-					}
-					if k == 0 {
-						ep, why = set.addrs[i], pickedPastFailures
-						break
-					}
-					k--
-				}
+			if ok {
+				ep, why = set.addrs[i], pickedPastFailures
 			}
 		}
 	}

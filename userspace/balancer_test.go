@@ -371,3 +371,35 @@ func TestBalancerSpreadsAFailedEndpointsTurns(t *testing.T) {
 		}
 	}
 }
+
+// When every endpoint is in its penalty, a connection's next attempt
+// still goes to one it has not tried yet, whatever the turn: only when
+// it has tried them all is the plain turn taken.
+func TestBalancerPrefersUntriedWhenAllFailed(t *testing.T) {
+	b := newBalancer(newFakeClock(), eps(ep1, ep2, ep3), state.Affinity{})
+	for _, ep := range []netip.AddrPort{ep1, ep2, ep3} {
+		b.penalize(ep, time.Minute)
+	}
+	got := map[netip.AddrPort]int{}
+	for range 60 {
+		ep, _, err := b.choose(c1, []netip.AddrPort{ep1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[ep]++
+	}
+	if want := map[netip.AddrPort]int{ep2: 30, ep3: 30}; !maps.Equal(got, want) {
+		t.Errorf("avoiding %v with all in their penalty, 60 picks went %v; want %v", ep1, got, want)
+	}
+	got = map[netip.AddrPort]int{}
+	for range 60 {
+		ep, _, err := b.choose(c1, []netip.AddrPort{ep1, ep2, ep3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[ep]++
+	}
+	if want := map[netip.AddrPort]int{ep1: 20, ep2: 20, ep3: 20}; !maps.Equal(got, want) {
+		t.Errorf("with every endpoint tried, 60 picks went %v; want the plain turns %v", got, want)
+	}
+}
