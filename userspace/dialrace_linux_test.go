@@ -224,6 +224,34 @@ func TestTCPDialRace(t *testing.T) {
 		}
 	})
 
+	// An attempt still connecting when the next one is refused keeps the
+	// time the attempts not made would have had. Before, it had only the
+	// refused attempt's 500 ms, so a connection to the slow endpoint
+	// (1 s) was reset at 750 ms whenever the slow one came first: every
+	// time with ClientIP affinity on it.
+	t.Run("SlowBesideRefusing", func(t *testing.T) {
+		refusing := netip.MustParseAddrPort(raceFineAddr + ":9") // nothing listens there
+		for _, aff := range []state.Affinity{{}, {Type: state.AffinityClientIP}} {
+			slow := startTCPBackendOn(t, "slow", raceSlowAddr+":0")
+			p := newTestProxier(t, Config{})
+			name := spn("slowref", "", state.TCP)
+			mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(slow.addr(), refusing), Affinity: aff})
+			addr := proxyAddr(t, p, name)
+			for i := range 4 {
+				start := time.Now()
+				got, err := tcpWhoErr(addr)
+				d := time.Since(start)
+				t.Logf("affinity %q, connection %d: %q in %v (%v)", aff.Type, i, got, d.Round(time.Millisecond), err)
+				if err != nil || got != "slow" || d > 1800*time.Millisecond {
+					t.Errorf("affinity %q, connection %d: reached %q in %v (%v); want slow, in about 1 s", aff.Type, i, got, d, err)
+				}
+			}
+			if g := p.Stats().TCPDialGiveUps.Load(); g != 0 {
+				t.Errorf("affinity %q: %d connections given up, want 0", aff.Type, g)
+			}
+		}
+	})
+
 	// When no endpoint ever answers, the connection is given up when the
 	// last attempt's time is up (3.75 s with the default timeouts), the
 	// client is reset, and every racing socket is closed.

@@ -214,8 +214,9 @@ func (f *failover[C]) timedOut() {
 type raceAttempt struct {
 	ep       netip.AddrPort
 	cancel   context.CancelFunc
-	timedOut bool // its time is up: it races the later ones
-	done     bool // its outcome has come
+	deadline time.Time // when its time is up
+	timedOut bool      // its time is up: it races the later ones
+	done     bool      // its outcome has come
 }
 
 // run is the race, from the end of the first racing attempt's time (that
@@ -235,7 +236,7 @@ func (f *failover[C]) run() {
 	p := f.p
 	timeouts := p.cfg.DialTimeouts
 	attempts := make([]raceAttempt, 1, len(timeouts)-f.attempt)
-	attempts[0] = raceAttempt{ep: f.ep, cancel: f.cancel}
+	attempts[0] = raceAttempt{ep: f.ep, cancel: f.cancel, deadline: time.Now()}
 	running, current := 1, 0
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -257,10 +258,13 @@ func (f *failover[C]) run() {
 		}
 		finish(dialResult[C]{err: f.giveUp()})
 	}
-	// next starts the next attempt; with none left to start and none
-	// running, the connection is given up. Those running have until the
-	// current one's deadline.
+	// next starts the next attempt. With none left worth starting, those
+	// running keep the time the attempts not made would have had: the
+	// current one's deadline plus their timeouts (as the event loops do:
+	// see tcpConn.dialFailed); with none running, the connection is
+	// given up.
 	next := func() {
+		rest := sumDurations(timeouts[f.attempt+1:])
 		if f.attempt+1 < len(timeouts) {
 			f.attempt++
 			ep, err := f.choose()
@@ -271,7 +275,7 @@ func (f *failover[C]) run() {
 			if ep.IsValid() {
 				ctx, cancel := context.WithCancel(p.ctx)
 				i := len(attempts)
-				attempts = append(attempts, raceAttempt{ep: ep, cancel: cancel})
+				attempts = append(attempts, raceAttempt{ep: ep, cancel: cancel, deadline: time.Now().Add(timeouts[f.attempt])})
 				current = i
 				running++
 				timer.Reset(timeouts[f.attempt])
@@ -286,7 +290,9 @@ func (f *failover[C]) run() {
 		}
 		if running == 0 {
 			giveUp()
+			return
 		}
+		timer.Reset(time.Until(attempts[current].deadline) + rest)
 	}
 	// timeUp handles the end of the current attempt's time.
 	timeUp := func() {
@@ -360,6 +366,15 @@ func (f *failover[C]) run() {
 	if !decided {
 		giveUp()
 	}
+}
+
+// sumDurations is the sum of ds.
+func sumDurations(ds []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum
 }
 
 // worthDialing reports whether ep deserves a dial after the failures so

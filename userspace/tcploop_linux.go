@@ -536,9 +536,11 @@ func (c *tcpConn) dialProgress(ev uint32) {
 // dialFailed handles the failure of the current dial attempt (refused,
 // unreachable): it moves on at once to another endpoint with the next,
 // longer timeout (the failed one is passed over for a while and the
-// client's affinity replaced). With no attempt left to make, the earlier
-// attempts that still connect (see dialTimedOut) have until the failed
-// one's deadline; with none, the client is reset.
+// client's affinity replaced). With no attempt left worth making, the
+// earlier attempts that still connect (see dialTimedOut) keep the time
+// the attempts not made would have had: the failed one's deadline plus
+// their timeouts, the bound a connection whose attempts all time out
+// has. With none still connecting, the client is reset.
 func (c *tcpConn) dialFailed(err error) {
 	p := c.l.sp.p
 	c.closeBackend()
@@ -568,8 +570,9 @@ func (c *tcpConn) dialFailed(err error) {
 		}
 	}
 	if r.pending() {
-		// The timer, at the failed attempt's deadline, gives up.
+		// The timer gives up (see dialTimedOut).
 		r.lastErr = err
+		c.deadline = c.deadline.Add(sumDurations(p.cfg.DialTimeouts[c.attempt:]))
 		c.lp.schedule(&c.timer, c.deadline)
 		return
 	}
