@@ -278,6 +278,36 @@ func TestTCPDialRace(t *testing.T) {
 		noLeaks(t, sockets, goroutines)
 	})
 
+	// A connection whose attempts race when its Service is deleted is
+	// reset at its next attempt, as when only the endpoints go, not when
+	// the last attempt's time is up: the next attempt finds no endpoint.
+	t.Run("ServiceDeletedWhileRacing", func(t *testing.T) {
+		p := newTestProxier(t, Config{})
+		name := spn("gone", "", state.TCP)
+		mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(hole, hole2)})
+		addr := proxyAddr(t, p, name)
+		sockets, goroutines := openSockets(t), runtime.NumGoroutine()
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- connectAndRead(addr) }()
+		// The second attempt runs from 250 ms to 750 ms, the first races it.
+		time.Sleep(400 * time.Millisecond)
+		mustApply(t, p)
+		err := <-done
+		d := time.Since(start)
+		t.Logf("reset after %v: %v", d.Round(time.Millisecond), err)
+		if !isReset(err) {
+			t.Errorf("got %v, want a reset", err)
+		}
+		if d > 1500*time.Millisecond {
+			t.Errorf("reset after %v, want at the next attempt, 750 ms", d)
+		}
+		if n := p.Stats().TCPNoEndpoints.Load(); n != 1 {
+			t.Errorf("%d connections refused for want of endpoints, want 1", n)
+		}
+		noLeaks(t, sockets, goroutines)
+	})
+
 	// Closing the proxier ends a connection whose attempts are racing,
 	// and closes every one of their sockets.
 	t.Run("CloseWhileRacing", func(t *testing.T) {

@@ -791,8 +791,16 @@ func (sp *servicePort) listen(k sockKey) (socket, error) {
 	return nil, fmt.Errorf("protocol %s is not supported", sp.proto)
 }
 
-// close stops every socket of the service port and returns its proxy port.
+// close stops every socket of the service port, empties its balancers and
+// returns its proxy port.
 func (sp *servicePort) close() {
+	// Connections still dialing find no endpoint at their next attempt,
+	// and are reset, as when the endpoints go.
+	for _, b := range []*balancer{sp.internal, sp.external.Load(), sp.fromHost.Load()} {
+		if b != nil {
+			b.update(nil, *b.aff.Load())
+		}
+	}
 	for k, s := range sp.sockets {
 		s.close()
 		delete(sp.sockets, k)
