@@ -308,6 +308,39 @@ func TestTCPDialRace(t *testing.T) {
 		noLeaks(t, sockets, goroutines)
 	})
 
+	// A client that resets while its attempts race ends them at once, in
+	// both builds: no attempt counts as failed, the connection is not
+	// given up, and every socket is closed. The goroutine build dialed
+	// on for nobody until the last attempt's time was up.
+	t.Run("ClientResetWhileRacing", func(t *testing.T) {
+		p := newTestProxier(t, Config{})
+		name := spn("left", "", state.TCP)
+		mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(hole, hole2)})
+		addr := proxyAddr(t, p, name)
+		sockets, goroutines := openSockets(t), runtime.NumGoroutine()
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Two attempts race by now (at 0 and 250 ms).
+		time.Sleep(400 * time.Millisecond)
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+		settleWithin(t, 2*time.Second, "the racing sockets closed", func() error {
+			if n := openSockets(t); n > sockets {
+				return fmt.Errorf("%d sockets open, %d before", n, sockets)
+			}
+			return nil
+		})
+		// Past the 3.75 s an attempt that went on would take.
+		time.Sleep(4 * time.Second)
+		st := p.Stats()
+		if g, f := st.TCPDialGiveUps.Load(), st.TCPDialFailures.Load(); g != 0 || f != 0 {
+			t.Errorf("%d give-ups and %d dial failures, want none: the client had left", g, f)
+		}
+		noLeaks(t, sockets, goroutines)
+	})
+
 	// Closing the proxier ends a connection whose attempts are racing,
 	// and closes every one of their sockets.
 	t.Run("CloseWhileRacing", func(t *testing.T) {

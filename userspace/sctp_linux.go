@@ -106,7 +106,7 @@ func (l *sctpListener) serve(client *sctp.Conn) {
 		in = 0
 	}
 	b := l.sp.balancer(l.role, client.RemoteAddr().Addr())
-	backend, ep, err := dialWithFailover(p, b, l.role, client.RemoteAddr(), l.sp, p.stats.sctpDialCounters(),
+	backend, ep, err := dialWithFailover(p, b, l.role, client.RemoteAddr(), l.sp, p.stats.sctpDialCounters(), nil,
 		func(ctx context.Context, ep netip.AddrPort) (*sctp.Conn, error) {
 			return sctp.Dial(ctx, ep, sctp.Options{OutStreams: in, SendBuffer: maxSCTPMessage / 2})
 		})

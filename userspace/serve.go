@@ -86,9 +86,10 @@ type dialCounters struct {
 // the next one starts ("happy eyeballs" across endpoints, RFC 8305, as
 // the event loops do: see tcpConn.dialTimedOut), and the first to connect
 // wins; the others are closed. Attempts run on the caller's goroutine
-// until one's time is up; then the race takes over (see failover.run).
-func dialWithFailover[C io.Closer](p *Proxier, b *balancer, role socketRole, client netip.AddrPort, sp *servicePort, n dialCounters, dial func(context.Context, netip.AddrPort) (C, error)) (C, netip.AddrPort, error) {
-	f := &failover[C]{p: p, b: b, role: role, client: client, sp: sp, n: n, dial: dial}
+// until one's time is up; then the race takes over (see failover.run),
+// and ends when watch (nil: none) says the client has failed.
+func dialWithFailover[C io.Closer](p *Proxier, b *balancer, role socketRole, client netip.AddrPort, sp *servicePort, n dialCounters, watch clientWatch, dial func(context.Context, netip.AddrPort) (C, error)) (C, netip.AddrPort, error) {
+	f := &failover[C]{p: p, b: b, role: role, client: client, sp: sp, n: n, watch: watch, dial: dial}
 	var zero C
 	for {
 		ep, err := f.choose()
@@ -141,6 +142,7 @@ type failover[C io.Closer] struct {
 	client netip.AddrPort
 	sp     *servicePort
 	n      dialCounters
+	watch  clientWatch
 	dial   func(context.Context, netip.AddrPort) (C, error)
 
 	attempt int              // the current attempt, from 0
@@ -154,6 +156,20 @@ type failover[C io.Closer] struct {
 	ready   sync.WaitGroup
 	results chan dialResult[C] // every racing attempt's outcome, one each
 	won     chan dialResult[C] // the race's outcome, for the caller
+}
+
+// clientWatch tells a dial race when its client has failed (reset), so
+// that the race ends at once rather than dial on for nobody, as the
+// event loops end it (see connSide.event).
+type clientWatch interface {
+	// wait returns the client's failure once it comes, or nil once
+	// interrupt was called (at once where a failure cannot be waited
+	// for).
+	wait() error
+	// interrupt makes wait return.
+	interrupt()
+	// resume undoes interrupt, after wait returned.
+	resume()
 }
 
 // dialResult is the outcome of attempt i of a race.
@@ -228,9 +244,9 @@ type raceAttempt struct {
 // all the same, and the attempts that timed out to other endpoints count
 // as failed (an endpoint whose attempt timed out and then won is not
 // penalized). When the last attempt's time is up, or none is left, the
-// connection is given up. The proxier stopping ends every attempt. run
-// returns once every attempt has ended, so nothing it started outlives
-// it.
+// connection is given up. The proxier stopping, or the client failing,
+// ends every attempt. run returns once every attempt has ended, so
+// nothing it started outlives it.
 func (f *failover[C]) run() {
 	defer f.p.wg.Done()
 	p := f.p
@@ -240,12 +256,24 @@ func (f *failover[C]) run() {
 	running, current := 1, 0
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var gone chan error // the client's failure, while it is watched
+	if f.watch != nil {
+		gone = make(chan error, 1)
+		go func() { gone <- f.watch.wait() }()
+	}
 	decided := false
 	finish := func(r dialResult[C]) {
 		decided = true
 		timer.Stop()
 		for _, a := range attempts {
 			a.cancel()
+		}
+		if gone != nil {
+			// The watch ends before the caller uses the client.
+			f.watch.interrupt()
+			<-gone
+			gone = nil
+			f.watch.resume()
 		}
 		f.won <- r
 	}
@@ -360,6 +388,14 @@ func (f *failover[C]) run() {
 			stopping = nil // the attempts end with it
 			if !decided {
 				finish(dialResult[C]{err: p.ctx.Err()})
+			}
+		case err := <-gone:
+			gone = nil
+			if err != nil && !decided {
+				// Nobody is left to dial for: no attempt counts as
+				// failed, and the connection is not given up.
+				klog.V(3).InfoS("Client failed while dialing; ending its dial attempts", "service", f.sp.name, "client", f.client, "err", err)
+				finish(dialResult[C]{err: err})
 			}
 		}
 	}

@@ -45,6 +45,14 @@ func socketError(c *net.TCPConn) error {
 // there it returns nil at once, and a reset is noticed as before, when the
 // other direction next writes to c.
 func awaitSocketError(c *net.TCPConn) error {
+	_ = c.SetReadDeadline(time.Time{})
+	return waitSocketError(c)
+}
+
+// waitSocketError is awaitSocketError without clearing c's read
+// deadline first: a deadline that passes makes it return nil, which is
+// how a dial race stops watching its client (see tcpClientWatch).
+func waitSocketError(c *net.TCPConn) error {
 	switch runtime.GOOS {
 	case "linux", "android", "darwin", "ios", "dragonfly", "freebsd", "netbsd", "openbsd":
 	default:
@@ -54,7 +62,6 @@ func awaitSocketError(c *net.TCPConn) error {
 	if err != nil {
 		return nil // closed already
 	}
-	_ = c.SetReadDeadline(time.Time{})
 	var failed error
 	err = rc.Read(func(fd uintptr) bool {
 		soErr, gerr := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)

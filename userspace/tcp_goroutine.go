@@ -92,7 +92,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	if v := state.ProxyProtocol(l.sp.proxyProtocol.Load()); v != state.ProxyProtocolNone {
 		header = l.proxyHeader(v, c, client)
 	}
-	backend, ep, err := dialWithFailover(p, b, l.role, client, l.sp, p.stats.tcpDialCounters(),
+	backend, ep, err := dialWithFailover(p, b, l.role, client, l.sp, p.stats.tcpDialCounters(), tcpClientWatch{c},
 		func(ctx context.Context, ep netip.AddrPort) (*net.TCPConn, error) {
 			d := net.Dialer{KeepAliveConfig: keepAlive}
 			c, err := d.DialContext(ctx, "tcp", ep.String())
@@ -135,6 +135,15 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	go t.copyToBackend()
 	go t.copyToClient()
 }
+
+// tcpClientWatch watches a client while its dial attempts race (see
+// clientWatch): a reset is its socket's pending error (waitSocketError),
+// and a read deadline in the past interrupts the wait.
+type tcpClientWatch struct{ c *net.TCPConn }
+
+func (w tcpClientWatch) wait() error { return waitSocketError(w.c) }
+func (w tcpClientWatch) interrupt()  { _ = w.c.SetReadDeadline(time.Unix(1, 0)) }
+func (w tcpClientWatch) resume()     { _ = w.c.SetReadDeadline(time.Time{}) }
 
 // proxyHeader returns the PROXY protocol header of version v for
 // connection c from client: to the frontend the client addressed, the

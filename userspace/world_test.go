@@ -280,7 +280,14 @@ func skipOrFail(t testing.TB, format string, args ...any) {
 // offers no event for (goroutines, fds).
 func settle(t testing.TB, what string, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	settleWithin(t, 10*time.Second, what, check)
+}
+
+// settleWithin is settle with a bound of its own, for a check that must
+// come true sooner than something else would make it.
+func settleWithin(t testing.TB, bound time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
 	for {
 		err := check()
 		if err == nil {
