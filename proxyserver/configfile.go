@@ -297,12 +297,17 @@ func (c *Config) fromKubeProxyConfig(kp *kubeproxyv1alpha1.KubeProxyConfiguratio
 	c.MinSyncPeriod = orDuration(kp.IPTables.MinSyncPeriod.Duration, d.MinSyncPeriod)
 	c.ConfigSyncPeriod = orDuration(kp.ConfigSyncPeriod.Duration, d.ConfigSyncPeriod)
 	c.ProxyPortRange = kp.PortRange
-	c.ClusterCIDR = ""
 	if err := checkDetectLocalMode("detectLocalMode", string(kp.DetectLocalMode)); err != nil {
 		errs = append(errs, err)
-	} else if kp.DetectLocalMode == "" || kp.DetectLocalMode == "ClusterCIDR" {
-		c.ClusterCIDR = kp.ClusterCIDR // checked by Validate, which names the field
-	} // else told apart by node CIDR or interface: not supported; see inapplicable
+	}
+	// Checked by Validate, which names the field. It tells pod traffic
+	// apart whatever detectLocalMode says, as --cluster-cidr does beside
+	// --detect-local-mode: the node's pod CIDR or interfaces, which the
+	// other modes use, are not supported (see inapplicable), and the
+	// cluster's CIDR keeps this node's pods inside, as those modes do,
+	// where no CIDR at all would turn their traffic away from a Service
+	// with externalTrafficPolicy: Local and no endpoint here.
+	c.ClusterCIDR = kp.ClusterCIDR
 	c.LocalhostNodePorts = kp.IPTables.LocalhostNodePorts == nil || *kp.IPTables.LocalhostNodePorts
 	c.NodePortAddresses = nil
 	for _, a := range kp.NodePortAddresses {
@@ -343,7 +348,7 @@ func inapplicable(kp *kubeproxyv1alpha1.KubeProxyConfiguration) []string {
 	// the default, as no options at all.
 	routed := func(o logsapi.OutputRoutingOptions) bool { return o.SplitStream || !o.InfoBufferSize.IsZero() }
 	add(routed(kp.Logging.Options.Text.OutputRoutingOptions) || routed(kp.Logging.Options.JSON.OutputRoutingOptions), "logging.options")
-	add(kp.DetectLocalMode != "" && kp.DetectLocalMode != "ClusterCIDR", "detectLocalMode (only ClusterCIDR is supported)")
+	add(kp.DetectLocalMode != "" && kp.DetectLocalMode != "ClusterCIDR", "detectLocalMode (only ClusterCIDR is supported: clusterCIDR tells pod traffic apart)")
 	add(kp.DetectLocal.BridgeInterface != "" || kp.DetectLocal.InterfaceNamePrefix != "", "detectLocal")
 	add(kp.OOMScoreAdj != nil, "oomScoreAdj")
 	add(kp.Conntrack.MaxPerCore != nil || kp.Conntrack.Min != nil || kp.Conntrack.TCPEstablishedTimeout != nil ||

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -165,7 +166,7 @@ func TestLoadConfigFile(t *testing.T) {
 	if got := inapplicable(mustDecode(t, kubeadmConfig)); len(got) != 0 {
 		t.Errorf("inapplicable = %v, want none", got)
 	}
-	if got := inapplicable(mustDecode(t, strings.Replace(kubeadmConfig, `detectLocalMode: ""`, "detectLocalMode: NodeCIDR", 1)+"ipvs: {strictARP: true}\n")); !slices.Equal(got, []string{"detectLocalMode (only ClusterCIDR is supported)", "ipvs"}) {
+	if got := inapplicable(mustDecode(t, strings.Replace(kubeadmConfig, `detectLocalMode: ""`, "detectLocalMode: NodeCIDR", 1)+"ipvs: {strictARP: true}\n")); !slices.Equal(got, []string{"detectLocalMode (only ClusterCIDR is supported: clusterCIDR tells pod traffic apart)", "ipvs"}) {
 		t.Errorf("inapplicable = %v", got)
 	}
 
@@ -741,6 +742,22 @@ func TestConfigzCommandLineVModule(t *testing.T) {
 		vm := got["kubeproxy.config.k8s.io"].Logging.VModule
 		if len(vm) != 2 || vm[0].FilePattern != "proxier" || vm[0].Verbosity != 4 || vm[1].FilePattern != "sync*" || vm[1].Verbosity != 2 {
 			t.Errorf("with --config %v: logging.vmodule = %+v, want proxier=4,sync*=2", file != "", vm)
+		}
+	}
+}
+
+// A detectLocalMode this proxy does not support (NodeCIDR on GKE) leaves
+// the cluster CIDR telling pod traffic apart, in a --config file as with
+// --detect-local-mode and --cluster-cidr: the two gave different answers,
+// the file dropping the CIDR.
+func TestUnsupportedDetectLocalModeKeepsTheClusterCIDR(t *testing.T) {
+	for _, mode := range []string{"NodeCIDR", "BridgeInterface", "InterfaceNamePrefix"} {
+		file := validConfig(t, strings.Replace(kubeadmConfig, `detectLocalMode: ""`, "detectLocalMode: "+mode, 1))
+		flags := validConfig(t, "", "--detect-local-mode="+mode, "--cluster-cidr=10.244.0.0/16")
+		for name, c := range map[string]*Config{"file": file, "flags": flags} {
+			if c.ClusterCIDR != "10.244.0.0/16" || len(c.podCIDRs) != 1 || c.podCIDRs[0] != netip.MustParsePrefix("10.244.0.0/16") {
+				t.Errorf("%s, detectLocalMode %s: cluster CIDR %q (%v), want 10.244.0.0/16", name, mode, c.ClusterCIDR, c.podCIDRs)
+			}
 		}
 	}
 }
