@@ -256,6 +256,7 @@ func TestTCPDialRace(t *testing.T) {
 	// last attempt's time is up (3.75 s with the default timeouts), the
 	// client is reset, and every racing socket is closed.
 	t.Run("AllBlackHoled", func(t *testing.T) {
+		logs := captureLog(t, "2")
 		p := newTestProxier(t, Config{})
 		name := spn("void", "", state.TCP)
 		mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(hole, hole2)})
@@ -274,6 +275,10 @@ func TestTCPDialRace(t *testing.T) {
 		st := p.Stats()
 		if g, f := st.TCPDialGiveUps.Load(), st.TCPDialFailures.Load(); g != 1 || f != 4 {
 			t.Errorf("%d give-ups and %d dial failures, want 1 and 4", g, f)
+		}
+		// Both builds give the kernel's word for it.
+		if line := logs.lineWith("Every dial attempt failed"); !strings.Contains(line, `err="connection timed out"`) {
+			t.Errorf("the give-up was logged as %q, want err=\"connection timed out\"", line)
 		}
 		noLeaks(t, sockets, goroutines)
 	})

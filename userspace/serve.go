@@ -280,7 +280,7 @@ func (f *failover[C]) run() {
 	giveUp := func() {
 		for i, a := range attempts {
 			if !a.done && a.timedOut {
-				f.attemptFailed(a.ep, context.DeadlineExceeded)
+				f.attemptFailed(a.ep, errDialTimedOut)
 				attempts[i].done = true // counted; its outcome is only closed
 			}
 		}
@@ -328,7 +328,7 @@ func (f *failover[C]) run() {
 		if !a.done {
 			a.timedOut = true
 			f.tried = append(f.tried, a.ep)
-			f.lastErr = context.DeadlineExceeded
+			f.lastErr = errDialTimedOut
 			if f.attempt+1 < len(timeouts) {
 				next()
 				return
@@ -357,7 +357,7 @@ func (f *failover[C]) run() {
 				}
 				for i, b := range attempts {
 					if !b.done && b.timedOut && b.ep != r.ep {
-						f.attemptFailed(b.ep, context.DeadlineExceeded)
+						f.attemptFailed(b.ep, errDialTimedOut)
 						attempts[i].done = true
 					}
 				}
@@ -403,6 +403,11 @@ func (f *failover[C]) run() {
 		giveUp()
 	}
 }
+
+// errDialTimedOut is why an attempt that had no answer in its time
+// failed: the event loops' word for it too (the kernel's ETIMEDOUT), so
+// that the logs of both builds say the same.
+var errDialTimedOut error = syscall.ETIMEDOUT
 
 // sumDurations is the sum of ds.
 func sumDurations(ds []time.Duration) time.Duration {
