@@ -3,6 +3,7 @@
 package userspace
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -283,34 +284,56 @@ func TestTCPDialRace(t *testing.T) {
 		noLeaks(t, sockets, goroutines)
 	})
 
-	// A connection whose attempts race when its Service is deleted is
-	// reset at its next attempt, as when only the endpoints go, not when
-	// the last attempt's time is up: the next attempt finds no endpoint.
+	// When a connection's Service is deleted while its attempts race, no
+	// further attempt is made (its endpoints are no longer its to dial),
+	// but those already connecting keep their time, as a SYN already
+	// sent does under kube-proxy's kernel modes: a slow endpoint is still
+	// reached, and black holes give up when the last attempt's time would
+	// have been up.
 	t.Run("ServiceDeletedWhileRacing", func(t *testing.T) {
-		p := newTestProxier(t, Config{})
-		name := spn("gone", "", state.TCP)
-		mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(hole, hole2)})
-		addr := proxyAddr(t, p, name)
-		sockets, goroutines := openSockets(t), runtime.NumGoroutine()
-		start := time.Now()
-		done := make(chan error, 1)
-		go func() { done <- connectAndRead(addr) }()
-		// The second attempt runs from 250 ms to 750 ms, the first races it.
-		time.Sleep(400 * time.Millisecond)
-		mustApply(t, p)
-		err := <-done
-		d := time.Since(start)
-		t.Logf("reset after %v: %v", d.Round(time.Millisecond), err)
-		if !isReset(err) {
-			t.Errorf("got %v, want a reset", err)
+		slow := startTCPBackendOn(t, "slow", raceSlowAddr+":0")
+		for _, tc := range []struct {
+			eps      []netip.AddrPort
+			want     string // "" for a reset
+			min, max time.Duration
+			failures uint64
+		}{
+			{eps: []netip.AddrPort{slow.addr()}, want: "slow", min: 900 * time.Millisecond, max: 1800 * time.Millisecond},
+			// Two attempts were made (at 0 and 250 ms), none after.
+			{eps: []netip.AddrPort{hole, hole2}, min: 3700 * time.Millisecond, max: 4500 * time.Millisecond, failures: 2},
+		} {
+			p := newTestProxier(t, Config{})
+			name := spn("gone", "", state.TCP)
+			mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(tc.eps...)})
+			addr := proxyAddr(t, p, name)
+			sockets, goroutines := openSockets(t), runtime.NumGoroutine()
+			start := time.Now()
+			type outcome struct {
+				who string
+				err error
+			}
+			done := make(chan outcome, 1)
+			go func() {
+				who, err := tcpWhoErr(addr)
+				done <- outcome{who, err}
+			}()
+			// The second attempt runs from 250 ms to 750 ms, the first races it.
+			time.Sleep(400 * time.Millisecond)
+			mustApply(t, p)
+			got := <-done
+			d := time.Since(start)
+			t.Logf("endpoints %v: %q after %v (%v)", tc.eps, got.who, d.Round(time.Millisecond), got.err)
+			if got.who != tc.want || tc.want == "" && !isReset(got.err) {
+				t.Errorf("endpoints %v: got %q (%v), want %q", tc.eps, got.who, got.err, cmp.Or(tc.want, "a reset"))
+			}
+			if d < tc.min || d > tc.max {
+				t.Errorf("endpoints %v: took %v, want %v to %v", tc.eps, d, tc.min, tc.max)
+			}
+			if f := p.Stats().TCPDialFailures.Load(); f != tc.failures {
+				t.Errorf("endpoints %v: %d dial failures, want %d", tc.eps, f, tc.failures)
+			}
+			noLeaks(t, sockets, goroutines)
 		}
-		if d > 1500*time.Millisecond {
-			t.Errorf("reset after %v, want at the next attempt, 750 ms", d)
-		}
-		if n := p.Stats().TCPNoEndpoints.Load(); n != 1 {
-			t.Errorf("%d connections refused for want of endpoints, want 1", n)
-		}
-		noLeaks(t, sockets, goroutines)
 	})
 
 	// A client that resets while its attempts race ends them at once, in

@@ -94,6 +94,7 @@ func dialWithFailover[C io.Closer](p *Proxier, b *balancer, role socketRole, cli
 	for {
 		ep, err := f.choose()
 		if err != nil {
+			f.noEndpoints()
 			return zero, ep, err
 		}
 		if !ep.IsValid() {
@@ -185,10 +186,6 @@ type dialResult[C any] struct {
 func (f *failover[C]) choose() (netip.AddrPort, error) {
 	ep, why, err := f.b.choose(f.client.Addr(), f.tried)
 	if err != nil {
-		f.n.noEndpoints.Add(1)
-		if klog.V(4).Enabled() {
-			klog.InfoS("No endpoints; resetting connection", "service", f.sp.name, "client", f.client)
-		}
 		return ep, err
 	}
 	if !worthDialing(ep, f.tried, f.lastErr) {
@@ -198,6 +195,15 @@ func (f *failover[C]) choose() (netip.AddrPort, error) {
 		f.sp.explainPick(f.b, f.role, f.client, ep, why, f.attempt+1)
 	}
 	return ep, nil
+}
+
+// noEndpoints counts and logs a connection refused for want of an
+// endpoint to dial.
+func (f *failover[C]) noEndpoints() {
+	f.n.noEndpoints.Add(1)
+	if klog.V(4).Enabled() {
+		klog.InfoS("No endpoints; resetting connection", "service", f.sp.name, "client", f.client)
+	}
 }
 
 // attemptFailed counts and logs a failed dial attempt to ep, and passes
@@ -289,18 +295,21 @@ func (f *failover[C]) run() {
 	// next starts the next attempt. With none left worth starting, those
 	// running keep the time the attempts not made would have had: the
 	// current one's deadline plus their timeouts (as the event loops do:
-	// see tcpConn.dialFailed); with none running, the connection is
-	// given up.
+	// see tcpConn.keepRacing), and no attempt is started after them. So
+	// do they when no endpoint is left (they went, or the Service did).
+	// With none running, the connection is given up.
+	last := false // no attempt is started any more
 	next := func() {
 		rest := sumDurations(timeouts[f.attempt+1:])
-		if f.attempt+1 < len(timeouts) {
+		if f.attempt+1 < len(timeouts) && !last {
 			f.attempt++
 			ep, err := f.choose()
-			if err != nil {
+			if err != nil && running == 0 {
+				f.noEndpoints()
 				finish(dialResult[C]{ep: ep, err: err})
 				return
 			}
-			if ep.IsValid() {
+			if err == nil && ep.IsValid() {
 				ctx, cancel := context.WithCancel(p.ctx)
 				i := len(attempts)
 				attempts = append(attempts, raceAttempt{ep: ep, cancel: cancel, deadline: time.Now().Add(timeouts[f.attempt])})
@@ -320,7 +329,10 @@ func (f *failover[C]) run() {
 			giveUp()
 			return
 		}
-		timer.Reset(time.Until(attempts[current].deadline) + rest)
+		if !last {
+			last = true
+			timer.Reset(time.Until(attempts[current].deadline) + rest)
+		}
 	}
 	// timeUp handles the end of the current attempt's time.
 	timeUp := func() {
@@ -329,7 +341,7 @@ func (f *failover[C]) run() {
 			a.timedOut = true
 			f.tried = append(f.tried, a.ep)
 			f.lastErr = errDialTimedOut
-			if f.attempt+1 < len(timeouts) {
+			if f.attempt+1 < len(timeouts) && !last {
 				next()
 				return
 			}

@@ -794,8 +794,9 @@ func (sp *servicePort) listen(k sockKey) (socket, error) {
 // close stops every socket of the service port, empties its balancers and
 // returns its proxy port.
 func (sp *servicePort) close() {
-	// Connections still dialing find no endpoint at their next attempt,
-	// and are reset, as when the endpoints go.
+	// Connections still dialing make no further attempt, as when the
+	// endpoints go: those already connecting keep their time (see
+	// tcpConn.keepRacing), and with none the client is reset.
 	for _, b := range []*balancer{sp.internal, sp.external.Load(), sp.fromHost.Load()} {
 		if b != nil {
 			b.update(nil, *b.aff.Load())

@@ -536,11 +536,10 @@ func (c *tcpConn) dialProgress(ev uint32) {
 // dialFailed handles the failure of the current dial attempt (refused,
 // unreachable): it moves on at once to another endpoint with the next,
 // longer timeout (the failed one is passed over for a while and the
-// client's affinity replaced). With no attempt left worth making, the
-// earlier attempts that still connect (see dialTimedOut) keep the time
-// the attempts not made would have had: the failed one's deadline plus
-// their timeouts, the bound a connection whose attempts all time out
-// has. With none still connecting, the client is reset.
+// client's affinity replaced). With no attempt left worth making, or no
+// endpoint left at all, the earlier attempts that still connect (see
+// dialTimedOut) keep the time the attempts not made would have had (see
+// keepRacing). With none still connecting, the client is reset.
 func (c *tcpConn) dialFailed(err error) {
 	p := c.l.sp.p
 	c.closeBackend()
@@ -557,6 +556,10 @@ func (c *tcpConn) dialFailed(err error) {
 	if c.attempt < len(p.cfg.DialTimeouts) {
 		ep, why, perr := c.b.choose(c.client.Addr(), r.tried)
 		if perr != nil {
+			if r.pending() {
+				c.keepRacing(err)
+				return
+			}
 			p.stats.TCPNoEndpoints.Add(1)
 			c.abort()
 			return
@@ -570,13 +573,24 @@ func (c *tcpConn) dialFailed(err error) {
 		}
 	}
 	if r.pending() {
-		// The timer gives up (see dialTimedOut).
-		r.lastErr = err
-		c.deadline = c.deadline.Add(sumDurations(p.cfg.DialTimeouts[c.attempt:]))
-		c.lp.schedule(&c.timer, c.deadline)
+		c.keepRacing(err)
 		return
 	}
 	c.giveUp(err)
+}
+
+// keepRacing is what is left when no further attempt is made (none is
+// worth making, or no endpoint is left: they went, or the Service did)
+// while earlier ones still connect: they keep the time the attempts not
+// made would have had, from the deadline of the current one, the bound a
+// connection whose attempts all time out has. (Under kube-proxy's kernel
+// modes, a SYN that was sent goes on being retransmitted to its endpoint
+// after the Service changed.) Then the timer gives up (see
+// dialTimedOut); err is why the last attempt failed.
+func (c *tcpConn) keepRacing(err error) {
+	c.race.lastErr = err
+	c.deadline = c.deadline.Add(sumDurations(c.l.sp.p.cfg.DialTimeouts[c.attempt:]))
+	c.lp.schedule(&c.timer, c.deadline)
 }
 
 // attemptFailed counts and logs a failed dial attempt to ep, and passes
@@ -617,8 +631,7 @@ func (c *tcpConn) dialTimedOut() {
 		c.attempt++
 		ep, why, err := c.b.choose(c.client.Addr(), r.tried)
 		if err != nil {
-			p.stats.TCPNoEndpoints.Add(1)
-			c.abort()
+			c.keepRacing(unix.ETIMEDOUT)
 			return
 		}
 		// A timeout leaves every endpoint worth dialing (worthDialing).
