@@ -153,6 +153,9 @@ func healthAfterManyLocalLBs(t *testing.T, bin string) {
 	held := holdThrough(t, p, addr, clients)
 	t.Logf("%d clients hold the proxy's descriptors up to %d (connections' ceiling %d)", clients, proxyFDs(t, p.cmd.Process.Pid), conns)
 
+	// One run of ports for the health checks: ports drawn one by one may
+	// repeat, and a file giving two Services one is refused.
+	hc := freePortRun(t, lbs)
 	var m strings.Builder
 	m.WriteString(base)
 	for i := range lbs {
@@ -173,7 +176,7 @@ metadata: {name: lb%[1]d-1, namespace: e2e, labels: {kubernetes.io/service-name:
 addressType: IPv4
 ports: [{name: http, port: %[3]d}]
 endpoints: [{addresses: [127.0.0.1], nodeName: node}]
-`, i, freePort(t), backend)
+`, i, hc+i, backend)
 	}
 	replaceFile(t, file, m.String())
 	p.waitLog(0, `"Serving" service="e2e/lb0:http/TCP"`, 1, 20*time.Second)

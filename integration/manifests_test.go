@@ -456,6 +456,93 @@ endpoints:
 	check("000", "*") // curl's code when nothing answers
 }
 
+// sharedHealthCheckManifest is two LoadBalancer Services with
+// externalTrafficPolicy: Local, e2e/lb (documents 1 and 2) and e2e/lb2
+// (3 and 4), both with health-check node port hc; lb's endpoint is on
+// another node, lb2's on "node". Without lb2 it is lb alone.
+func sharedHealthCheckManifest(hc, np, np2, backend int, withLB2 bool) string {
+	lb := func(name string, np int, node string) string {
+		return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: e2e}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: %[2]d
+  ports: [{name: http, port: 80, nodePort: %[3]d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: %[1]s-1, namespace: e2e, labels: {kubernetes.io/service-name: %[1]s}}
+addressType: IPv4
+ports: [{name: http, port: %[4]d}]
+endpoints: [{addresses: [127.0.0.1], nodeName: %[5]s}]
+`, name, hc, np, backend, node)
+	}
+	if !withLB2 {
+		return lb("lb", np, "other")
+	}
+	return lb("lb", np, "other") + "---\n" + lb("lb2", np2, "node")
+}
+
+// TestBinaryHealthCheckNodePortShared: two Services given one
+// health-check node port, which a cluster's allocator never does, are
+// refused as two Services on one node port are: at start-up, with the
+// file's line, and in an edit, which keeps the last good state. The port
+// went on answering for the first Service with the second's endpoints
+// counted, so a load balancer sent its traffic to a node without any.
+func TestBinaryHealthCheckNodePortShared(t *testing.T) {
+	a := httpBackend(t, "a")
+	hc, np, np2 := freePort(t), freePort(t), freePort(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "services.yaml")
+	shared := sharedHealthCheckManifest(hc, np, np2, a, true)
+	want := fmt.Sprintf("document 3 (Service e2e/lb2): spec.healthCheckNodePort: health check node port %d is also the health check node port of Service e2e/lb (document 1)", hc)
+
+	t.Run("refused at start-up", func(t *testing.T) {
+		bad := filepath.Join(dir, "shared.yaml")
+		writeFile(t, bad, shared)
+		line := strings.Count(shared[:strings.LastIndex(shared, "healthCheckNodePort:")], "\n") + 1
+		cmd := exec.Command(proxyBin, append(proxyArgs(bad), "--hostname-override=node")...)
+		done := make(chan struct{})
+		var out []byte
+		var err error
+		go func() { out, err = cmd.CombinedOutput(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("still running after 20s; output:\n%s", out)
+		}
+		if code := exitCode(err); code != 1 {
+			t.Fatalf("exit code %d, want 1; output:\n%s", code, out)
+		}
+		if w := fmt.Sprintf("shared.yaml:%d: %s", line, want); !strings.Contains(string(out), w) {
+			t.Errorf("output does not say %q:\n%s", w, out)
+		}
+	})
+
+	t.Run("an edit is refused and the port answers for its Service", func(t *testing.T) {
+		writeFile(t, file, sharedHealthCheckManifest(hc, np, np2, a, false))
+		p := startProxy(t, append(proxyArgs(file), "--hostname-override=node")...)
+		p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+		url := fmt.Sprintf("http://127.0.0.1:%d/healthz", hc)
+		lbAlone := `{"service":{"namespace":"e2e","name":"lb"},"localEndpoints":0,"serviceProxyHealthy":true}`
+		healthzAnswers(t, func(u string) (string, string) { return curlCode(t, u) }, url, "503", lbAlone)
+
+		from := p.lineCount()
+		replaceFile(t, file, shared)
+		p.waitLog(from, `"Manifest edit rejected|"Applying edited manifests"`, 1, 5*time.Second)
+		if log := p.log()[len(strings.Join(p.lines[:from], "\n")):]; !strings.Contains(log, want) {
+			t.Errorf("the edit's log does not say %q:\n%s", want, log)
+		}
+		if code, body := curlCode(t, url); code != "503" || body != lbAlone {
+			t.Errorf("after the edit curl %s: %s %q; want 503 %q (lb's state, lb2 not counted)", url, code, body, lbAlone)
+		}
+	})
+}
+
 // curlCode fetches url with the real curl and returns the status (000
 // when nothing answered) and the body.
 func curlCode(t *testing.T, url string) (code, body string) {

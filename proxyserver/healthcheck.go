@@ -104,6 +104,9 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		if port == 0 {
 			continue
 		}
+		// A port is one Service's, whose ports all have it: a cluster's
+		// allocator gives each Service its own, and the manifest checks
+		// refuse a file that shares one (source's crossCheck).
 		if want[port] == nil {
 			want[port] = &healthService{namespace: sp.Name.Namespace, name: sp.Name.Name, local: make(map[state.IPFamily]int)}
 			addrsOf[port] = make(map[netip.Addr]bool)

@@ -348,6 +348,21 @@ spec: {type: NodePort, ports: [{port: 80, nodePort: 8080}]}
 				"demo.yaml: document 5 (Service default/dns): spec.clusterIP: 198.18.0.10 is also the cluster IP of Service default/web (document 4); a cluster gives each Service its own",
 			},
 		},
+		{
+			// The health check listens on TCP, so a UDP node port of its
+			// number takes nothing from it; and a healthCheckNodePort is
+			// served only for a LoadBalancer with externalTrafficPolicy:
+			// Local, so elsewhere it takes no port.
+			name: "health check node ports that collide with nothing served",
+			data: lbService("a", 30100, 30080) + `---
+apiVersion: v1
+kind: Service
+metadata: {name: dns}
+spec: {type: NodePort, ports: [{port: 53, protocol: UDP, nodePort: 30100}]}
+---
+` + strings.Replace(lbService("cluster", 30080, 30081), "externalTrafficPolicy: Local", "externalTrafficPolicy: Cluster", 1),
+			wantServices: 3,
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -584,6 +599,30 @@ addressType: IPv9
 			want: []string{"demo.yaml: document 2 (Service default/b): spec.ports[0].nodePort: node port 30080/TCP is also used by Service default/a (document 1)"},
 		},
 		{
+			// In a cluster one allocator gives node ports and health-check
+			// node ports alike: a port both ask for would answer the load
+			// balancer's checks of one Service with the other's endpoints,
+			// or not be served at all.
+			name: "health check node port used twice",
+			data: lbService("a", 30100, 30080) + "---\n" + lbService("b", 30100, 30081),
+			want: []string{"demo.yaml: document 2 (Service default/b): spec.healthCheckNodePort: health check node port 30100 is also the health check node port of Service default/a (document 1)"},
+		},
+		{
+			name: "health check node port on another Service's node port",
+			data: lbService("a", 30100, 30080) + "---\n" + lbService("b", 30080, 30081),
+			want: []string{"demo.yaml: document 2 (Service default/b): spec.healthCheckNodePort: health check node port 30080 is also spec.ports[0].nodePort of Service default/a (document 1)"},
+		},
+		{
+			name: "node port on another Service's health check node port",
+			data: lbService("a", 30100, 30080) + "---\n" + "apiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {type: NodePort, ports: [{port: 81, nodePort: 30100}]}\n",
+			want: []string{"demo.yaml: document 2 (Service default/b): spec.ports[0].nodePort: node port 30100/TCP is also the health check node port of Service default/a (document 1)"},
+		},
+		{
+			name: "health check node port on the Service's own node port",
+			data: lbService("a", 30080, 30080),
+			want: []string{"demo.yaml: document 1 (Service default/a): spec.healthCheckNodePort: health check node port 30080 is also spec.ports[0].nodePort of this Service"},
+		},
+		{
 			name: "a JSON array is not an object",
 			data: `[{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}]`,
 			want: []string{"demo.yaml: document 1: is a list, not an object with apiVersion and kind (several objects go one after another, or in a kind: List with items)"},
@@ -702,6 +741,7 @@ spec:
    "selector": {"app": "b"},
    "ports": [{"port": 80}]}}
 `
+	sharedHC := lbService("a", 30100, 30080) + "---\n" + lbService("b", 30100, 30081)
 	tests := []struct {
 		name, data string
 		err        bool
@@ -711,6 +751,7 @@ spec:
 		{"a warning in YAML", yamlData, false, "spec.ports[1].nodePort", lineOf(yamlData, "- name: admin", 1)},
 		{"a cross-check error in YAML", yamlData, true, "spec.ports[0].nodePort", lineOf(yamlData, "nodePort: 30080", 2)},
 		{"a warning in a JSON stream", jsonData, false, "spec.selector", lineOf(jsonData, `"selector"`, 1)},
+		{"a health check node port used twice", sharedHC, true, "spec.healthCheckNodePort", lineOf(sharedHC, "healthCheckNodePort: 30100", 2)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1067,4 +1108,19 @@ items:
 	if !slices.Equal(got, want) {
 		t.Errorf("warnings in this order:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// lbService is a LoadBalancer Service named name with
+// externalTrafficPolicy: Local, its health check on node port hc and its
+// port 80 on node port np.
+func lbService(name string, hc, np int) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %s}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: %d
+  ports: [{port: 80, nodePort: %d}]
+`, name, hc, np)
 }

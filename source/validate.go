@@ -232,6 +232,19 @@ func validateService(svc *corev1.Service) []finding {
 	return fs
 }
 
+// servedHealthCheckNodePort is the spec.healthCheckNodePort of svc when
+// BuildSnapshot serves it (a LoadBalancer with externalTrafficPolicy:
+// Local, as kube-proxy's NeedsHealthCheck), else 0. An out-of-range port
+// is 0: validateService reports it.
+func servedHealthCheckNodePort(svc *corev1.Service) int32 {
+	hc := svc.Spec.HealthCheckNodePort
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal ||
+		hc < 1 || hc > 65535 {
+		return 0
+	}
+	return hc
+}
+
 // The API server's default --service-node-port-range.
 const (
 	defaultNodePortMin = 30000
@@ -389,19 +402,41 @@ func validateSlice(s *discoveryv1.EndpointSlice) []finding {
 	return fs
 }
 
-// crossCheck looks at the objects of a file together: node ports must not
-// collide (in a cluster the allocator prevents it), and slices should name
-// Services and ports that exist.
+// crossCheck looks at the objects of a file together: node ports and
+// health-check node ports must not collide (in a cluster one allocator
+// gives each its own), and slices should name Services and ports that
+// exist.
 func (m *manifest) crossCheck() {
 	type nodePort struct {
 		port  int32
 		proto corev1.Protocol
 	}
-	nodePorts := make(map[nodePort]objectRef)
+	// portUser is who holds a node port: a Service's spec.ports[index],
+	// or its health check (index -1).
+	type portUser struct {
+		ref   objectRef
+		index int
+	}
+	nodePorts := make(map[nodePort]portUser)
 	ports := make(map[objectRef]map[string]bool) // "name/PROTO" of each port
 	for _, svc := range m.services {
 		ref := objectRef{svc.Namespace, svc.Name}
 		at := m.origins[objectKey{"Service", ref}]
+		problem := func(field string, err error) {
+			m.errs = append(m.errs, m.problem(at, "Service", ref, field, err))
+		}
+		// usedBy names the port other holds, in a Service earlier in the
+		// file or in this one.
+		usedBy := func(other portUser) string {
+			by := fmt.Sprintf("Service %s/%s (%s)", other.ref.namespace, other.ref.name, m.origins[objectKey{"Service", other.ref}])
+			if other.ref == ref {
+				by = "this Service"
+			}
+			if other.index < 0 {
+				return "the health check node port of " + by
+			}
+			return fmt.Sprintf("spec.ports[%d].nodePort of %s", other.index, by)
+		}
 		ports[ref] = make(map[string]bool)
 		for i, p := range svc.Spec.Ports {
 			ports[ref][portKey(p.Name, orTCP(p.Protocol))] = true
@@ -410,12 +445,26 @@ func (m *manifest) crossCheck() {
 			}
 			key := nodePort{p.NodePort, orTCP(p.Protocol)}
 			if other, dup := nodePorts[key]; dup {
-				m.errs = append(m.errs, m.problem(at, "Service", ref, fmt.Sprintf("spec.ports[%d].nodePort", i),
-					fmt.Errorf("node port %d/%s is also used by Service %s/%s (%s)",
-						key.port, key.proto, other.namespace, other.name, m.origins[objectKey{"Service", other}])))
+				what := fmt.Sprintf("used by Service %s/%s (%s)", other.ref.namespace, other.ref.name, m.origins[objectKey{"Service", other.ref}])
+				if other.index < 0 {
+					what = usedBy(other)
+				}
+				problem(fmt.Sprintf("spec.ports[%d].nodePort", i), fmt.Errorf("node port %d/%s is also %s", key.port, key.proto, what))
 				continue
 			}
-			nodePorts[key] = ref
+			nodePorts[key] = portUser{ref, i}
+		}
+		// The health check listens on TCP, whatever the Service's
+		// protocols: a UDP or SCTP node port of the same number is no
+		// collision here (as two node ports of different protocols are
+		// not).
+		if hc := servedHealthCheckNodePort(svc); hc != 0 {
+			key := nodePort{hc, corev1.ProtocolTCP}
+			if other, dup := nodePorts[key]; dup {
+				problem("spec.healthCheckNodePort", fmt.Errorf("health check node port %d is also %s", hc, usedBy(other)))
+			} else {
+				nodePorts[key] = portUser{ref, -1}
+			}
 		}
 	}
 
