@@ -150,17 +150,20 @@ func decodeMessage(err error) string {
 // badField finds the first value under v (the file's fields, at path)
 // that a KubeProxyConfiguration cannot take, by decoding each value alone:
 // the decoder's own errors do not say which field they are about. It
-// returns the value's path (iptables.syncPeriod, nodePortAddresses[1])
-// and the error, or "".
-func badField(v any, path []string) (string, error) {
+// returns the value's path (iptables.syncPeriod, nodePortAddresses), the
+// value and the error, or "".
+func badField(v any, path []string) (string, any, error) {
 	switch t := v.(type) {
 	case map[string]any:
+		if ft := fieldType(reflect.TypeFor[kubeproxyv1alpha1.KubeProxyConfiguration](), path); ft != nil && !holdsFields(ft) {
+			break // a map where a plain value belongs: the value is bad
+		}
 		for _, k := range slices.Sorted(maps.Keys(t)) {
-			if p, err := badField(t[k], append(slices.Clone(path), k)); p != "" {
-				return p, err
+			if p, bad, err := badField(t[k], append(slices.Clone(path), k)); p != "" {
+				return p, bad, err
 			}
 		}
-		return "", nil
+		return "", nil, nil
 	case []any:
 		// A list is decoded whole: a bad item fails it alone.
 	}
@@ -170,13 +173,105 @@ func badField(v any, path []string) (string, error) {
 	}
 	data, err := yaml.Marshal(doc)
 	if err != nil {
-		return "", nil
+		return "", nil, nil
 	}
 	var kp kubeproxyv1alpha1.KubeProxyConfiguration
 	if err := yaml.Unmarshal(data, &kp); err != nil {
-		return strings.Join(path, "."), err
+		return strings.Join(path, "."), v, err
 	}
-	return "", nil
+	return "", nil, nil
+}
+
+// typeMismatch matches the JSON decoder's report of a value of the wrong
+// type, which speaks of Go: "cannot unmarshal number into Go struct field
+// KubeProxyIPTablesConfiguration.iptables.syncPeriod of type string".
+var typeMismatch = regexp.MustCompile(`cannot unmarshal (\w+)(?: \S+)? into Go struct field \S+ of type (\S+)`)
+
+// describeBadValue says why value, at path in a KubeProxyConfiguration,
+// was refused (err): for a value of the wrong type, in the words of
+// someone who wrote the file ("30 is a number; want a duration such as
+// 30s"), else err's message.
+func describeBadValue(path string, value any, err error) string {
+	msg := decodeMessage(err)
+	m := typeMismatch.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	got := map[string]string{"number": "a number", "string": "a string", "bool": "true or false",
+		"array": "a list", "object": "a map"}[m[1]]
+	if got == "" {
+		return msg
+	}
+	want := wantOf(fieldType(reflect.TypeFor[kubeproxyv1alpha1.KubeProxyConfiguration](), strings.Split(path, ".")), m[2])
+	switch v := value.(type) {
+	case string:
+		return fmt.Sprintf("%q is %s; want %s", v, got, want)
+	case map[string]any, []any, nil:
+		return fmt.Sprintf("is %s; want %s", got, want)
+	default:
+		return fmt.Sprintf("%v is %s; want %s", v, got, want)
+	}
+}
+
+// holdsFields reports whether a value of type t is written as a map: a
+// struct other than metav1.Duration (a string), or a map.
+func holdsFields(t reflect.Type) bool {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Kind() == reflect.Map || t.Kind() == reflect.Struct && t.Name() != "Duration"
+}
+
+// fieldType is the type of the field at path (JSON names) under t, or nil.
+func fieldType(t reflect.Type, path []string) reflect.Type {
+	for _, name := range path {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil
+		}
+		var next reflect.Type
+		for f := range t.Fields() {
+			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag == name {
+				next = f.Type
+				break
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		t = next
+	}
+	return t
+}
+
+// wantOf says what a field of type t takes, in a YAML writer's words;
+// goType is the decoder's name for it, used when t is nil.
+func wantOf(t reflect.Type, goType string) string {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t != nil && t.Kind() == reflect.Struct && t.Name() == "Duration" {
+		return "a duration such as 30s or 15m"
+	}
+	kind := reflect.Invalid
+	if t != nil {
+		kind = t.Kind()
+	}
+	switch {
+	case kind == reflect.Bool || goType == "bool":
+		return "true or false"
+	case kind >= reflect.Int && kind <= reflect.Uint64 || strings.Contains(goType, "int"):
+		return "a whole number"
+	case kind == reflect.Float32 || kind == reflect.Float64 || strings.HasPrefix(goType, "float"):
+		return "a number"
+	case kind == reflect.Slice || strings.HasPrefix(goType, "[]"):
+		return "a list"
+	case kind == reflect.Struct || kind == reflect.Map:
+		return "a map of fields"
+	}
+	return "a string"
 }
 
 // duplicateKey matches the YAML decoder's report of a key given twice.
@@ -232,8 +327,8 @@ func decodeKubeProxyConfig(data []byte) (*kubeproxyv1alpha1.KubeProxyConfigurati
 		// above) before it looks for unknown ones: those are found here.
 		kp = kubeproxyv1alpha1.KubeProxyConfiguration{}
 		if err := yaml.Unmarshal(data, &kp); err != nil {
-			if path, ferr := badField(fields, nil); path != "" {
-				return nil, 0, fmt.Errorf("%s: %s", path, decodeMessage(ferr))
+			if path, value, ferr := badField(fields, nil); path != "" {
+				return nil, 0, fmt.Errorf("%s: %s", path, describeBadValue(path, value, ferr))
 			}
 			return nil, 0, errors.New(decodeMessage(err))
 		}

@@ -8,8 +8,8 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -337,9 +337,15 @@ func TestLoadConfigFileErrors(t *testing.T) {
 	}{
 		{"kube-proxy's mode", head + "mode: iptables\n", `mode: "iptables" is one of kube-proxy's own modes; this proxy is mode "userspace"`},
 		{"wrong kind", "apiVersion: v1\nkind: ConfigMap\n", `apiVersion "v1", kind "ConfigMap": want apiVersion kubeproxy.config.k8s.io/v1alpha1, kind KubeProxyConfiguration`},
-		{"wrong type", head + "iptables: {syncPeriod: [1]}\n", "syncPeriod"},
+		{"wrong type", head + "iptables: {syncPeriod: [1]}\n", ": iptables.syncPeriod: is a list; want a duration such as 30s or 15m"},
+		{"duration as a number", head + "iptables: {syncPeriod: 30}\n", ": iptables.syncPeriod: 30 is a number; want a duration such as 30s or 15m"},
+		{"duration as a map", head + "iptables: {minSyncPeriod: {s: 1}}\n", ": iptables.minSyncPeriod: is a map; want a duration"},
+		{"bool as a string", head + "bindAddressHardFail: \"yes\"\n", `: bindAddressHardFail: "yes" is a string; want true or false`},
+		{"list as a string", head + "nodePortAddresses: 10.0.0.0/8\n", `: nodePortAddresses: "10.0.0.0/8" is a string; want a list`},
+		{"fraction for a whole number", head + "oomScoreAdj: 1.5\n", ": oomScoreAdj: 1.5 is a number; want a whole number"},
+		{"section as a number", head + "clientConnection: 5\n", ": clientConnection: 5 is a number; want a map of fields"},
 		{"bad duration named", head + "iptables: {syncPeriod: 30x}\n", `: iptables.syncPeriod: time: unknown unit "x" in duration "30x"`},
-		{"bad number named", head + "conntrack: {maxPerCore: lots}\n", ": conntrack.maxPerCore: cannot unmarshal string"},
+		{"bad number named", head + "conntrack: {maxPerCore: lots}\n", `: conntrack.maxPerCore: "lots" is a string; want a whole number`},
 		{"primary with CIDRs", head + "nodePortAddresses: [primary, 10.0.0.0/8]\n", `: nodePortAddresses: "primary" cannot be combined with CIDRs`},
 		{"not a mode", head + "mode: Userspace\n", `mode: "Userspace" is not a mode`},
 		{"bad field named", head + "portRange: 40010-40000\nnodePortAddresses: [10.0.0.0/33]\n", ": portRange: "},
