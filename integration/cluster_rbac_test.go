@@ -82,13 +82,15 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 	createNode(t, c, node)
 	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
 		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2")
-	px.waitLog(0, `forbids reading what the proxy needs; Services are served meanwhile, without the Node's labels: topology hints are ignored until RBAC allows it.*resource="nodes"`, 1, 30*time.Second)
+	// Reported once refused for refusalPersists (10 s): some 12-25 s.
+	px.waitLog(0, `forbids reading what the proxy needs; Services are served meanwhile, without the Node's labels: topology hints are ignored until RBAC allows it.*resource="nodes".*verbs="get,list,watch"`, 1, 60*time.Second)
 	px.waitLog(0, `"This node's Node cannot be read yet; serving without its labels`, 1, 30*time.Second)
 	px.waitLog(0, `"Synced"`, 1, 10*time.Second)
 
 	grant("-nodes", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: read})
 	// client-go retries a failed list with a backoff of up to 30 s.
 	px.waitLog(0, fmt.Sprintf(`"Node labels changed" node="%s" zone="zone-rbac"`, name), 1, 60*time.Second)
+	px.waitLog(0, `"The API server lets the proxy read again what it forbade" resource="nodes"`, 1, 10*time.Second)
 	if n := strings.Count(px.log(), "forbids reading"); n != 1 {
 		t.Errorf("said %d times that reading is forbidden, want once", n)
 	}
@@ -96,7 +98,10 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 
 // TestBinaryListWithoutWatchSaysSo: RBAC that lets the proxy list
 // EndpointSlices but not watch them still serves them, from lists client-go
-// repeats; the proxy says that, where it said nothing was served.
+// repeats; the proxy says that once it persists, where it said nothing was
+// served, naming the verbs the deploy ClusterRole grants. Once RBAC allows
+// watch it says so, and when watch is taken away again (and the API
+// server, restarted, ends the open watch) it reports that again.
 func TestBinaryListWithoutWatchSaysSo(t *testing.T) {
 	api := requireAPIServer(t)
 	c := api.Client
@@ -111,10 +116,69 @@ func TestBinaryListWithoutWatchSaysSo(t *testing.T) {
 	}
 	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
 		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2", "--healthz-bind-address=", "--metrics-bind-address=")
-	px.waitLog(0, `"The API server lets the proxy list but not watch.*resource="endpointslices"`, 1, 30*time.Second)
+	const refusal = `"The API server lets the proxy list but not watch.*resource="endpointslices" apiGroup="discovery.k8s.io" verbs="list,watch"`
 	px.waitLog(0, `"Synced"`, 1, 30*time.Second)
+	// Reported once refused for refusalPersists (10 s): some 12-25 s.
+	px.waitLog(0, refusal, 1, 60*time.Second)
 	if strings.Contains(px.log(), "forbids reading") {
 		t.Errorf("the proxy says reading is forbidden though it lists:\n%s", px.log())
+	}
+
+	bindClusterRole(t, c, name+"-watch",
+		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"watch"}})
+	// client-go retries with a back-off of up to a minute.
+	px.waitLog(0, `"The API server lets the proxy watch again; changes are served as they come" resource="endpointslices"`, 1, 90*time.Second)
+
+	ctx := context.Background()
+	if err := c.RbacV1().ClusterRoleBindings().Delete(ctx, name+"-watch", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// RBAC is checked when a watch starts: the open one lasts 5-10
+	// minutes unless the API server ends it.
+	restartAPIServer(t, api)
+	px.waitLog(0, refusal, 2, 150*time.Second)
+	if n := len(regexp.MustCompile(`lets the proxy list but not watch[^\n]*resource="services"`).FindAllString(px.log(), -1)); n != 0 {
+		t.Errorf("reported %d times that Services cannot be watched, which RBAC allows:\n%s", n, px.log())
+	}
+}
+
+// TestBinaryBriefWatchRefusalIsNoRBACProblem: a watch refused for a moment
+// only (as a restarted API server refuses everything until it has loaded
+// RBAC; here RBAC allows it right after the first refusal) is not
+// reported as an RBAC problem: the proxy says it passed.
+func TestBinaryBriefWatchRefusalIsNoRBACProblem(t *testing.T) {
+	api := requireAPIServer(t)
+	c := api.Client
+	name := fmt.Sprintf("kup-rbac-brief-%d", time.Now().UnixNano())
+	bindClusterRole(t, c, name,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services", "nodes"}, Verbs: []string{"get", "list", "watch"}},
+		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list"}})
+	kubeconfig := filepath.Join(t.TempDir(), "limited.kubeconfig")
+	if err := api.kubeconfigFor(limitedToken, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
+		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2", "--healthz-bind-address=", "--metrics-bind-address=")
+	px.waitLog(0, `"Failed to watch" err="endpointslices.* cannot watch resource`, 1, 30*time.Second)
+	if strings.Contains(px.log(), "lets the proxy list but not watch") {
+		t.Errorf("the first refusal of a watch was reported as an RBAC problem:\n%s", px.log())
+	}
+	bindClusterRole(t, c, name+"-watch",
+		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"watch"}})
+	px.waitLog(0, `"The API server refused for a moment what it allows now.*resource="endpointslices".*verb="watch"`, 1, 30*time.Second)
+	px.waitLog(0, `"Synced"`, 1, 30*time.Second)
+	if strings.Contains(px.log(), "lets the proxy list but not watch") {
+		t.Errorf("a watch refused for a moment was reported as an RBAC problem:\n%s", px.log())
+	}
+}
+
+// restartAPIServer stops the shared API server and starts it again, as
+// its clients see when it is restarted.
+func restartAPIServer(t *testing.T, api *apiServer) {
+	t.Helper()
+	api.StopAPIServer()
+	if err := api.StartAPIServer(); err != nil {
+		t.Fatalf("restart kube-apiserver: %v", err)
 	}
 }
 

@@ -7,16 +7,17 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -65,6 +66,9 @@ type Cluster struct {
 	// an address of this host is ignored (see Options.HostAddrs).
 	HostChanged <-chan struct{}
 
+	// report, if set, receives what is logged of refusals (see
+	// refusals) instead of klog; err is nil for good news.
+	report func(err error, msg string, kv ...any)
 	// built, if set, is told after every snapshot built once the caches
 	// synced whether apply was called; tests wait on it instead of
 	// sleeping.
@@ -110,17 +114,12 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	t := newTracker()
-	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
-	var nodeFactory informers.SharedInformerFactory
+	factory := informers.NewSharedInformerFactory(c.Client, resync)
 	defer func() {
 		cancel()
 		stopped := make(chan struct{})
 		go func() {
 			factory.Shutdown() // waits for the informers' goroutines
-			if nodeFactory != nil {
-				nodeFactory.Shutdown()
-			}
 			close(stopped)
 		}()
 		select {
@@ -130,17 +129,39 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		}
 	}()
 
-	services := factory.Core().V1().Services().Informer()
-	slices := factory.Discovery().V1().EndpointSlices().Informer()
-	if err := slices.AddIndexers(cache.Indexers{serviceIndex: sliceServiceIndex}); err != nil {
-		return fmt.Errorf("cluster: index EndpointSlices: %w", err)
+	report := c.report
+	if report == nil {
+		report = logReport
 	}
 	var badCredentials sync.Once
-	if err := reportForbidden(services, "services", "", whyNothingServed, &badCredentials); err != nil {
+	services, err := readInformer(factory, &corev1.Service{},
+		&refusals{resource: "services", unread: whyNothingServed, stale: whyServedStays, report: report}, &badCredentials,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return c.Client.CoreV1().Services("").List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return c.Client.CoreV1().Services("").Watch(ctx, o)
+		})
+	if err != nil {
 		return err
 	}
-	if err := reportForbidden(slices, "endpointslices", "discovery.k8s.io", whyNothingServed, &badCredentials); err != nil {
+	slices, err := readInformer(factory, &discoveryv1.EndpointSlice{},
+		&refusals{resource: "endpointslices", group: "discovery.k8s.io", unread: whyNothingServed, stale: whyServedStays, report: report}, &badCredentials,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return c.Client.DiscoveryV1().EndpointSlices("").List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return c.Client.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+		})
+	if err != nil {
 		return err
+	}
+	if err := slices.AddIndexers(cache.Indexers{serviceIndex: sliceServiceIndex}); err != nil {
+		return fmt.Errorf("cluster: index EndpointSlices: %w", err)
 	}
 	svcReg, err := services.AddEventHandler(t.serviceHandler())
 	if err != nil {
@@ -154,21 +175,31 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	var nodeStore cache.Store
 	var nodeSynced cache.InformerSynced
 	if c.NodeName != "" {
-		nodeFactory = informers.NewSharedInformerFactoryWithOptions(c.Client, resync,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, c.NodeName).String()
-			}))
-		nodes := nodeFactory.Core().V1().Nodes().Informer()
-		nodeStore = nodes.GetStore()
-		if err := reportForbidden(nodes, "nodes", "", "Services are served meanwhile, without the Node's labels: topology hints are ignored", &badCredentials); err != nil {
+		// The Node alone, by field selector.
+		byName := func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, c.NodeName).String()
+		}
+		nodes, err := readInformer(factory, &corev1.Node{},
+			&refusals{resource: "nodes", report: report,
+				unread: "Services are served meanwhile, without the Node's labels: topology hints are ignored",
+				stale:  "Services are served meanwhile, with the Node's labels last read"}, &badCredentials,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				byName(&o)
+				return c.Client.CoreV1().Nodes().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				byName(&o)
+				return c.Client.CoreV1().Nodes().Watch(ctx, o)
+			})
+		if err != nil {
 			return err
 		}
+		nodeStore = nodes.GetStore()
 		nodeReg, err := nodes.AddEventHandler(t.nodeHandler(c.NodeName, c.NodeGoingAway))
 		if err != nil {
 			return fmt.Errorf("cluster: watch Node %s: %w", c.NodeName, err)
 		}
 		nodeSynced = nodeReg.HasSynced
-		nodeFactory.Start(ctx.Done())
 	}
 	factory.Start(ctx.Done())
 
@@ -332,47 +363,15 @@ func (p *problemLog) fresh(problems []error) []error {
 	return out
 }
 
-// whyNothingServed is what a forbidden Service or EndpointSlice read means.
-const whyNothingServed = "nothing is served"
+// whyNothingServed and whyServedStays are what a forbidden Service or
+// EndpointSlice list means before the informer synced once, and after.
+const (
+	whyNothingServed = "nothing is served"
+	whyServedStays   = "what is served stays as it is"
+)
 
 // nodeSyncWait is how long the first sync waits for this node's Node.
 const nodeSyncWait = 10 * time.Second
-
-// reportForbidden makes an informer say plainly, once, when RBAC forbids
-// what it needs, and what that means meanwhile, and, once for all the
-// informers sharing badCredentials, when the API server does not accept
-// the proxy's credentials: client-go's own message repeats with every
-// retry and names no fix. The informer keeps retrying, so a later grant
-// or credential is picked up without a restart. Other errors go to
-// client-go's handler.
-func reportForbidden(inf cache.SharedIndexInformer, resource, group, meanwhile string, badCredentials *sync.Once) error {
-	var once, onceWatch sync.Once
-	err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-		switch {
-		case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "cannot watch"):
-			// The list worked: client-go lists again and again, which
-			// serves what each list sees.
-			onceWatch.Do(func() {
-				klog.ErrorS(err, "The API server lets the proxy list but not watch; what is served follows lists repeated every few seconds, so changes come late and cost the API server more, until RBAC allows watch (deploy/kube-userspace-proxy.yaml has the ClusterRole)",
-					"resource", resource, "apiGroup", group, "verbs", "get,list,watch")
-			})
-		case apierrors.IsForbidden(err):
-			once.Do(func() {
-				klog.ErrorS(err, "The API server forbids reading what the proxy needs; "+meanwhile+" until RBAC allows it (deploy/kube-userspace-proxy.yaml has the ClusterRole)",
-					"resource", resource, "apiGroup", group, "verbs", "get,list,watch")
-			})
-		case apierrors.IsUnauthorized(err):
-			badCredentials.Do(func() {
-				klog.ErrorS(err, "The API server does not accept the proxy's credentials (401 Unauthorized); nothing new is served until it does: check the token or client certificate of the kubeconfig, or the ServiceAccount's token in a pod")
-			})
-		}
-		cache.DefaultWatchErrorHandler(ctx, r, err)
-	})
-	if err != nil {
-		return fmt.Errorf("cluster: watch %s: %w", resource, err)
-	}
-	return nil
-}
 
 // observedTriggers returns the trigger times of the Services whose
 // service ports changes names, and puts back those of Services that do not

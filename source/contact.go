@@ -4,8 +4,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"k8s.io/klog/v2"
 )
 
 // contactReminder is how often, while the API server stays unreachable,
@@ -39,17 +37,7 @@ const inClusterHint = "the in-cluster configuration reaches the API server at $K
 	"give --kubeconfig (or clientConnection.kubeconfig) or --master with the API server's own address, or set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT to it"
 
 func newContact(hint string) *contact {
-	return &contact{
-		hint: hint,
-		now:  time.Now,
-		report: func(err error, msg string, kv ...any) {
-			if err != nil { // depth 1: the caller of report, not this closure
-				klog.ErrorSDepth(1, err, msg, kv...)
-			} else {
-				klog.InfoSDepth(1, msg, kv...)
-			}
-		},
-	}
+	return &contact{hint: hint, now: time.Now, report: logReport}
 }
 
 // wrap is a rest.Config transport wrapper.
