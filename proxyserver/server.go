@@ -231,14 +231,7 @@ func Run(ctx context.Context, cfg *Config) error {
 		}
 		errs = append(errs, p.Apply(s))
 		if mode == PortalIPTables {
-			// Rules after listeners: they point at the proxy ports.
-			err := ks.sync(ctx, redirectPortals(s, p))
-			if err == nil && p.PortalSynced() {
-				// A service port waits for a proxy port the rules
-				// pointed at another until now: come back at once.
-				err = errDeferred{}
-			}
-			errs = append(errs, err)
+			errs = append(errs, syncRedirects(ctx, ks, p, s))
 		}
 		rep.report(p.Listeners())
 		errs = append(errs, hc.sync(s))
@@ -353,6 +346,30 @@ func redirectPortals(s state.Snapshot, p *userspace.Proxier) []portal.Portal {
 		}
 	}
 	return ps
+}
+
+// syncRedirects has the iptables portal redirect to the proxy ports of
+// p's last Apply of s, and then tells p: rules after listeners, as they
+// point at the proxy ports, and the proxy-port sockets Apply gave up
+// close only once the rules no longer send clients there (and their UDP
+// conntrack entries are gone), so an edit that moves a Service to
+// another proxy port (a renamed port, externalTrafficPolicy Local to
+// Cluster) refuses no client, as kube-proxy's one iptables-restore
+// refuses none. A sync the rate limit defers keeps them open; a failed
+// one closes them all the same (Proxier.PortalSyncFailed).
+func syncRedirects(ctx context.Context, ks *kernelSync, p *userspace.Proxier, s state.Snapshot) error {
+	err := ks.sync(ctx, redirectPortals(s, p))
+	switch {
+	case err == nil:
+		if p.PortalSynced() {
+			// A service port waits for a proxy port the rules
+			// pointed at another until now: come back at once.
+			err = errDeferred{}
+		}
+	case !errors.As(err, new(errDeferred)):
+		p.PortalSyncFailed()
+	}
+	return err
 }
 
 // preferredPorts maps the portals of a previous run to the proxy ports

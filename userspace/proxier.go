@@ -116,7 +116,10 @@ type Config struct {
 	// HoldReleasedPorts keeps a proxy port that one service port gave up
 	// from any other until PortalSynced says the portal no longer
 	// redirects to it: until then, traffic for the old Service would reach
-	// the new one's endpoints. For redirecting portals.
+	// the new one's endpoints. Its sockets stay open meanwhile, serving
+	// the service port as before, so that what the portal still sends
+	// there is not refused; they close at PortalSynced, or at
+	// PortalSyncFailed. For redirecting portals.
 	HoldReleasedPorts bool
 	// PreviousProxyPorts are the proxy ports a previous run's portal
 	// still redirects to, and whose they were: held from other service
@@ -186,6 +189,13 @@ type Proxier struct {
 	// waiting says a service port went without a proxy port for it.
 	held    map[uint16]state.ServicePortName
 	waiting bool
+	// released are the proxy-port sockets given up since the portal last
+	// synced, with HoldReleasedPorts: the portal may still redirect to
+	// them, so they serve on until it has (see closeReleased). deleted
+	// are their service ports that Apply removed: their balancers empty
+	// when the sockets close.
+	released []releasedSocket
+	deleted  []*servicePort
 
 	// hostAddrs are this host's addresses, read on Apply while a service
 	// port has a Local external traffic policy (see servicePort.balancer).
@@ -222,14 +232,51 @@ func New(cfg Config) *Proxier {
 }
 
 // PortalSynced tells the proxier that the portal now redirects only to
-// the proxy ports of the last Apply: the ports given up before are free
-// for any service port. It reports whether a service port is waiting for
-// one of them, and so wants Apply again.
+// the proxy ports of the last Apply: the sockets given up before are
+// closed, and their ports are free for any service port. It reports
+// whether a service port is waiting for one of them, and so wants Apply
+// again.
 func (p *Proxier) PortalSynced() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.closeReleased()
 	p.held = nil
 	return p.waiting
+}
+
+// PortalSyncFailed tells the proxier that the portal's sync after Apply
+// failed. The sockets given up before are closed all the same, although
+// the portal may still redirect to them: a portal that keeps failing
+// must not keep them open for ever. Their ports stay held from other
+// service ports until PortalSynced.
+func (p *Proxier) PortalSyncFailed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closeReleased()
+}
+
+// releasedSocket is a proxy-port socket a service port gave up, open until
+// the portal no longer redirects to it.
+type releasedSocket struct {
+	name state.ServicePortName
+	key  sockKey
+	s    socket
+}
+
+// closeReleased closes the sockets given up since the portal last synced
+// and empties the balancers of the deleted service ports they served.
+// Called with p.mu held.
+func (p *Proxier) closeReleased() {
+	for _, r := range p.released {
+		if !p.closed {
+			klog.V(2).InfoS("Closing listener", "service", r.name, "addr", r.key.addr, "role", r.key.role)
+		}
+		r.s.close()
+	}
+	for _, sp := range p.deleted {
+		sp.drain()
+	}
+	p.released, p.deleted = nil, nil
 }
 
 // hold keeps port, which owner gave up, from other service ports until
@@ -570,6 +617,7 @@ func (p *Proxier) Close() error {
 			sp.close()
 			delete(p.services, name)
 		}
+		p.closeReleased()
 		p.conns.abortAll()
 		p.assocs.abortAll()
 		p.shed.close()

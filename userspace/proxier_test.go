@@ -701,6 +701,158 @@ func TestReleasedProxyPortsAreHeld(t *testing.T) {
 	})
 }
 
+// TestReleasedProxyPortServesUntilPortalSynced: with HoldReleasedPorts, a
+// proxy-port socket that Apply gives up serves on, as before, until the
+// portal no longer redirects to it, whose rules still send clients there
+// meanwhile: the socket of a service port that is removed (a renamed
+// port's, whose new service port waits for the rules), and the external
+// proxy port of a Service whose externalTrafficPolicy goes from Local to
+// Cluster. PortalSynced closes it; so do a failed sync (PortalSyncFailed),
+// which keeps its port held, and Close. A removed service port's
+// balancers keep their endpoints until then. Without HoldReleasedPorts
+// it closes at Apply.
+func TestReleasedProxyPortServesUntilPortalSynced(t *testing.T) {
+	a, u := startTCPBackend(t, "a"), startUDPBackend(t, "u")
+	tcpSvc := func(n state.ServicePortName) state.ServicePort {
+		return state.ServicePort{Name: n, Port: 80, ClusterEndpoints: eps(a.addr())}
+	}
+	udpSvc := func(n state.ServicePortName) state.ServicePort {
+		return state.ServicePort{Name: n, Port: 53, ClusterEndpoints: eps(u.addr())}
+	}
+	httpPort, webPort := spn("ren", "http", state.TCP), spn("ren", "web", state.TCP)
+	dnsPort, domainPort := spn("ren", "dns", state.UDP), spn("ren", "domain", state.UDP)
+	// Each way of giving sockets up returns the TCP and UDP addresses
+	// given up, and the balancers that empty once they close (if any).
+	type givenUp struct {
+		tcp, udp string
+		drained  []*balancer
+	}
+	renamed := func(t *testing.T, p *Proxier) givenUp {
+		mustApply(t, p, tcpSvc(httpPort), udpSvc(dnsPort))
+		g := givenUp{tcp: proxyAddr(t, p, httpPort), udp: proxyAddr(t, p, dnsPort)}
+		p.PortalSynced()
+		p.mu.Lock()
+		g.drained = []*balancer{p.services[httpPort].internal, p.services[dnsPort].internal}
+		p.mu.Unlock()
+		mustApply(t, p, tcpSvc(webPort), udpSvc(domainPort))
+		return g
+	}
+	etpT, etpU := spn("etp", "http", state.TCP), spn("etp", "dns", state.UDP)
+	localToCluster := func(t *testing.T, p *Proxier) givenUp {
+		tcp, udp := tcpSvc(etpT), udpSvc(etpU)
+		tcp.NodePort, udp.NodePort = 30080, 30053
+		for _, sp := range []*state.ServicePort{&tcp, &udp} {
+			sp.ExternalLocal, sp.LocalEndpoints = true, sp.ClusterEndpoints
+		}
+		mustApply(t, p, tcp, udp)
+		g := givenUp{tcp: fmt.Sprintf("127.0.0.1:%d", p.ExternalProxyPort(etpT)), udp: fmt.Sprintf("127.0.0.1:%d", p.ExternalProxyPort(etpU))}
+		if g.tcp == proxyAddr(t, p, etpT) || g.udp == proxyAddr(t, p, etpU) {
+			t.Fatal("externalTrafficPolicy Local: no external proxy port of its own")
+		}
+		p.PortalSynced()
+		tcp.ExternalLocal, udp.ExternalLocal = false, false
+		mustApply(t, p, tcp, udp)
+		return g
+	}
+	serves := func(t *testing.T, g givenUp) {
+		t.Helper()
+		if got, err := tcpWhoErr(g.tcp); err != nil || got != "a" {
+			t.Fatalf("TCP to %s, given up, before the portal synced: %q, %v; want served", g.tcp, got, err)
+		}
+		if got, err := udpExchange(t, dialUDP(t, g.udp), []byte("who")); err != nil || string(got) != "u" {
+			t.Fatalf("UDP to %s, given up, before the portal synced: %q, %v; want served", g.udp, got, err)
+		}
+		for _, b := range g.drained {
+			if !b.has(a.addr()) && !b.has(u.addr()) {
+				t.Fatal("a removed service port's balancer emptied before its sockets closed")
+			}
+		}
+	}
+	closed := func(t *testing.T, g givenUp) {
+		t.Helper()
+		expectClosedTCP(t, g.tcp)
+		if got, err := udpExchangeTimeout(dialUDP(t, g.udp), []byte("who"), time.Second); err == nil {
+			t.Fatalf("UDP to %s answered %q after its socket was to close", g.udp, got)
+		}
+		for _, b := range g.drained {
+			if b.has(a.addr()) || b.has(u.addr()) {
+				t.Fatal("a removed service port's balancer keeps its endpoints after its sockets closed")
+			}
+		}
+	}
+	for _, way := range []struct {
+		name   string
+		giveUp func(*testing.T, *Proxier) givenUp
+	}{
+		{"service port renamed", renamed},
+		{"externalTrafficPolicy Local to Cluster", localToCluster},
+	} {
+		t.Run(way.name, func(t *testing.T) {
+			for _, end := range []struct {
+				name  string
+				close func(*Proxier)
+			}{
+				{"PortalSynced", func(p *Proxier) { p.PortalSynced() }},
+				{"PortalSyncFailed", (*Proxier).PortalSyncFailed},
+				{"Close", func(p *Proxier) { p.Close() }},
+			} {
+				t.Run(end.name, func(t *testing.T) {
+					p := newTestProxier(t, Config{HoldReleasedPorts: true, UDPIdleTimeout: time.Minute})
+					g := way.giveUp(t, p)
+					serves(t, g)
+					serves(t, g) // again: Apply alone closes nothing
+					end.close(p)
+					closed(t, g)
+				})
+			}
+			t.Run("without HoldReleasedPorts", func(t *testing.T) {
+				p := newTestProxier(t, Config{UDPIdleTimeout: time.Minute})
+				closed(t, way.giveUp(t, p))
+			})
+		})
+	}
+	// A failed sync closes the sockets, but the port stays held from
+	// other service ports until the portal has synced.
+	t.Run("held after a failed sync", func(t *testing.T) {
+		base := freePort(t)
+		p := newTestProxier(t, Config{PortRange: PortRange{Base: base, Size: 1}, HoldReleasedPorts: true})
+		mustApply(t, p, tcpSvc(httpPort))
+		p.PortalSynced()
+		mustApply(t, p, tcpSvc(webPort))
+		addr := fmt.Sprintf("127.0.0.1:%d", base)
+		if got := tcpWho(t, addr); got != "a" {
+			t.Fatalf("reached %q", got)
+		}
+		p.PortalSyncFailed()
+		expectClosedTCP(t, addr)
+		mustApply(t, p, tcpSvc(webPort))
+		if got := p.ProxyPort(webPort); got != 0 {
+			t.Fatalf("proxy port %d taken after a failed sync, want it held", got)
+		}
+		if !p.PortalSynced() {
+			t.Fatal("PortalSynced does not say a service port waits")
+		}
+		mustApply(t, p, tcpSvc(webPort))
+		if got := p.ProxyPort(webPort); got != base {
+			t.Fatalf("proxy port %d after the portal synced, want %d", got, base)
+		}
+	})
+	// A proxy port a Service now has as its health-check node port
+	// closes at once: that node port is to listen at this sync.
+	t.Run("now a node port", func(t *testing.T) {
+		p := newTestProxier(t, Config{HoldReleasedPorts: true})
+		svc := tcpSvc(httpPort)
+		mustApply(t, p, svc)
+		port := p.ProxyPort(httpPort)
+		svc.HealthCheckNodePort = port
+		mustApply(t, p, svc)
+		if got := p.ProxyPort(httpPort); got == 0 || got == port {
+			t.Fatalf("proxy port %d, want another than %d", got, port)
+		}
+		expectClosedTCP(t, fmt.Sprintf("127.0.0.1:%d", port))
+	})
+}
+
 // TestInternalLocalAloneOpensNoExternalPort: a ClusterIP Service with
 // internalTrafficPolicy: Local has no external traffic, so it gets no
 // external proxy port (one would balance over every endpoint, round the

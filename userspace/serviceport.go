@@ -516,13 +516,33 @@ func (sp *servicePort) prune(extra []sockKey) {
 		sp.giveUp(&sp.extProxyPort)
 	}
 	want := sp.wanted(extra)
-	for k, s := range sp.sockets {
+	for k := range sp.sockets {
 		if !want[k] {
-			klog.V(2).InfoS("Closing listener", "service", sp.name, "addr", k.addr, "role", k.role)
-			s.close()
-			delete(sp.sockets, k)
+			sp.release(k)
 		}
 	}
+}
+
+// release closes the socket k and forgets it. With HoldReleasedPorts, a
+// proxy-port socket serves on until the portal no longer redirects to it
+// (see Proxier.closeReleased), unless its port is now a node port, which
+// is to listen at once; release reports whether the close waits so.
+func (sp *servicePort) release(k sockKey) bool {
+	s := sp.sockets[k]
+	delete(sp.sockets, k)
+	p := sp.p
+	switch {
+	case p.closed:
+		s.close()
+		return false
+	case p.cfg.HoldReleasedPorts && (k.role == roleProxyPort || k.role == roleExternalProxyPort) && !p.ports.isReserved(k.addr.Port()):
+		klog.V(2).InfoS("Listener given up; it serves on until the portal no longer redirects to it", "service", sp.name, "addr", k.addr, "role", k.role)
+		p.released = append(p.released, releasedSocket{sp.name, k, s})
+		return true
+	}
+	klog.V(2).InfoS("Closing listener", "service", sp.name, "addr", k.addr, "role", k.role)
+	s.close()
+	return false
 }
 
 // separateExternal reports whether external traffic needs a proxy port of
@@ -724,10 +744,9 @@ func (sp *servicePort) extendProxyPort(role socketRole, port *uint16) error {
 		*port = old
 		return err
 	}
-	for k, s := range sp.sockets {
+	for k := range sp.sockets {
 		if k.role == role && k.addr.Port() == old {
-			s.close()
-			delete(sp.sockets, k)
+			sp.release(k)
 		}
 	}
 	gone := old
@@ -792,23 +811,37 @@ func (sp *servicePort) listen(k sockKey) (socket, error) {
 }
 
 // close stops every socket of the service port, empties its balancers and
-// returns its proxy port.
+// returns its proxy port. The proxy-port sockets the portal may still
+// redirect to serve on until it no longer does (see release), with the
+// endpoints they had: the portal's rules, like kube-proxy's until its
+// iptables-restore, still send the Service's clients there (a renamed
+// port's clients among them, whose new service port waits for the rules).
+// The balancers empty when those sockets close.
 func (sp *servicePort) close() {
-	// Connections still dialing make no further attempt, as when the
-	// endpoints go: those already connecting keep their time (see
-	// tcpConn.keepRacing), and with none the client is reset.
-	for _, b := range []*balancer{sp.internal, sp.external.Load(), sp.fromHost.Load()} {
-		if b != nil {
-			b.update(nil, *b.aff.Load())
-		}
+	deferred := false
+	for k := range sp.sockets {
+		deferred = sp.release(k) || deferred
 	}
-	for k, s := range sp.sockets {
-		s.close()
-		delete(sp.sockets, k)
+	if deferred {
+		sp.p.deleted = append(sp.p.deleted, sp)
+	} else {
+		sp.drain()
 	}
 	for _, port := range []*uint16{&sp.proxyPort, &sp.extProxyPort} {
 		if *port != 0 {
 			sp.giveUp(port)
+		}
+	}
+}
+
+// drain empties the balancers of a service port that is gone: its
+// connections still dialing make no further attempt, as when the
+// endpoints go: those already connecting keep their time (see
+// tcpConn.keepRacing), and with none the client is reset.
+func (sp *servicePort) drain() {
+	for _, b := range []*balancer{sp.internal, sp.external.Load(), sp.fromHost.Load()} {
+		if b != nil {
+			b.update(nil, *b.aff.Load())
 		}
 	}
 }

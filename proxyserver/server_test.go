@@ -1,0 +1,124 @@
+package proxyserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
+)
+
+// probingPortal is a recording portal that, at each Sync, checks whether
+// a proxy port still accepts connections.
+type probingPortal struct {
+	*portal.Fake
+	addr     string // the proxy port checked; "" for none
+	accepted []bool // at each Sync with addr set
+}
+
+func (p *probingPortal) Sync(ctx context.Context, portals []portal.Portal) error {
+	if p.addr != "" {
+		p.accepted = append(p.accepted, accepts(p.addr))
+	}
+	return p.Fake.Sync(ctx, portals)
+}
+
+func accepts(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
+}
+
+// TestSyncRedirectsClosesGivenUpPortsAfterTheRules: a proxy port that an
+// Apply gives up (here a renamed service port's) still accepts while the
+// portal's rules are rewritten, and closes once they are, so no client the
+// old rules still send there is refused; a sync the rate limit defers
+// keeps it open, and a failed one closes it all the same.
+func TestSyncRedirectsClosesGivenUpPortsAfterTheRules(t *testing.T) {
+	ctx := context.Background()
+	be, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	go func() {
+		for {
+			c, err := be.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	svc := func(port string) state.ServicePort {
+		return state.ServicePort{Name: state.ServicePortName{Namespace: "ns", Name: "ren", Port: port, Protocol: state.TCP},
+			Port: 80, ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.10")},
+			ClusterEndpoints: []state.Endpoint{{Addr: be.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}}}
+	}
+	for _, tc := range []struct {
+		name   string
+		before func(*kernelSync, *portal.Fake) // set up the sync after the rename
+		want   func(error) bool
+		open   bool // the old proxy port still accepts after the sync
+	}{
+		{"synced", func(*kernelSync, *portal.Fake) {}, func(err error) bool { return err == nil }, false},
+		{"failed", func(_ *kernelSync, f *portal.Fake) { f.SetError(errors.New("iptables-restore: boom")) },
+			func(err error) bool { return errors.As(err, new(kernelError)) }, false},
+		{"deferred", func(k *kernelSync, _ *portal.Fake) { k.minPeriod = time.Hour },
+			func(err error) bool { return errors.As(err, new(errDeferred)) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := userspace.New(userspace.Config{BindAddress: netip.MustParseAddr("127.0.0.1"), HoldReleasedPorts: true})
+			defer p.Close()
+			pt := &probingPortal{Fake: &portal.Fake{}}
+			k := &kernelSync{pt: pt, resync: time.Hour}
+			old := state.NewSnapshot([]state.ServicePort{svc("http")})
+			if err := p.Apply(old); err != nil {
+				t.Fatal(err)
+			}
+			if err := syncRedirects(ctx, k, p, old); err != nil {
+				t.Fatal(err)
+			}
+			oldAddr := fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(svc("http").Name))
+			pt.addr = oldAddr
+
+			renamed := state.NewSnapshot([]state.ServicePort{svc("web")})
+			if err := p.Apply(renamed); err != nil {
+				t.Fatal(err)
+			}
+			tc.before(k, pt.Fake)
+			err := syncRedirects(ctx, k, p, renamed)
+			if !tc.want(err) {
+				t.Fatalf("sync: %v", err)
+			}
+			if tc.name != "deferred" && (len(pt.accepted) != 1 || !pt.accepted[0]) {
+				t.Errorf("the old proxy port accepted at the portal's sync: %v, want true", pt.accepted)
+			}
+			if got := accepts(oldAddr); got != tc.open {
+				t.Errorf("the old proxy port accepts after the sync: %v, want %v", got, tc.open)
+			}
+			if !tc.open {
+				return
+			}
+			// The rate limit has passed: the rules move, then it closes.
+			k.minPeriod = 0
+			if err := syncRedirects(ctx, k, p, renamed); err != nil {
+				t.Fatal(err)
+			}
+			if len(pt.accepted) != 1 || !pt.accepted[0] || accepts(oldAddr) {
+				t.Errorf("after the deferred sync: accepted at the sync %v, accepts now %v; want true, then false", pt.accepted, accepts(oldAddr))
+			}
+			if got := pt.Portals(); len(got) != 1 || got[0].ProxyPort != p.ProxyPort(svc("web").Name) {
+				t.Errorf("the portal redirects as %v, want to the renamed port's proxy port", got)
+			}
+		})
+	}
+}
