@@ -355,19 +355,15 @@ func redirectPortals(s state.Snapshot, p *userspace.Proxier) []portal.Portal {
 // conntrack entries are gone), so an edit that moves a Service to
 // another proxy port (a renamed port, externalTrafficPolicy Local to
 // Cluster) refuses no client, as kube-proxy's one iptables-restore
-// refuses none. A sync the rate limit defers keeps them open; a failed
-// one closes them all the same (Proxier.PortalSyncFailed).
+// refuses none. A sync the rate limit defers, or one that fails, keeps
+// them open: the rules of the last sync that worked still redirect to
+// them.
 func syncRedirects(ctx context.Context, ks *kernelSync, p *userspace.Proxier, s state.Snapshot) error {
 	err := ks.sync(ctx, redirectPortals(s, p))
-	switch {
-	case err == nil:
-		if p.PortalSynced() {
-			// A service port waits for a proxy port the rules
-			// pointed at another until now: come back at once.
-			err = errDeferred{}
-		}
-	case !errors.As(err, new(errDeferred)):
-		p.PortalSyncFailed()
+	if err == nil && p.PortalSynced() {
+		// A service port waits for a proxy port the rules pointed at
+		// another until now: come back at once.
+		err = errDeferred{}
 	}
 	return err
 }

@@ -118,8 +118,9 @@ type Config struct {
 	// redirects to it: until then, traffic for the old Service would reach
 	// the new one's endpoints. Its sockets stay open meanwhile, serving
 	// the service port as before, so that what the portal still sends
-	// there is not refused; they close at PortalSynced, or at
-	// PortalSyncFailed. For redirecting portals.
+	// there is not refused; they close at PortalSynced (a failed sync
+	// leaves the old rules redirecting to them), or when more than
+	// maxReleased wait. For redirecting portals.
 	HoldReleasedPorts bool
 	// PreviousProxyPorts are the proxy ports a previous run's portal
 	// still redirects to, and whose they were: held from other service
@@ -244,39 +245,38 @@ func (p *Proxier) PortalSynced() bool {
 	return p.waiting
 }
 
-// PortalSyncFailed tells the proxier that the portal's sync after Apply
-// failed. The sockets given up before are closed all the same, although
-// the portal may still redirect to them: a portal that keeps failing
-// must not keep them open for ever. Their ports stay held from other
-// service ports until PortalSynced.
-func (p *Proxier) PortalSyncFailed() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closeReleased()
+// releasedSocket is a proxy-port socket service port sp gave up, open
+// until the portal no longer redirects to it. A failed sync leaves them
+// open: the rules of the last sync that worked still redirect to them.
+type releasedSocket struct {
+	sp  *servicePort
+	key sockKey
+	s   socket
 }
 
-// releasedSocket is a proxy-port socket a service port gave up, open until
-// the portal no longer redirects to it.
-type releasedSocket struct {
-	name state.ServicePortName
-	key  sockKey
-	s    socket
-}
+// maxReleased bounds the sockets given up that wait for the portal to
+// sync: beyond it, the oldest close (see servicePort.release).
+const maxReleased = 256
 
 // closeReleased closes the sockets given up since the portal last synced
 // and empties the balancers of the deleted service ports they served.
 // Called with p.mu held.
 func (p *Proxier) closeReleased() {
-	for _, r := range p.released {
-		if !p.closed {
-			klog.V(2).InfoS("Closing listener", "service", r.name, "addr", r.key.addr, "role", r.key.role)
-		}
-		r.s.close()
-	}
+	p.closeSockets(p.released)
 	for _, sp := range p.deleted {
 		sp.drain()
 	}
 	p.released, p.deleted = nil, nil
+}
+
+// closeSockets closes rs. Called with p.mu held.
+func (p *Proxier) closeSockets(rs []releasedSocket) {
+	for _, r := range rs {
+		if !p.closed {
+			klog.V(2).InfoS("Closing listener", "service", r.sp.name, "addr", r.key.addr, "role", r.key.role)
+		}
+		r.s.close()
+	}
 }
 
 // hold keeps port, which owner gave up, from other service ports until

@@ -707,8 +707,8 @@ func TestReleasedProxyPortsAreHeld(t *testing.T) {
 // meanwhile: the socket of a service port that is removed (a renamed
 // port's, whose new service port waits for the rules), and the external
 // proxy port of a Service whose externalTrafficPolicy goes from Local to
-// Cluster. PortalSynced closes it; so do a failed sync (PortalSyncFailed),
-// which keeps its port held, and Close. A removed service port's
+// Cluster. PortalSynced closes it, and Close; a failed sync does not
+// call it, as the rules of the last one that worked still redirect. A removed service port's
 // balancers keep their endpoints until then. Without HoldReleasedPorts
 // it closes at Apply.
 func TestReleasedProxyPortServesUntilPortalSynced(t *testing.T) {
@@ -793,7 +793,6 @@ func TestReleasedProxyPortServesUntilPortalSynced(t *testing.T) {
 				close func(*Proxier)
 			}{
 				{"PortalSynced", func(p *Proxier) { p.PortalSynced() }},
-				{"PortalSyncFailed", (*Proxier).PortalSyncFailed},
 				{"Close", func(p *Proxier) { p.Close() }},
 			} {
 				t.Run(end.name, func(t *testing.T) {
@@ -811,30 +810,53 @@ func TestReleasedProxyPortServesUntilPortalSynced(t *testing.T) {
 			})
 		})
 	}
-	// A failed sync closes the sockets, but the port stays held from
-	// other service ports until the portal has synced.
-	t.Run("held after a failed sync", func(t *testing.T) {
-		base := freePort(t)
-		p := newTestProxier(t, Config{PortRange: PortRange{Base: base, Size: 1}, HoldReleasedPorts: true})
-		mustApply(t, p, tcpSvc(httpPort))
+	// An externalTrafficPolicy flipped back to Local before the portal
+	// synced takes back the external proxy port it gave up, whose
+	// sockets, still open, would otherwise keep it from its previous
+	// port (the one the portal's rules still point at).
+	t.Run("taken back before the portal synced", func(t *testing.T) {
+		var ext uint16
+		p := newTestProxier(t, Config{HoldReleasedPorts: true,
+			PreferredProxyPort: func(_ state.ServicePortName, external bool) uint16 {
+				if external {
+					return ext
+				}
+				return 0
+			}})
+		svc := tcpSvc(etpT)
+		svc.NodePort, svc.ExternalLocal, svc.LocalEndpoints = 30081, true, svc.ClusterEndpoints
+		mustApply(t, p, svc)
+		ext = p.ExternalProxyPort(etpT)
 		p.PortalSynced()
-		mustApply(t, p, tcpSvc(webPort))
-		addr := fmt.Sprintf("127.0.0.1:%d", base)
-		if got := tcpWho(t, addr); got != "a" {
-			t.Fatalf("reached %q", got)
+		svc.ExternalLocal = false
+		mustApply(t, p, svc)
+		svc.ExternalLocal = true
+		mustApply(t, p, svc)
+		if got := p.ExternalProxyPort(etpT); got != ext {
+			t.Fatalf("external proxy port %d after flipping back, want %d again", got, ext)
 		}
-		p.PortalSyncFailed()
-		expectClosedTCP(t, addr)
-		mustApply(t, p, tcpSvc(webPort))
-		if got := p.ProxyPort(webPort); got != 0 {
-			t.Fatalf("proxy port %d taken after a failed sync, want it held", got)
+		p.PortalSynced()
+		if got := tcpWho(t, fmt.Sprintf("127.0.0.1:%d", ext)); got != "a" {
+			t.Fatalf("the external proxy port taken back reached %q", got)
 		}
-		if !p.PortalSynced() {
-			t.Fatal("PortalSynced does not say a service port waits")
+	})
+	// However long the portal goes without syncing, at most maxReleased
+	// sockets wait for it: the oldest close.
+	t.Run("bounded", func(t *testing.T) {
+		p := newTestProxier(t, Config{HoldReleasedPorts: true})
+		var first, last string
+		for i := range maxReleased + 1 {
+			name := spn("many", fmt.Sprint("p", i), state.TCP)
+			mustApply(t, p, tcpSvc(name))
+			if i == 0 {
+				first = proxyAddr(t, p, name)
+			}
+			last = proxyAddr(t, p, name)
 		}
-		mustApply(t, p, tcpSvc(webPort))
-		if got := p.ProxyPort(webPort); got != base {
-			t.Fatalf("proxy port %d after the portal synced, want %d", got, base)
+		mustApply(t, p)
+		expectClosedTCP(t, first)
+		if got := tcpWho(t, last); got != "a" {
+			t.Fatalf("the newest socket given up reached %q", got)
 		}
 	})
 	// A proxy port a Service now has as its health-check node port

@@ -537,12 +537,49 @@ func (sp *servicePort) release(k sockKey) bool {
 		return false
 	case p.cfg.HoldReleasedPorts && (k.role == roleProxyPort || k.role == roleExternalProxyPort) && !p.ports.isReserved(k.addr.Port()):
 		klog.V(2).InfoS("Listener given up; it serves on until the portal no longer redirects to it", "service", sp.name, "addr", k.addr, "role", k.role)
-		p.released = append(p.released, releasedSocket{sp.name, k, s})
+		p.released = append(p.released, releasedSocket{sp, k, s})
+		if n := len(p.released) - maxReleased; n > 0 {
+			// The portal has not synced for many edits: the oldest
+			// close, so that descriptors stay bounded.
+			p.closeSockets(p.released[:n])
+			p.released = slices.Delete(p.released, 0, n)
+		}
 		return true
 	}
 	klog.V(2).InfoS("Closing listener", "service", sp.name, "addr", k.addr, "role", k.role)
 	s.close()
 	return false
+}
+
+// reclaim takes back, as the sockets of role on port, those this service
+// port gave up there that still serve until the portal syncs (see
+// release): when it wants its previous port back before then (an
+// externalTrafficPolicy flipped twice between syncs), the port is still
+// bound by them. It does so only when they are a socket for each of addrs,
+// and reports whether it did.
+func (sp *servicePort) reclaim(addrs []netip.Addr, port uint16, role socketRole) bool {
+	p := sp.p
+	want := make(map[sockKey]bool, len(addrs))
+	for _, a := range addrs {
+		want[sockKey{netip.AddrPortFrom(a, port), role}] = true
+	}
+	found := 0
+	for _, r := range p.released {
+		if r.sp == sp && want[r.key] {
+			found++
+		}
+	}
+	if found != len(want) {
+		return false
+	}
+	p.released = slices.DeleteFunc(p.released, func(r releasedSocket) bool {
+		if r.sp == sp && want[r.key] {
+			sp.sockets[r.key] = r.s
+			return true
+		}
+		return false
+	})
+	return true
 }
 
 // separateExternal reports whether external traffic needs a proxy port of
@@ -629,6 +666,11 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 	}
 	addrs := sp.p.proxyPortAddrs(sp.spec)
 	if pref := sp.preferredPort(role); pref != 0 {
+		if sp.reclaim(addrs, pref, role) {
+			*port = pref
+			klog.V(1).InfoS("Serving service port again on the proxy port it gave up, which the portal still redirects to", "service", sp.name, "proxyPort", pref, "role", role)
+			return nil
+		}
 		opened, _, err := sp.listenAll(addrs, pref, role)
 		if err == nil {
 			*port = pref
