@@ -83,7 +83,7 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
 		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2")
 	// Reported once refused for refusalPersists (10 s): some 12-25 s.
-	px.waitLog(0, `forbids reading what the proxy needs; Services are served meanwhile, without the Node's labels: topology hints are ignored until RBAC allows it.*resource="nodes".*verbs="get,list,watch"`, 1, 60*time.Second)
+	px.waitLog(0, `forbids reading what the proxy needs; meanwhile the Node's labels are not known, so topology hints are ignored, until RBAC allows it.*resource="nodes".*verbs="get,list,watch"`, 1, 60*time.Second)
 	px.waitLog(0, `"This node's Node cannot be read yet; serving without its labels`, 1, 30*time.Second)
 	px.waitLog(0, `"Synced"`, 1, 10*time.Second)
 

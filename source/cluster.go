@@ -181,8 +181,8 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		}
 		nodes, err := readInformer(factory, &corev1.Node{},
 			&refusals{resource: "nodes", report: report,
-				unread: "Services are served meanwhile, without the Node's labels: topology hints are ignored",
-				stale:  "Services are served meanwhile, with the Node's labels last read"}, &badCredentials,
+				unread: "meanwhile the Node's labels are not known, so topology hints are ignored,",
+				stale:  "meanwhile the Node's labels last read are used"}, &badCredentials,
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				byName(&o)
 				return c.Client.CoreV1().Nodes().List(ctx, o)

@@ -136,7 +136,7 @@ func (r *refusals) clear(s *refusal, verb string) {
 	case s.reported:
 		r.report(nil, "The API server lets the proxy read again what it forbade", "resource", r.resource, "apiGroup", r.group, "after", took)
 	default:
-		r.report(nil, "The API server refused for a moment what it allows now, as a restarted one does until it has loaded RBAC; not an RBAC problem", "resource", r.resource, "apiGroup", r.group, "verb", verb, "for", took)
+		r.report(nil, "The API server refused for a moment what it allows now: a restarted API server does until it has loaded RBAC, or RBAC changed meanwhile", "resource", r.resource, "apiGroup", r.group, "verb", verb, "for", took)
 	}
 	*s = refusal{}
 }
