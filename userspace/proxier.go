@@ -633,9 +633,14 @@ type Listener struct {
 	Service state.ServicePortName
 	Addr    netip.AddrPort
 	// Role is "proxy-port", "external-proxy-port", "node-port", "frontend"
-	// or "external-frontend".
+	// or "external-frontend"; a proxy port's has givenUpRole after it while
+	// it serves on until the portal no longer redirects to it (see
+	// Config.HoldReleasedPorts).
 	Role string
 }
+
+// givenUpRole marks the Role of a proxy-port socket given up (see Listener).
+const givenUpRole = ", given up until the portal syncs"
 
 // Activity is what one service port has carried since it was first served.
 type Activity struct {
@@ -696,6 +701,9 @@ func (p *Proxier) Listeners() []Listener {
 		for k := range sp.sockets {
 			out = append(out, Listener{Service: name, Addr: k.addr, Role: k.role.String()})
 		}
+	}
+	for _, r := range p.released {
+		out = append(out, Listener{Service: r.sp.name, Addr: r.key.addr, Role: r.key.role.String() + givenUpRole})
 	}
 	slices.SortFunc(out, func(a, b Listener) int {
 		if c := a.Service.Compare(b.Service); c != 0 {

@@ -800,8 +800,14 @@ func TestReleasedProxyPortServesUntilPortalSynced(t *testing.T) {
 					g := way.giveUp(t, p)
 					serves(t, g)
 					serves(t, g) // again: Apply alone closes nothing
+					if n := givenUpListeners(p); n != 2 {
+						t.Errorf("%d listeners said to be given up, want 2 (TCP and UDP)", n)
+					}
 					end.close(p)
 					closed(t, g)
+					if n := givenUpListeners(p); n != 0 {
+						t.Errorf("%d listeners said to be given up once closed, want 0", n)
+					}
 				})
 			}
 			t.Run("without HoldReleasedPorts", func(t *testing.T) {
@@ -873,6 +879,18 @@ func TestReleasedProxyPortServesUntilPortalSynced(t *testing.T) {
 		}
 		expectClosedTCP(t, fmt.Sprintf("127.0.0.1:%d", port))
 	})
+}
+
+// givenUpListeners counts the listeners p says it gave up and keeps open
+// until the portal syncs.
+func givenUpListeners(p *Proxier) int {
+	n := 0
+	for _, l := range p.Listeners() {
+		if strings.HasSuffix(l.Role, givenUpRole) {
+			n++
+		}
+	}
+	return n
 }
 
 // TestInternalLocalAloneOpensNoExternalPort: a ClusterIP Service with
