@@ -3,14 +3,12 @@
 package integration
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -131,20 +129,6 @@ func checkEditRefusesNoClient(t *testing.T, w *world, px *proxyProc, file, manif
 	}
 }
 
-// connLoopEnv runs this test binary as a connect loop (runConnLoop); see
-// startConnLoop.
-const connLoopEnv = "KUPT_CONNLOOP"
-
-func init() {
-	if spec := os.Getenv(connLoopEnv); spec != "" {
-		if err := runConnLoop(spec); err != nil {
-			fmt.Fprintln(os.Stderr, "connect loop:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-}
-
 // Bounds of a connect loop: at most how many exchanges of each protocol,
 // how far apart, and how long a TCP exchange, or a datagram's answer, may
 // take.
@@ -162,13 +146,11 @@ type connLoopResult struct {
 	Errors                     []string // the first few
 }
 
-// connLoop is a connect loop running in a namespace.
+// connLoop is a connect loop running in a namespace: a helper (see
+// startHelper) in mode "connloop".
 type connLoop struct {
-	t    *testing.T
 	from netns
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	out  *bufio.Scanner
+	h    *helperProc
 }
 
 // startConnLoop runs a connect loop in ns: TCP exchanges with tcpAddr and,
@@ -178,50 +160,24 @@ type connLoop struct {
 // after connLoopMaxRounds of each, and is killed at cleanup.
 func startConnLoop(t *testing.T, ns netns, tcpAddr, udpAddr string, srcPort int) *connLoop {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &connLoop{t: t, from: ns}
-	l.cmd = exec.Command("ip", "netns", "exec", string(ns), self)
-	l.cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%s,%d", connLoopEnv, tcpAddr, udpAddr, srcPort))
-	l.cmd.Stderr = os.Stderr
-	if l.in, err = l.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := l.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		l.cmd.Process.Kill()
-		l.cmd.Wait()
-	})
-	l.out = bufio.NewScanner(stdout)
-	return l
+	return &connLoop{from: ns, h: startHelper(t, ns, "connloop", fmt.Sprintf("KUPT_CONNLOOP=%s,%s,%d", tcpAddr, udpAddr, srcPort))}
 }
 
 // waitRunning waits until both loops have had an answer.
 func (l *connLoop) waitRunning() {
-	l.t.Helper()
-	if !l.out.Scan() || l.out.Text() != "running" {
-		l.t.Fatalf("connect loop in %s: %q, %v", l.from, l.out.Text(), l.out.Err())
+	l.h.t.Helper()
+	if got := l.h.line(30 * time.Second); got != "running" {
+		l.h.t.Fatalf("connect loop in %s: %q", l.from, got)
 	}
 }
 
 // result ends the loop and returns what it saw.
 func (l *connLoop) result() connLoopResult {
-	l.t.Helper()
-	l.in.Close()
+	l.h.t.Helper()
+	l.h.in.Close()
 	var r connLoopResult
-	if !l.out.Scan() {
-		l.t.Fatalf("connect loop in %s ended without a result: %v", l.from, l.out.Err())
-	}
-	if err := json.Unmarshal(l.out.Bytes(), &r); err != nil {
-		l.t.Fatalf("connect loop in %s: %v", l.from, err)
+	if err := json.Unmarshal([]byte(l.h.line(30*time.Second)), &r); err != nil {
+		l.h.t.Fatalf("connect loop in %s: %v", l.from, err)
 	}
 	return r
 }

@@ -504,17 +504,7 @@ func TestBinaryHealthCheckNodePortShared(t *testing.T) {
 		writeFile(t, bad, shared)
 		line := strings.Count(shared[:strings.LastIndex(shared, "healthCheckNodePort:")], "\n") + 1
 		cmd := exec.Command(proxyBin, append(proxyArgs(bad), "--hostname-override=node")...)
-		done := make(chan struct{})
-		var out []byte
-		var err error
-		go func() { out, err = cmd.CombinedOutput(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Fatalf("still running after 20s; output:\n%s", out)
-		}
+		out, err := combinedOutputWithin(t, cmd, 20*time.Second)
 		if code := exitCode(err); code != 1 {
 			t.Fatalf("exit code %d, want 1; output:\n%s", code, out)
 		}
@@ -814,17 +804,7 @@ func TestBadInputFailsClearly(t *testing.T) {
 				requireTool(t, "setpriv")
 				cmd = exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", proxyBin}, args...)...)
 			}
-			done := make(chan struct{})
-			var out []byte
-			var err error
-			go func() { out, err = cmd.CombinedOutput(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				cmd.Process.Kill()
-				<-done
-				t.Fatalf("still running after 20s; output:\n%s", out)
-			}
+			out, err := combinedOutputWithin(t, cmd, 20*time.Second)
 			if code := exitCode(err); code != tc.wantCode {
 				t.Fatalf("exit code %d, want %d; output:\n%s", code, tc.wantCode, out)
 			}
@@ -960,4 +940,22 @@ endpoints: [{addresses: ["::1"]}]
 	if !matches(logged, wantLogged) {
 		t.Errorf("logged warnings:\n%s\nwant, in this order, lines with\n%s", strings.Join(logged, "\n"), strings.Join(wantLogged, "\n"))
 	}
+}
+
+// combinedOutputWithin runs cmd, which should exit by itself, and returns
+// its output; still running after d, it is killed and the test fails.
+func combinedOutputWithin(t *testing.T, cmd *exec.Cmd, d time.Duration) ([]byte, error) {
+	t.Helper()
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("still running after %v; output:\n%s", d, out)
+	}
+	return out, err
 }

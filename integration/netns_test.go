@@ -341,6 +341,8 @@ func runHelperMode(mode string) int {
 		err = runRelay(os.Getenv("KUPT_LISTEN"), os.Getenv("KUPT_UNIX"))
 	case "hold":
 		err = runHold(os.Getenv("KUPT_ADDR"))
+	case "connloop":
+		err = runConnLoop(os.Getenv("KUPT_CONNLOOP"))
 	default:
 		err = fmt.Errorf("unknown helper mode %q", mode)
 	}
