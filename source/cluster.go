@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -133,9 +132,9 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	if report == nil {
 		report = logReport
 	}
-	var badCredentials sync.Once
+	creds := &credentials{}
 	services, err := readInformer(factory, &corev1.Service{},
-		&refusals{resource: "services", unread: whyNothingServed, stale: whyServedStays, report: report}, &badCredentials,
+		&refusals{resource: "services", unread: whyNothingServed, stale: whyServedStays, report: report}, creds,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = selector
 			return c.Client.CoreV1().Services("").List(ctx, o)
@@ -148,7 +147,7 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		return err
 	}
 	slices, err := readInformer(factory, &discoveryv1.EndpointSlice{},
-		&refusals{resource: "endpointslices", group: "discovery.k8s.io", unread: whyNothingServed, stale: whyServedStays, report: report}, &badCredentials,
+		&refusals{resource: "endpointslices", group: "discovery.k8s.io", unread: whyNothingServed, stale: whyServedStays, report: report}, creds,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = selector
 			return c.Client.DiscoveryV1().EndpointSlices("").List(ctx, o)
@@ -182,7 +181,7 @@ func (c *Cluster) Run(ctx context.Context, apply func(state.Snapshot)) error {
 		nodes, err := readInformer(factory, &corev1.Node{},
 			&refusals{resource: "nodes", report: report,
 				unread: "meanwhile the Node's labels are not known, so topology hints are ignored,",
-				stale:  "meanwhile the Node's labels last read are used"}, &badCredentials,
+				stale:  "meanwhile the Node's labels last read are used"}, creds,
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				byName(&o)
 				return c.Client.CoreV1().Nodes().List(ctx, o)

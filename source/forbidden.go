@@ -142,10 +142,9 @@ func (r *refusals) clear(s *refusal, verb string) {
 }
 
 // handler is the informer's watch error handler: it notes refusals, and
-// says once for all the informers sharing badCredentials when the API
-// server does not accept the proxy's credentials. Every error goes to
-// client-go's handler too.
-func (r *refusals) handler(badCredentials *sync.Once) cache.WatchErrorHandlerWithContext {
+// rejected credentials (see credentials). Every error goes to client-go's
+// handler too.
+func (r *refusals) handler(creds *credentials) cache.WatchErrorHandlerWithContext {
 	return func(ctx context.Context, refl *cache.Reflector, err error) {
 		if apierrors.IsForbidden(err) {
 			r.refused(err)
@@ -153,18 +152,53 @@ func (r *refusals) handler(badCredentials *sync.Once) cache.WatchErrorHandlerWit
 			r.failed()
 		}
 		if apierrors.IsUnauthorized(err) {
-			badCredentials.Do(func() {
-				r.report(err, "The API server does not accept the proxy's credentials (401 Unauthorized); nothing new is served until it does: check the token or client certificate of the kubeconfig, or the ServiceAccount's token in a pod")
-			})
+			creds.rejected(r.resource, err, r.report)
 		}
 		cache.DefaultWatchErrorHandler(ctx, refl, err)
+	}
+}
+
+// credentials says, once for all the informers sharing it, when the API
+// server stops accepting the proxy's credentials (401 Unauthorized):
+// client-go's own message repeats with every retry and names no fix. Once
+// every informer it rejected lists or watches again it says so, and a
+// later rejection is said again (an expired token, a rotated
+// certificate).
+type credentials struct {
+	mu  sync.Mutex      // guards bad
+	bad map[string]bool // the resources whose informer was rejected, not accepted since
+}
+
+// rejected notes a 401 to the informer of resource.
+func (c *credentials) rejected(resource string, err error, report func(err error, msg string, kv ...any)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.bad) == 0 {
+		report(err, "The API server does not accept the proxy's credentials (401 Unauthorized); nothing new is served until it does: check the token or client certificate of the kubeconfig, or the ServiceAccount's token in a pod")
+	}
+	if c.bad == nil {
+		c.bad = make(map[string]bool)
+	}
+	c.bad[resource] = true
+}
+
+// accepted notes a list or watch of the informer of resource that worked.
+func (c *credentials) accepted(resource string, report func(err error, msg string, kv ...any)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.bad[resource] {
+		return
+	}
+	delete(c.bad, resource)
+	if len(c.bad) == 0 {
+		report(nil, "The API server accepts the proxy's credentials again")
 	}
 }
 
 // readInformer returns factory's informer of obj's type, which lists and
 // watches with list and watch and tells r of each that works (client-go
 // only tells of failures) and of each failure.
-func readInformer(factory informers.SharedInformerFactory, obj runtime.Object, r *refusals, badCredentials *sync.Once,
+func readInformer(factory informers.SharedInformerFactory, obj runtime.Object, r *refusals, creds *credentials,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) (cache.SharedIndexInformer, error) {
 	inf := factory.InformerFor(obj, func(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
@@ -173,6 +207,7 @@ func readInformer(factory informers.SharedInformerFactory, obj runtime.Object, r
 				out, err := list(ctx, o)
 				if err == nil {
 					r.listed()
+					creds.accepted(r.resource, r.report)
 				}
 				return out, err
 			},
@@ -180,6 +215,7 @@ func readInformer(factory informers.SharedInformerFactory, obj runtime.Object, r
 				w, err := watchFn(ctx, o)
 				if err == nil {
 					r.watched()
+					creds.accepted(r.resource, r.report)
 				}
 				return w, err
 			},
@@ -188,7 +224,7 @@ func readInformer(factory informers.SharedInformerFactory, obj runtime.Object, r
 			cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	})
 	r.synced = inf.HasSynced
-	if err := inf.SetWatchErrorHandlerWithContext(r.handler(badCredentials)); err != nil {
+	if err := inf.SetWatchErrorHandlerWithContext(r.handler(creds)); err != nil {
 		return nil, fmt.Errorf("cluster: watch %s: %w", r.resource, err)
 	}
 	return inf, nil

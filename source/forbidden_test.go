@@ -16,6 +16,7 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -286,4 +287,68 @@ func TestGrantedVerbsAreTheDeployRole(t *testing.T) {
 	if !maps.Equal(got, grantedVerbs) {
 		t.Errorf("the deploy ClusterRole grants %v; grantedVerbs says %v", got, grantedVerbs)
 	}
+}
+
+// TestClusterSaysCredentialsWorkAgain: when the API server stops
+// accepting the proxy's credentials (a token expired), that is said once,
+// however often client-go retries; once a watch works again that is said
+// too, and a later rejection is said again, where it used to be said once
+// per process.
+func TestClusterSaysCredentialsWorkAgain(t *testing.T) {
+	saved := utilruntime.ErrorHandlers
+	utilruntime.ErrorHandlers = saved[:1:1]
+	t.Cleanup(func() { utilruntime.ErrorHandlers = saved })
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(service("web"), webSlice("1", "10.0.0.1"))
+		var reject atomic.Bool
+		var mu sync.Mutex // guards open
+		var open *watch.RaceFreeFakeWatcher
+		// Services' lists are rejected too, as every request is; the
+		// other informers go on, which the fake cannot reject alike.
+		client.PrependReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if reject.Load() {
+				return true, nil, apierrors.NewUnauthorized("token expired")
+			}
+			return false, nil, nil
+		})
+		client.PrependWatchReactor("services", func(k8stesting.Action) (bool, watch.Interface, error) {
+			if reject.Load() {
+				return true, nil, apierrors.NewUnauthorized("token expired")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			open = watch.NewRaceFreeFake()
+			return true, open, nil
+		})
+		var got reports
+		r := runCluster(t, client, func(c *Cluster) { c.report = got.report })
+		rejectFor := func() {
+			reject.Store(true)
+			mu.Lock()
+			if open != nil {
+				open.Stop() // the API server ends the watch; the next is rejected
+			}
+			mu.Unlock()
+			for range 60 {
+				settle()
+			}
+		}
+		const said = "E The API server does not accept the proxy's credentials"
+		rejectFor()
+		if lines := got.get(); len(lines) != 1 || !strings.HasPrefix(lines[0], said) {
+			t.Fatalf("credentials rejected for a minute: reports %q, want one saying so", lines)
+		}
+		reject.Store(false)
+		for range 90 {
+			settle()
+		}
+		if lines := got.get(); len(lines) != 2 || lines[1] != "I The API server accepts the proxy's credentials again" {
+			t.Fatalf("credentials accepted again: reports %q, want it said", lines)
+		}
+		rejectFor()
+		if lines := got.get(); len(lines) != 3 || !strings.HasPrefix(lines[2], said) {
+			t.Fatalf("credentials rejected again: reports %q, want it said again", lines)
+		}
+		r.stop()
+	})
 }
