@@ -231,14 +231,8 @@ func fieldType(t reflect.Type, path []string) reflect.Type {
 		if t.Kind() != reflect.Struct {
 			return nil
 		}
-		var next reflect.Type
-		for f := range t.Fields() {
-			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag == name {
-				next = f.Type
-				break
-			}
-		}
-		if next == nil {
+		next, ok := jsonFields(t)[name]
+		if !ok {
 			return nil
 		}
 		t = next
@@ -671,6 +665,27 @@ func (c *Config) readsBackAs(data []byte, verbosity int) error {
 // fields, a decoded YAML object, that type t (a struct, as encoding/json
 // sees it) has no field for, in the order of the keys.
 func unknownFields(fields map[string]any, t reflect.Type, path string) []string {
+	known := jsonFields(t)
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		ft, ok := known[k]
+		if !ok {
+			out = append(out, path+k)
+			continue
+		}
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if sub, isMap := fields[k].(map[string]any); isMap && ft.Kind() == reflect.Struct {
+			out = append(out, unknownFields(sub, ft, path+k+".")...)
+		}
+	}
+	return out
+}
+
+// jsonFields maps the names encoding/json gives the fields of struct type
+// t (those of inlined structs among them) to their types.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
 	known := make(map[string]reflect.Type)
 	var collect func(t reflect.Type)
 	collect = func(t reflect.Type) {
@@ -688,19 +703,5 @@ func unknownFields(fields map[string]any, t reflect.Type, path string) []string 
 		}
 	}
 	collect(t)
-	var out []string
-	for _, k := range slices.Sorted(maps.Keys(fields)) {
-		ft, ok := known[k]
-		if !ok {
-			out = append(out, path+k)
-			continue
-		}
-		for ft.Kind() == reflect.Pointer {
-			ft = ft.Elem()
-		}
-		if sub, isMap := fields[k].(map[string]any); isMap && ft.Kind() == reflect.Struct {
-			out = append(out, unknownFields(sub, ft, path+k+".")...)
-		}
-	}
-	return out
+	return known
 }
