@@ -458,7 +458,7 @@ const kubeProxyAPIVersion = "kubeproxy.config.k8s.io/v1alpha1"
 // say, which the file would read as kube-proxy's default address. It
 // returns the flags given that the file does not hold (this proxy's own,
 // such as --portal), as "--name=value": they must still be given beside
-// --config. c must be valid (see Validate).
+// --config. One given at its default value is left out. c must be valid (see Validate).
 func (c *Config) WriteConfigFile(verbosity int) ([]string, error) {
 	data, err := c.marshalKubeProxyConfig(verbosity)
 	if err != nil {
@@ -477,6 +477,8 @@ func (c *Config) WriteConfigFile(verbosity int) ([]string, error) {
 			return // in the file, or about the file
 		case isKubeProxyOnly(f.Name):
 			return // ignored either way
+		case f.Value.String() == f.DefValue:
+			return // given as it is by default: nothing to keep
 		}
 		keep = append(keep, "--"+f.Name+"="+flagValue(f))
 	})

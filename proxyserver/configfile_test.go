@@ -493,7 +493,21 @@ func TestWriteConfigFile(t *testing.T) {
 		})
 	}
 
-	c, err := loadConfig(t, "", "--healthz-bind-address=", "--config-sync-period=0", "--iptables-min-sync-period=1s")
+	// A flag the file cannot hold, given at its default, need not be
+	// given again.
+	c, err := loadConfig(t, "", "--manifests=", "--udp-max-sessions=-1", "--portal=auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
+	if keep, err := c.WriteConfigFile(0); err != nil || !slices.Equal(keep, []string{"--udp-max-sessions=-1"}) {
+		t.Errorf("flags to keep = %q, %v; want only --udp-max-sessions=-1", keep, err)
+	}
+
+	c, err = loadConfig(t, "", "--healthz-bind-address=", "--config-sync-period=0", "--iptables-min-sync-period=1s")
 	if err != nil {
 		t.Fatal(err)
 	}
