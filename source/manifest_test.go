@@ -352,7 +352,8 @@ spec: {type: NodePort, ports: [{port: 80, nodePort: 8080}]}
 			// The health check listens on TCP, so a UDP node port of its
 			// number takes nothing from it; and a healthCheckNodePort is
 			// served only for a LoadBalancer with externalTrafficPolicy:
-			// Local, so elsewhere it takes no port.
+			// Local, so elsewhere it takes no port. A cluster would refuse
+			// both, so each is a warning.
 			name: "health check node ports that collide with nothing served",
 			data: lbService("a", 30100, 30080) + `---
 apiVersion: v1
@@ -362,6 +363,30 @@ spec: {type: NodePort, ports: [{port: 53, protocol: UDP, nodePort: 30100}]}
 ---
 ` + strings.Replace(lbService("cluster", 30080, 30081), "externalTrafficPolicy: Local", "externalTrafficPolicy: Cluster", 1),
 			wantServices: 3,
+			wantWarnings: []string{
+				"demo.yaml: document 2 (Service default/dns): spec.ports[0].nodePort: node port 30100 is also the health check node port of Service default/a (document 1): a cluster gives each node port number to one Service, whatever the protocol, and would refuse it (served here all the same)",
+				"demo.yaml: document 3 (Service default/cluster): spec.healthCheckNodePort: 30080 is served only for a LoadBalancer with externalTrafficPolicy: Local, so it is ignored here (a cluster would refuse it)",
+			},
+		},
+		{
+			// A node port number of one protocol in two Services: a
+			// cluster would refuse it; both are served. One Service's
+			// ports of two protocols may share the number.
+			name: "a node port number in two Services, by protocol",
+			data: `apiVersion: v1
+kind: Service
+metadata: {name: dns}
+spec: {type: NodePort, ports: [{name: udp, port: 53, protocol: UDP, nodePort: 30053}, {name: tcp, port: 53, nodePort: 30053}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: other}
+spec: {type: NodePort, ports: [{port: 80, protocol: SCTP, nodePort: 30053}]}
+`,
+			wantServices: 2,
+			wantWarnings: []string{
+				"demo.yaml: document 2 (Service default/other): spec.ports[0].nodePort: node port 30053 is also a UDP node port of Service default/dns (document 1): a cluster gives each node port number to one Service, whatever the protocol, and would refuse it (served here all the same)",
+			},
 		},
 	}
 	for _, tc := range tests {

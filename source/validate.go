@@ -210,6 +210,9 @@ func validateService(svc *corev1.Service) []finding {
 		}
 	}
 	fs.portRange(spec.Child("healthCheckNodePort"), svc.Spec.HealthCheckNodePort, true)
+	if hc := svc.Spec.HealthCheckNodePort; hc >= 1 && hc <= 65535 && servedHealthCheckNodePort(svc) == 0 {
+		fs.warnf(spec.Child("healthCheckNodePort"), "%d is served only for a LoadBalancer with externalTrafficPolicy: Local, so it is ignored here (a cluster would refuse it)", hc)
+	}
 
 	ingress := field.NewPath("status", "loadBalancer", "ingress")
 	for i, ing := range svc.Status.LoadBalancer.Ingress {
@@ -418,6 +421,27 @@ func (m *manifest) crossCheck() {
 		index int
 	}
 	nodePorts := make(map[nodePort]portUser)
+	// numbers holds the first Service to use each node port number, with
+	// the protocol: a cluster's allocator gives a number to one Service,
+	// whose ports of different protocols may share it.
+	type numberUser struct {
+		ref  objectRef
+		what string // "a UDP node port", "the health check node port"
+	}
+	numbers := make(map[int32]numberUser)
+	shared := func(at origin, ref objectRef, field string, port int32, what string) {
+		other, dup := numbers[port]
+		if !dup {
+			numbers[port] = numberUser{ref, what}
+			return
+		}
+		if other.ref == ref {
+			return
+		}
+		m.warnings = append(m.warnings, m.problem(at, "Service", ref, field,
+			fmt.Errorf("node port %d is also %s of Service %s/%s (%s): a cluster gives each node port number to one Service, whatever the protocol, and would refuse it (served here all the same)",
+				port, other.what, other.ref.namespace, other.ref.name, m.origins[objectKey{"Service", other.ref}])))
+	}
 	ports := make(map[objectRef]map[string]bool) // "name/PROTO" of each port
 	for _, svc := range m.services {
 		ref := objectRef{svc.Namespace, svc.Name}
@@ -453,6 +477,7 @@ func (m *manifest) crossCheck() {
 				continue
 			}
 			nodePorts[key] = portUser{ref, i}
+			shared(at, ref, fmt.Sprintf("spec.ports[%d].nodePort", i), p.NodePort, "a "+string(key.proto)+" node port")
 		}
 		// The health check listens on TCP, whatever the Service's
 		// protocols: a UDP or SCTP node port of the same number is no
@@ -464,6 +489,7 @@ func (m *manifest) crossCheck() {
 				problem("spec.healthCheckNodePort", fmt.Errorf("health check node port %d is also %s", hc, usedBy(other)))
 			} else {
 				nodePorts[key] = portUser{ref, -1}
+				shared(at, ref, "spec.healthCheckNodePort", hc, "the health check node port")
 			}
 		}
 	}
