@@ -686,3 +686,52 @@ func TestBinaryIPTablesPortalRestartFromDNATToRedirect(t *testing.T) {
 			r.Reply, r.From, r.Err, w.node.mustRun(t, "conntrack", "-L", "-p", "udp"))
 	}
 }
+
+// TestBinaryRestartKeepsSplitProxyPorts: a Service whose
+// externalTrafficPolicy: Local gives its external traffic a proxy port of
+// its own keeps both ports through a restart, also when its load-balancer
+// IP sorts before its cluster IP. The rules read back do not say which
+// address was which; the restarted proxy swapped the two ports, and until
+// its first sync the old rules sent external clients to the port that now
+// took them to every endpoint (xa52).
+func TestBinaryRestartKeepsSplitProxyPorts(t *testing.T) {
+	const manifest = `apiVersion: v1
+kind: Service
+metadata: {name: split, namespace: e2e}
+spec:
+  type: LoadBalancer
+  clusterIP: 198.18.0.70
+  externalTrafficPolicy: Local
+  allocateLoadBalancerNodePorts: false
+  ports: [{name: http, protocol: TCP, port: 80}]
+status:
+  loadBalancer:
+    ingress: [{ip: 198.18.0.7}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: split-1, namespace: e2e, labels: {kubernetes.io/service-name: split}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["198.18.12.2"], nodeName: node}]
+`
+	w, px, file := serveManifest(t, "iptables", manifest, "", "8080=be1")
+	rules := func() string {
+		return w.node.mustRun(t, "iptables", "-t", "nat", "-S", "KUBE-PORTALS-CONTAINER")
+	}
+	before := rules()
+	ports := regexp.MustCompile(`--to-ports (\d+)`).FindAllStringSubmatch(before, -1)
+	if len(ports) != 2 || ports[0][1] == ports[1][1] {
+		t.Fatalf("want two rules to two proxy ports (cluster IP and load-balancer IP):\n%s", before)
+	}
+	if _, ok := px.terminate(10 * time.Second); !ok {
+		t.Fatal("the proxy did not stop on SIGTERM")
+	}
+	px = startNodeProxy(t, w, file, "--portal=iptables")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	if after := rules(); after != before {
+		t.Errorf("the restarted proxy redirects otherwise:\nbefore\n%s\nafter\n%s", before, after)
+	}
+	expectReply(t, w.outside, "tcp", "198.18.0.7:80", "be1:ping")
+	expectReply(t, w.pod, "tcp", "198.18.0.70:80", "be1:ping")
+}

@@ -369,23 +369,43 @@ func syncRedirects(ctx context.Context, ks *kernelSync, p *userspace.Proxier, s 
 }
 
 // preferredPorts maps the portals of a previous run to the proxy ports
-// each service port used: NodePort portals give the external port (which
-// differs when a Local traffic policy split the two).
-func preferredPorts(previous []portal.Portal) func(state.ServicePortName, bool) uint16 {
-	internal := map[state.ServicePortName]uint16{}
-	external := map[state.ServicePortName]uint16{}
+// each service port used. A Local traffic policy splits them: NodePort
+// portals, and those to the Service's external and load-balancer IPs,
+// give the external port; those to its cluster IPs the internal one
+// (without the split, any portal gives the one port). The
+// rules do not say which kind of frontend an address was (every address
+// portal is read back as ClusterIP), so the service port's addresses now
+// tell; an address it no longer has counts as a cluster IP when it is
+// not one of its external addresses.
+func preferredPorts(previous []portal.Portal) func(*state.ServicePort, bool) uint16 {
+	byService := map[state.ServicePortName][]portal.Portal{}
 	for _, pp := range previous {
-		if pp.Kind == portal.NodePort {
-			external[pp.Service] = pp.ProxyPort
-		} else if _, ok := internal[pp.Service]; !ok {
-			internal[pp.Service] = pp.ProxyPort
-		}
+		byService[pp.Service] = append(byService[pp.Service], pp)
 	}
-	return func(name state.ServicePortName, ext bool) uint16 {
-		if ext {
-			return external[name]
+	return func(sp *state.ServicePort, ext bool) uint16 {
+		external := func(ip netip.Addr) bool {
+			return slices.Contains(sp.ExternalIPs, ip) || slices.Contains(sp.LoadBalancerIPs, ip)
 		}
-		return internal[name]
+		var cluster, other, outside, nodePort uint16
+		for _, pp := range byService[sp.Name] {
+			switch {
+			case pp.Kind == portal.NodePort:
+				nodePort = cmp.Or(nodePort, pp.ProxyPort)
+			case slices.Contains(sp.ClusterIPs, pp.IP):
+				cluster = cmp.Or(cluster, pp.ProxyPort)
+			case external(pp.IP):
+				outside = cmp.Or(outside, pp.ProxyPort)
+			default:
+				other = cmp.Or(other, pp.ProxyPort)
+			}
+		}
+		if ext {
+			return cmp.Or(nodePort, outside)
+		}
+		if sp.InternalLocal == sp.ExternalLocal {
+			return cmp.Or(cluster, other, outside, nodePort) // one port for all
+		}
+		return cmp.Or(cluster, other)
 	}
 }
 

@@ -125,3 +125,40 @@ func TestSyncRedirectsClosesGivenUpPortsAfterTheRules(t *testing.T) {
 		})
 	}
 }
+
+// TestPreferredPorts: the proxy ports a restarted proxy takes from the
+// rules a previous run left. Every address rule reads back as ClusterIP,
+// so the service port's own addresses tell internal from external.
+func TestPreferredPorts(t *testing.T) {
+	name := state.ServicePortName{Namespace: "ns", Name: "svc", Port: "http", Protocol: state.TCP}
+	addr := netip.MustParseAddr
+	rule := func(ip string, port uint16) portal.Portal {
+		return portal.Portal{Service: name, Kind: portal.ClusterIP, IP: addr(ip), ProxyPort: port}
+	}
+	nodePort := portal.Portal{Service: name, Kind: portal.NodePort, ProxyPort: 3}
+	split := &state.ServicePort{Name: name, ClusterIPs: []netip.Addr{addr("198.18.0.70")},
+		LoadBalancerIPs: []netip.Addr{addr("198.18.0.7")}, ExternalLocal: true}
+	plain := &state.ServicePort{Name: name, ExternalIPs: []netip.Addr{addr("198.18.0.7")}}
+	tests := []struct {
+		name               string
+		sp                 *state.ServicePort
+		previous           []portal.Portal
+		internal, external uint16
+	}{
+		{"split, load-balancer IP first", split, []portal.Portal{rule("198.18.0.7", 2), rule("198.18.0.70", 1)}, 1, 2},
+		{"split, node port", split, []portal.Portal{rule("198.18.0.7", 2), nodePort, rule("198.18.0.70", 1)}, 1, 3},
+		{"split, the cluster IP changed", split, []portal.Portal{rule("198.18.0.7", 2), rule("198.18.0.71", 1)}, 1, 2},
+		{"split, external rules only", split, []portal.Portal{rule("198.18.0.7", 2)}, 0, 2},
+		{"one port, external IP only", plain, []portal.Portal{rule("198.18.0.7", 2)}, 2, 2},
+		{"one port, node port only", plain, []portal.Portal{nodePort}, 3, 3},
+		{"another service port's rules", split, []portal.Portal{{Service: state.ServicePortName{Namespace: "ns", Name: "other"}, IP: addr("198.18.0.70"), ProxyPort: 9}}, 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := preferredPorts(tc.previous)
+			if in, ex := f(tc.sp, false), f(tc.sp, true); in != tc.internal || ex != tc.external {
+				t.Errorf("internal %d, external %d; want %d and %d", in, ex, tc.internal, tc.external)
+			}
+		})
+	}
+}

@@ -107,12 +107,12 @@ type Config struct {
 	// DefaultTCPHalfCloseTimeout.
 	TCPHalfCloseTimeout time.Duration
 
-	// PreferredProxyPort, if set, names the proxy port a service port had
+	// PreferredProxyPort, if set, names the proxy port service port sp had
 	// before (for example in the rules a previous run left), so a restarted
 	// proxy keeps serving its redirections without a gap. external asks for
 	// the port of redirected external traffic. The port is used when it is
 	// free (and inside PortRange, if one is set); 0 means no preference.
-	PreferredProxyPort func(name state.ServicePortName, external bool) uint16
+	PreferredProxyPort func(sp *state.ServicePort, external bool) uint16
 	// HoldReleasedPorts keeps a proxy port that one service port gave up
 	// from any other until PortalSynced says the portal no longer
 	// redirects to it: until then, traffic for the old Service would reach

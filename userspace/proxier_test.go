@@ -608,7 +608,8 @@ func TestPreferredProxyPorts(t *testing.T) {
 	a := startTCPBackend(t, "a")
 	want := freePort(t)
 	name := spn("keep", "", state.TCP)
-	p := newTestProxier(t, Config{PreferredProxyPort: func(n state.ServicePortName, external bool) uint16 {
+	p := newTestProxier(t, Config{PreferredProxyPort: func(sp *state.ServicePort, external bool) uint16 {
+		n := sp.Name
 		if n == name && !external {
 			return want
 		}
@@ -629,7 +630,7 @@ func TestPreferredProxyPorts(t *testing.T) {
 	defer busy.Close()
 	want = uint16(busy.Addr().(*net.TCPAddr).Port)
 	other := spn("other", "", state.TCP)
-	p2 := newTestProxier(t, Config{PreferredProxyPort: func(state.ServicePortName, bool) uint16 { return want }})
+	p2 := newTestProxier(t, Config{PreferredProxyPort: func(*state.ServicePort, bool) uint16 { return want }})
 	mustApply(t, p2, state.ServicePort{Name: other, Port: 80, ClusterEndpoints: eps(a.addr())})
 	if got := p2.ProxyPort(other); got == 0 || got == want {
 		t.Fatalf("proxy port %d with the preferred %d busy", got, want)
@@ -823,7 +824,7 @@ func TestReleasedProxyPortServesUntilPortalSynced(t *testing.T) {
 	t.Run("taken back before the portal synced", func(t *testing.T) {
 		var ext uint16
 		p := newTestProxier(t, Config{HoldReleasedPorts: true,
-			PreferredProxyPort: func(_ state.ServicePortName, external bool) uint16 {
+			PreferredProxyPort: func(_ *state.ServicePort, external bool) uint16 {
 				if external {
 					return ext
 				}

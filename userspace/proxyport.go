@@ -290,7 +290,7 @@ func (sp *servicePort) preferredPort(role socketRole) uint16 {
 	if f == nil {
 		return 0
 	}
-	pref := f(sp.name, role == roleExternalProxyPort)
+	pref := f(sp.spec, role == roleExternalProxyPort)
 	if pref == 0 || pref == sp.proxyPort || pref == sp.extProxyPort {
 		return 0
 	}
