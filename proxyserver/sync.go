@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-multierror"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
@@ -130,8 +131,8 @@ func (l *syncLoop) run(ctx context.Context) {
 	timer := time.NewTimer(l.resync)
 	defer timer.Stop()
 	backoff := time.Duration(0)
-	var lastErr string
-	var logged uint64 // the last version a "Synced" line named
+	var lastErrs map[string]bool // the failures last logged, by message
+	var logged uint64            // the last version a "Synced" line named
 	for {
 		select {
 		case <-ctx.Done():
@@ -182,19 +183,35 @@ func (l *syncLoop) run(ctx context.Context) {
 		if err != nil {
 			backoff = min(max(2*backoff, l.retryMin), l.resync)
 			next = backoff
-			// Log a repeated failure once, not every retry.
-			if msg := err.Error(); msg != lastErr {
+			// Log each failure once, not every retry, nor again beside
+			// each new one: a full proxy port range fails Services one
+			// by one as they come.
+			errs := splitErrors(err)
+			var fresh []error
+			for _, e := range errs {
+				if !lastErrs[e.Error()] {
+					fresh = append(fresh, e)
+				}
+			}
+			switch {
+			case len(fresh) == len(errs):
 				klog.ErrorS(err, "Sync failed; will retry, less often each time, until it succeeds",
 					"retryIn", next, "maxRetryInterval", l.resync, "servicePorts", snap.Len())
-				lastErr = msg
-			} else {
-				klog.V(2).InfoS("Sync failed again", "retryIn", next)
+			case len(fresh) > 0:
+				klog.ErrorS(oneError(fresh), "Sync failed; will retry, less often each time, until it succeeds",
+					"retryIn", next, "maxRetryInterval", l.resync, "servicePorts", snap.Len(), "alsoFailingAsBefore", len(errs)-len(fresh))
+			default:
+				klog.V(2).InfoS("Sync failed again", "retryIn", next, "failing", len(errs))
+			}
+			lastErrs = make(map[string]bool, len(errs))
+			for _, e := range errs {
+				lastErrs[e.Error()] = true
 			}
 		} else {
-			if lastErr != "" {
+			if lastErrs != nil {
 				klog.InfoS("Sync recovered", "servicePorts", snap.Len())
 			}
-			backoff, lastErr = 0, ""
+			backoff, lastErrs = 0, nil
 			// A periodic resync of an unchanged snapshot is news only at
 			// -v=4.
 			v := klog.Level(2)
@@ -223,4 +240,24 @@ func resetTimer(t *time.Timer, d time.Duration) {
 		}
 	}
 	t.Reset(d)
+}
+
+// splitErrors returns the failures a sync's error holds (see joinErrors),
+// one by one.
+func splitErrors(err error) []error {
+	var m *multierror.Error
+	if !errors.As(err, &m) || len(m.Errors) == 0 {
+		return []error{err}
+	}
+	var out []error
+	for _, e := range m.Errors {
+		out = append(out, splitErrors(e)...)
+	}
+	return out
+}
+
+// oneError joins errs as a sync's error is joined, on one line.
+func oneError(errs []error) error {
+	m := &multierror.Error{Errors: errs, ErrorFormat: oneLine}
+	return m.ErrorOrNil()
 }

@@ -1,15 +1,19 @@
 package proxyserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
@@ -237,4 +241,51 @@ func TestSyncLoopCountsChanges(t *testing.T) {
 	results <- nil
 	<-applied
 	check("after the sync that applied them", map[string]string{svcTotal: "2", svcPend: "0", epTotal: "2", epPend: "0"})
+}
+
+// TestSyncLoopLogsEachFailureOnce: as service ports fail one by one (a
+// full proxy port range), each failure is logged once, when it first
+// happens, not again beside every later one (xa52: 71 lines naming 1, 2,
+// ..., 71 failures).
+func TestSyncLoopLogsEachFailureOnce(t *testing.T) {
+	var buf bytes.Buffer
+	klog.LogToStderr(false)
+	klog.SetOutput(&buf)
+	// An error line goes to the INFO and WARNING logs too: keep one copy.
+	klog.SetOutputBySeverity("WARNING", io.Discard)
+	klog.SetOutputBySeverity("ERROR", io.Discard)
+	t.Cleanup(func() { klog.LogToStderr(true) })
+	applied := make(chan struct{}, 10)
+	apply := func(s state.Snapshot) error {
+		defer func() { applied <- struct{}{} }()
+		var errs []error
+		for i := range s.Len() {
+			errs = append(errs, fmt.Errorf("service port %d: no proxy port left", i))
+		}
+		return joinErrors(errs...)
+	}
+	l := newSyncLoop(apply, time.Hour, time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.run(ctx); close(done) }()
+	for n := 1; n <= 4; n++ {
+		l.offer(snapOf(n))
+		select {
+		case <-applied:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("snapshot %d was not applied", n)
+		}
+	}
+	cancel()
+	<-done
+	klog.Flush()
+	log := buf.String()
+	for i := range 4 {
+		if n := strings.Count(log, fmt.Sprintf("service port %d:", i)); n != 1 {
+			t.Errorf("service port %d's failure logged %d times, want once:\n%s", i, n, log)
+		}
+	}
+	if !strings.Contains(log, "alsoFailingAsBefore=3") {
+		t.Errorf("the last line does not count the failures logged before:\n%s", log)
+	}
 }
