@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 )
 
 // errConfigChanged is why Run stops when the --config file, or the
@@ -31,6 +33,10 @@ type configWatch struct {
 	What string
 	// Loaded is the content the options were read from.
 	Loaded []byte
+	// Same, if set, reports whether content other than Loaded still
+	// says the same (only comments or layout differ): that is no change.
+	// If nil, any other content is a change.
+	Same func(loaded, now []byte) bool
 	// Debounce is how long the directory must stay quiet after an event
 	// before the file is read again, so a swap in several steps is read
 	// once it is done; a read that finds the file empty, or that differs
@@ -102,6 +108,7 @@ func (w *configWatch) run(ctx context.Context) error {
 	var pending []byte        // what the last read found while a write seemed under way
 	var unsettled bool
 	var emptySince time.Time // when reads began to find the file empty
+	var toldSame []byte      // the content last said to differ in form only
 	for {
 		select {
 		case <-ctx.Done():
@@ -125,6 +132,12 @@ func (w *configWatch) run(ctx context.Context) error {
 		switch {
 		case how != "" || bytes.Equal(data, w.Loaded):
 			unsettled = false
+		case len(data) > 0 && w.Same != nil && w.Same(w.Loaded, data):
+			unsettled = false
+			if !bytes.Equal(data, toldSame) {
+				klog.InfoS("A file the options were read from was rewritten, but says the same (only comments or layout differ): not restarting", "file", w.Path, "what", what)
+				toldSame = data
+			}
 		case len(data) == 0 && time.Since(emptySince) >= emptyGrace:
 			how = w.Path + " is empty"
 		case len(data) == 0 || !unsettled || !bytes.Equal(data, pending):
@@ -175,4 +188,15 @@ func (w *configWatch) read() ([]byte, string) {
 		return nil, fmt.Sprintf("%s cannot be read: %v", w.Path, err)
 	}
 	return data, ""
+}
+
+// sameYAML reports whether YAML (or JSON) documents a and b hold the same
+// values: comments, layout, quoting and the order of keys aside. Either
+// failing to parse is a difference.
+func sameYAML(a, b []byte) bool {
+	var va, vb any
+	if yaml.Unmarshal(a, &va) != nil || yaml.Unmarshal(b, &vb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(va, vb)
 }

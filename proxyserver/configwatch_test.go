@@ -13,7 +13,10 @@ import (
 // TestConfigWatch: the watch reports a new content of the file, written in
 // place, renamed over it, swapped in as a ConfigMap volume does (a ..data
 // link to a new directory), or the file removed; a write of the same
-// content, or a change of another key of the ConfigMap, is none.
+// content, or of content that says the same in another form (a comment
+// added, JSON for YAML), or a change of another key of the ConfigMap, is
+// none (xa50: a comment added to the ConfigMap restarted every node's
+// proxy, cutting every connection it carried).
 func TestConfigWatch(t *testing.T) {
 	const old, updated = "mode: userspace\n", "mode: userspace\nportRange: 40000-40100\n"
 	// configMap lays out a ConfigMap volume in dir, as the kubelet does:
@@ -62,6 +65,20 @@ func TestConfigWatch(t *testing.T) {
 			write(t, p, old)
 			return p
 		}, func(t *testing.T, _, path string) { write(t, path, old) }, ""},
+		{"a comment added", func(t *testing.T, dir string) string {
+			p := filepath.Join(dir, "config.conf")
+			write(t, p, old)
+			return p
+		}, func(t *testing.T, _, path string) { write(t, path, "# kube-userspace-proxy\n"+old) }, ""},
+		{"the layout changed", func(t *testing.T, dir string) string {
+			p := filepath.Join(dir, "config.conf")
+			write(t, p, old)
+			return p
+		}, func(t *testing.T, _, path string) { write(t, path, "{\"mode\": \"userspace\"}\n") }, ""},
+		{"ConfigMap update with a comment", func(t *testing.T, dir string) string {
+			configMap(t, dir, "v1", old, "a")
+			return filepath.Join(dir, "config.conf")
+		}, func(t *testing.T, dir, _ string) { configMap(t, dir, "v2", old+"# set by the operator\n", "a") }, ""},
 		{"renamed over", func(t *testing.T, dir string) string {
 			p := filepath.Join(dir, "config.conf")
 			write(t, p, old)
@@ -137,7 +154,7 @@ func TestConfigWatch(t *testing.T) {
 			// No wait for the watch to be set: a change made before it is
 			// found by the read it makes once its watches are set.
 			go func() {
-				w := &configWatch{Path: path, Loaded: []byte(old), Debounce: 20 * time.Millisecond, Resync: time.Hour}
+				w := &configWatch{Path: path, Loaded: []byte(old), Same: sameYAML, Debounce: 20 * time.Millisecond, Resync: time.Hour}
 				done <- w.run(ctx)
 			}()
 			tc.change(t, dir, path)

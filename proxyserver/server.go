@@ -73,12 +73,12 @@ func Run(ctx context.Context, cfg *Config) error {
 		ctx, stop = context.WithCancelCause(ctx)
 		var watchers sync.WaitGroup
 		defer watchers.Wait()
-		watches := []*configWatch{{Path: cfg.ConfigFile, Loaded: cfg.fileData}}
+		watches := []*configWatch{{Path: cfg.ConfigFile, Loaded: cfg.fileData, Same: sameYAML}}
 		if cfg.kubeconfigData != nil {
 			// The file's clientConnection.kubeconfig, which client-go
 			// reads once: in a ConfigMap beside the file, an edit of it
 			// (its server address, say) leaves the file as it was.
-			watches = append(watches, &configWatch{Path: cfg.Kubeconfig, What: "the kubeconfig the --config file names", Loaded: cfg.kubeconfigData})
+			watches = append(watches, &configWatch{Path: cfg.Kubeconfig, What: "the kubeconfig the --config file names", Loaded: cfg.kubeconfigData, Same: sameYAML})
 		}
 		for _, w := range watches {
 			watchers.Go(func() {
