@@ -197,7 +197,11 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		for _, l := range listeners[sp.Name] {
 			ls = append(ls, fmt.Sprintf("%s (%s)", l.Addr, l.Role))
 		}
-		line("listening", "%s", orNone(ls))
+		if len(ls) == 0 {
+			line("listening", "%s", d.notListening(sp.Name, last.err))
+		} else {
+			line("listening", "%s", strings.Join(ls, ", "))
+		}
 		if a := activity[sp.Name]; sp.Name.Protocol == state.UDP {
 			line("carried", "%s, %d open", count(a.UDPSessions, "UDP session"), a.OpenUDPSessions)
 		} else {
@@ -328,6 +332,22 @@ func (d *debugView) endpointList(sp *state.ServicePort, eps []state.Endpoint, ex
 		out = append(out, s)
 	}
 	return strings.Join(out, ", ")
+}
+
+// notListening says why service port name has no socket: its protocol
+// is not served here, or the last sync failed for it (syncErr).
+func (d *debugView) notListening(name state.ServicePortName, syncErr error) string {
+	if why := d.p.Unsupported(name); why != nil {
+		return fmt.Sprintf("none: its protocol is not served here (%v)", why)
+	}
+	if syncErr != nil {
+		for _, e := range splitErrors(syncErr) {
+			if strings.Contains(e.Error(), "service "+name.String()+":") {
+				return fmt.Sprintf("none: the last sync failed for it, and is retried: %v", e)
+			}
+		}
+	}
+	return "none"
 }
 
 func joinPrefixes(ps []netip.Prefix) string {

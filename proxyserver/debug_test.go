@@ -1,6 +1,7 @@
 package proxyserver
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -111,5 +112,41 @@ func TestDebugServicesSaysWhatThePortalDoes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDebugServicesSaysWhyNotListening: a service port without a socket
+// says why: its protocol is not served here (SCTP on a kernel without
+// it), or the last sync failed for it; it said only "none" (xa52).
+func TestDebugServicesSaysWhyNotListening(t *testing.T) {
+	p := userspace.New(userspace.Config{})
+	t.Cleanup(func() { p.Close() })
+	d := &debugView{p: p, mode: PortalNone}
+	ep := []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:8080"), Ready: true, Serving: true}}
+	sctp := state.ServicePort{Name: state.ServicePortName{Namespace: "e2e", Name: "sig", Port: "s", Protocol: state.SCTP}, Port: 80, ClusterEndpoints: ep}
+	held := state.ServicePort{Name: state.ServicePortName{Namespace: "e2e", Name: "app", Port: "http", Protocol: state.TCP}, Port: 80, NodePort: 30062, ClusterEndpoints: ep}
+	fine := state.ServicePort{Name: state.ServicePortName{Namespace: "e2e", Name: "web", Port: "http", Protocol: state.TCP}, Port: 80}
+	snap := state.NewSnapshot([]state.ServicePort{sctp, fine})
+	if err := p.Apply(snap); err != nil {
+		t.Fatal(err)
+	}
+	// As Apply words a node port another program holds.
+	syncErr := joinErrors(fmt.Errorf("userspace: service %s: listen on 0.0.0.0:30062 (node-port): bind: address already in use", held.Name))
+	var b strings.Builder
+	d.write(&b, &debugSnapshot{snap: state.NewSnapshot([]state.ServicePort{sctp, held, fine}), err: syncErr})
+	view := b.String()
+	want := []string{"listening:    none: the last sync failed for it, and is retried: userspace: service e2e/app:http/TCP: listen on 0.0.0.0:30062 (node-port): bind: address already in use"}
+	if p.Unsupported(sctp.Name) != nil {
+		want = append(want, "listening:    none: its protocol is not served here (")
+	} else {
+		t.Log("this kernel has SCTP: only the failed sync is checked")
+	}
+	for _, w := range want {
+		if !strings.Contains(view, w) {
+			t.Errorf("lacks %q:\n%s", w, view)
+		}
+	}
+	if !strings.Contains(view, "(proxy-port)") {
+		t.Errorf("the port served lists no socket:\n%s", view)
 	}
 }

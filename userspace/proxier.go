@@ -179,8 +179,8 @@ type Proxier struct {
 
 	mu       sync.Mutex // guards the fields below; held for a whole Apply
 	services map[state.ServicePortName]*servicePort
-	skipped  map[state.ServicePortName]bool // reported as unsupported
-	sctpOff  bool                           // SCTP unavailability has been logged
+	skipped  map[state.ServicePortName]error // reported as unsupported, and why
+	sctpOff  bool                            // SCTP unavailability has been logged
 	closed   bool
 	// noNodePortAddrs: no local address matches NodePortAddresses, and
 	// that has been logged.
@@ -225,7 +225,7 @@ func New(cfg Config) *Proxier {
 		ctx:      ctx,
 		cancel:   cancel,
 		services: make(map[state.ServicePortName]*servicePort),
-		skipped:  make(map[state.ServicePortName]bool),
+		skipped:  make(map[state.ServicePortName]error),
 		held:     maps.Clone(cfg.PreviousProxyPorts),
 	}
 	p.readFDLimit()
@@ -524,10 +524,10 @@ func (p *Proxier) supported(proto state.Protocol) error {
 // an Apply error: retrying cannot help, and the other service ports are
 // served as usual.
 func (p *Proxier) unsupported(spec *state.ServicePort, why error) {
-	if p.skipped[spec.Name] {
+	if _, ok := p.skipped[spec.Name]; ok {
 		return
 	}
-	p.skipped[spec.Name] = true
+	p.skipped[spec.Name] = why
 	if spec.Name.Protocol == state.SCTP {
 		if !p.sctpOff {
 			p.sctpOff = true
@@ -595,6 +595,14 @@ func (p *Proxier) Activity() map[state.ServicePortName]Activity {
 		}
 	}
 	return out
+}
+
+// Unsupported returns why service port name is not served here (its
+// protocol is not: SCTP on a kernel without it), or nil.
+func (p *Proxier) Unsupported(name state.ServicePortName) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.skipped[name]
 }
 
 // ProxyPort returns the proxy port serving name, or 0 if there is none.
