@@ -644,3 +644,68 @@ endpoints: [{addresses: ["127.0.0.1"]}]
 		t.Logf("proxy log:\n%s", tail(p.log(), 40))
 	}
 }
+
+// TestBinaryServiceAddedOutOfDescriptorsServedOnceTheyReturn: a Service
+// added while clients hold every descriptor the data plane may use cannot
+// be listened on; once the clients leave it is served within about a
+// second, not after the sync's retry pause, which had doubled up to 30 s
+// meanwhile (xa51). Both builds.
+func TestBinaryServiceAddedOutOfDescriptorsServedOnceTheyReturn(t *testing.T) {
+	for _, tc := range bothBuilds(t) {
+		t.Run(tc.name, func(t *testing.T) { servedOnceDescriptorsReturn(t, tc.bin) })
+	}
+}
+
+func servedOnceDescriptorsReturn(t *testing.T, bin string) {
+	const limit = 200
+	backend := echoBackend(t)
+	np, added := freePort(t), freePort(t)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, loopbackNodePortManifest("held", np, backend))
+	p := startWithFDLimit(t, bin, limit, append(proxyArgs(file), "-v=2")...)
+	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+
+	var clients []net.Conn
+	closeAll := func() {
+		for _, c := range clients {
+			c.Close()
+		}
+		clients = nil
+	}
+	defer closeAll()
+	for range limit {
+		if c, err := net.DialTimeout("tcp4", fmt.Sprintf("127.0.0.1:%d", np), 2*time.Second); err == nil {
+			clients = append(clients, c)
+		}
+	}
+	p.waitLog(0, `"Out of file descriptors`, 1, 20*time.Second)
+	writeFile(t, file, loopbackNodePortManifest("held", np, backend)+"---\n"+loopbackNodePortManifest("added", added, backend))
+	// The goroutine build may still find room for the listeners: then
+	// the Service is served at once, and only that is checked.
+	p.waitLog(0, `"Sync failed.*e2e/added.*file descriptors|"Serving" service="e2e/added`, 1, 20*time.Second)
+	if !strings.Contains(p.log(), `"Serving" service="e2e/added`) {
+		// Long enough for the retry pause to double past 4 s (1, 2, 4,
+		// 8 s).
+		p.waitLog(0, `"Sync failed again"|"Sync failed`, 4, 30*time.Second)
+	} else {
+		t.Log("the added Service was listened on at once")
+	}
+	closeAll()
+	left := time.Now()
+	deadline := left.Add(5 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp4", fmt.Sprintf("127.0.0.1:%d", added), time.Second)
+		if err == nil {
+			err = echoes(c)
+			c.Close()
+			if err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Service added while descriptors ran out is not served %v after the clients left: %v\n%s", time.Since(left).Round(time.Millisecond), err, tail(p.log(), 30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("served %v after the clients left", time.Since(left).Round(time.Millisecond))
+}

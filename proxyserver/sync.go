@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -181,7 +183,7 @@ func (l *syncLoop) run(ctx context.Context) {
 			l.metrics.programmed(triggers, time.Now())
 		}
 		if err != nil {
-			backoff = min(max(2*backoff, l.retryMin), l.resync)
+			backoff = l.retryAfter(err, backoff)
 			next = backoff
 			// Log each failure once, not every retry, nor again beside
 			// each new one: a full proxy port range fails Services one
@@ -260,4 +262,19 @@ func splitErrors(err error) []error {
 func oneError(errs []error) error {
 	m := &multierror.Error{Errors: errs, ErrorFormat: oneLine}
 	return m.ErrorOrNil()
+}
+
+// retryAfter returns the pause before a sync that failed with err is tried
+// again, the last pause having been backoff: twice that, from retryMin up
+// to resync. A sync that ran out of file descriptors (a Service added
+// while clients hold them all) is tried again every retryMin, at most a
+// second apart, instead: descriptors come back as clients leave, and
+// nothing else would say so before a pause of up to resync was over.
+func (l *syncLoop) retryAfter(err error, backoff time.Duration) time.Duration {
+	if slices.ContainsFunc(splitErrors(err), func(e error) bool {
+		return errors.Is(e, syscall.EMFILE) || errors.Is(e, syscall.ENFILE)
+	}) {
+		return min(l.retryMin, time.Second)
+	}
+	return min(max(2*backoff, l.retryMin), l.resync)
 }
