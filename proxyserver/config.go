@@ -219,6 +219,8 @@ func (c *Config) Validate() error {
 	bad := func(flag, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", c.where(flag), fmt.Sprintf(format, args...)))
 	}
+	// --healthz-port and --metrics-port, before the addresses are read.
+	errs = append(errs, c.applyDeprecatedPortFlags()...)
 	if c.ConfigFile == "" { // else the file's mode and detectLocalMode replace them
 		if err := checkMode("--proxy-mode", c.ProxyMode); err != nil {
 			errs = append(errs, err)

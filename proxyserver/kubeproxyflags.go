@@ -2,6 +2,7 @@ package proxyserver
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,52 +18,69 @@ import (
 // log as ignored, so that a kube-proxy DaemonSet's command line runs this
 // proxy as it is (the same settings in a --config file are ignored the
 // same way). Each keeps kube-proxy's type, so a malformed value is still
-// refused.
+// refused, and its default. --healthz-port and --metrics-port are here for
+// their registration alone: they are applied (deprecatedPortFlags).
 var kubeProxyOnlyFlags = []struct {
 	name string
 	add  func(fs *pflag.FlagSet, name string)
 }{
-	{"conntrack-max-per-core", addInt},
-	{"conntrack-min", addInt},
+	{"conntrack-max-per-core", addInt(32 * 1024)},
+	{"conntrack-min", addInt(128 * 1024)},
 	{"conntrack-tcp-be-liberal", addBool},
-	{"conntrack-tcp-timeout-close-wait", addDuration},
-	{"conntrack-tcp-timeout-established", addDuration},
-	{"conntrack-udp-timeout", addDuration},
-	{"conntrack-udp-timeout-stream", addDuration},
-	{"detect-local-mode", addString},
-	{"feature-gates", addString},
-	{"healthz-port", addInt},
-	{"iptables-masquerade-bit", addInt},
+	{"conntrack-tcp-timeout-close-wait", addDuration(time.Hour)},
+	{"conntrack-tcp-timeout-established", addDuration(24 * time.Hour)},
+	{"conntrack-udp-timeout", addDuration(0)},
+	{"conntrack-udp-timeout-stream", addDuration(0)},
+	{"detect-local-mode", addString("")},
+	{"feature-gates", addString("")},
+	{"healthz-port", addInt(defaultHealthzPort)}, // applied: see deprecatedPortFlags
+	{"iptables-masquerade-bit", addInt(14)},
 	{"ipvs-exclude-cidrs", addStrings},
-	{"ipvs-min-sync-period", addDuration},
-	{"ipvs-scheduler", addString},
+	{"ipvs-min-sync-period", addDuration(time.Second)},
+	{"ipvs-scheduler", addString("")},
 	{"ipvs-strict-arp", addBool},
-	{"ipvs-sync-period", addDuration},
-	{"ipvs-tcp-timeout", addDuration},
-	{"ipvs-tcpfin-timeout", addDuration},
-	{"ipvs-udp-timeout", addDuration},
-	{"log-flush-frequency", addDuration},
-	{"log-json-info-buffer-size", addString},
+	{"ipvs-sync-period", addDuration(30 * time.Second)},
+	{"ipvs-tcp-timeout", addDuration(0)},
+	{"ipvs-tcpfin-timeout", addDuration(0)},
+	{"ipvs-udp-timeout", addDuration(0)},
+	{"log-flush-frequency", addDuration(5 * time.Second)},
+	{"log-json-info-buffer-size", addString("0")},
 	{"log-json-split-stream", addBool},
-	{"log-text-info-buffer-size", addString},
+	{"log-text-info-buffer-size", addString("0")},
 	{"log-text-split-stream", addBool},
-	{"logging-format", addString},
+	{"logging-format", addString("text")},
 	{"masquerade-all", addBool},
-	{"metrics-port", addInt},
-	{"oom-score-adj", addInt},
-	{"pod-bridge-interface", addString},
-	{"pod-interface-name-prefix", addString},
+	{"metrics-port", addInt(defaultMetricsPort)}, // applied: see deprecatedPortFlags
+	{"oom-score-adj", addInt(-999)},
+	{"pod-bridge-interface", addString("")},
+	{"pod-interface-name-prefix", addString("")},
 	{"profiling", addBool},
-	{"show-hidden-metrics-for-version", addString},
+	{"show-hidden-metrics-for-version", addString("")},
 }
 
-func addBool(fs *pflag.FlagSet, name string)   { fs.Bool(name, false, "") }
-func addInt(fs *pflag.FlagSet, name string)    { fs.Int32(name, 0, "") }
-func addString(fs *pflag.FlagSet, name string) { fs.String(name, "", "") }
+// The add functions register a flag of kube-proxy's type with kube-proxy's
+// default, so that the -v=1 FLAG: lines show what kube-proxy's show.
+func addBool(fs *pflag.FlagSet, name string) { fs.Bool(name, false, "") }
+func addInt(def int32) func(*pflag.FlagSet, string) {
+	return func(fs *pflag.FlagSet, name string) { fs.Int32(name, def, "") }
+}
+func addString(def string) func(*pflag.FlagSet, string) {
+	return func(fs *pflag.FlagSet, name string) { fs.String(name, def, "") }
+}
 func addStrings(fs *pflag.FlagSet, name string) {
 	fs.StringSlice(name, nil, "")
 }
-func addDuration(fs *pflag.FlagSet, name string) { fs.Duration(name, time.Duration(0), "") }
+func addDuration(def time.Duration) func(*pflag.FlagSet, string) {
+	return func(fs *pflag.FlagSet, name string) { fs.Duration(name, def, "") }
+}
+
+// deprecatedPortFlags are kube-proxy's deprecated --healthz-port and
+// --metrics-port, which kube-proxy still applies (and so does this proxy;
+// see applyDeprecatedPortFlags) to the address flag named.
+var deprecatedPortFlags = []struct{ name, addrFlag string }{
+	{"healthz-port", "healthz-bind-address"},
+	{"metrics-port", "metrics-bind-address"},
+}
 
 // addKubeProxyFlags registers --proxy-mode and the flags of
 // kubeProxyOnlyFlags, hidden.
@@ -87,11 +105,96 @@ func (c *Config) ignoredKubeProxyFlags() []string {
 		if c.ConfigFile != "" && slices.Contains(overriddenModeFlags, f.name) {
 			continue // said to be overridden by the file (LoadConfigFile)
 		}
+		if isDeprecatedPortFlag(f.name) {
+			continue // applied, or said to be ignored (applyDeprecatedPortFlags)
+		}
 		if c.flags.Changed(f.name) {
 			out = append(out, "--"+f.name)
 		}
 	}
 	return out
+}
+
+// isDeprecatedPortFlag says whether name is one of deprecatedPortFlags.
+func isDeprecatedPortFlag(name string) bool {
+	for _, d := range deprecatedPortFlags {
+		if d.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// applyDeprecatedPortFlags applies --healthz-port and --metrics-port, when
+// given, as kube-proxy does (cmd/kube-proxy/app/options.go, Complete):
+// without --config, port 0 turns the server off, and another port is
+// joined to an address flag that gives an IP alone (an address with a
+// port keeps its own, and an empty one stays off). Like kube-proxy, which
+// prints that the flag is deprecated, it logs so, with the address that
+// results. With --config the file's address stands, and the log says the
+// flag is ignored. Unlike kube-proxy's, --write-config-to applies them
+// too: the file it writes holds the address the proxy would serve.
+// Validate calls it first.
+func (c *Config) applyDeprecatedPortFlags() []error {
+	if c.flags == nil {
+		return nil
+	}
+	var errs []error
+	for _, d := range deprecatedPortFlags {
+		if !c.flags.Changed(d.name) {
+			continue // its default is the port an IP alone gets (serverAddr)
+		}
+		port, _ := c.flags.GetInt32(d.name)
+		addr := &c.HealthzBindAddress
+		if d.addrFlag == "metrics-bind-address" {
+			addr = &c.MetricsBindAddress
+		}
+		msg := fmt.Sprintf("Flag --%s has been deprecated, as in kube-proxy: use --%s instead", d.name, d.addrFlag)
+		if c.ConfigFile != "" {
+			klog.InfoS(msg+"; with --config it is ignored: the file's "+configFileFields[d.addrFlag]+" sets the address", "port", port, "address", *addr)
+			continue
+		}
+		ip, hasPort, ok := splitServerAddr(*addr)
+		var applied string
+		switch {
+		case port == 0:
+			*addr, applied = "", "port 0 turns the server off"
+		case !ok: // checked by Validate, which names it
+			applied = "unused: --" + d.addrFlag + " is not an IP address"
+		case hasPort:
+			applied = "unused: --" + d.addrFlag + " gives its own port"
+		case ip == "":
+			applied = "unused: --" + d.addrFlag + " is empty, which turns the server off"
+		case port < 0 || port > 65535:
+			errs = append(errs, fmt.Errorf("--%s: %d is not a port to join to --%s=%s: give 1-65535, or 0 to turn the server off", d.name, port, d.addrFlag, *addr))
+			continue
+		default:
+			a, _ := netip.ParseAddr(ip)
+			*addr, applied = netip.AddrPortFrom(a, uint16(port)).String(), "the port is joined to --"+d.addrFlag
+		}
+		klog.InfoS(msg, "port", port, "applied", applied, "address", *addr)
+	}
+	return errs
+}
+
+// splitServerAddr reads an address flag as serverAddr does: ip is the
+// address alone (brackets taken off an IPv6 one) and hasPort says it
+// came with a port; ok is false for what is neither (nor empty).
+func splitServerAddr(s string) (ip string, hasPort, ok bool) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return "", false, true
+	}
+	if _, err := netip.ParseAddrPort(s); err == nil {
+		return "", true, true
+	}
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		s = s[1 : len(s)-1]
+	}
+	if a, err := netip.ParseAddr(s); err == nil && !strings.ContainsAny(a.Zone(), "[]:") {
+		return s, false, true
+	}
+	return "", false, false
 }
 
 // isKubeProxyOnly says whether name is one of kubeProxyOnlyFlags.

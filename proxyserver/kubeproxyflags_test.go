@@ -2,6 +2,9 @@ package proxyserver
 
 import (
 	"flag"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -82,9 +85,133 @@ func TestLogFlags(t *testing.T) {
 	_ = klogFlags.Set("v", "1")
 	LogFlags(fs)
 	klog.Flush()
-	for _, want := range []string{`FLAG: --hostname-override="node-a"`, `FLAG: --masquerade-all="true"`, `FLAG: --healthz-bind-address="0.0.0.0:10256"`} {
+	// kube-proxy's flags that are ignored here show kube-proxy's defaults.
+	for _, want := range []string{`FLAG: --hostname-override="node-a"`, `FLAG: --masquerade-all="true"`, `FLAG: --healthz-bind-address="0.0.0.0:10256"`,
+		`FLAG: --oom-score-adj="-999"`, `FLAG: --iptables-masquerade-bit="14"`, `FLAG: --conntrack-min="131072"`, `FLAG: --conntrack-max-per-core="32768"`,
+		`FLAG: --conntrack-tcp-timeout-established="24h0m0s"`, `FLAG: --conntrack-tcp-timeout-close-wait="1h0m0s"`, `FLAG: --healthz-port="10256"`,
+		`FLAG: --metrics-port="10249"`, `FLAG: --logging-format="text"`, `FLAG: --log-flush-frequency="5s"`, `FLAG: --ipvs-sync-period="30s"`} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("the log does not say %s:\n%s", want, buf.String())
 		}
+	}
+}
+
+// captureLog sends klog's output to the returned buffer for the rest of
+// the test.
+func captureLog(t *testing.T) *strings.Builder {
+	t.Helper()
+	var buf strings.Builder
+	klog.LogToStderr(false)
+	klog.SetOutput(&buf)
+	t.Cleanup(func() { klog.LogToStderr(true) })
+	return &buf
+}
+
+// TestDeprecatedPortFlags: --healthz-port and --metrics-port do what they
+// do in kube-proxy (options.go, Complete): without --config, port 0 turns
+// the server off and a port is joined to an address flag that gives an IP
+// alone; an address with a port keeps it. The log says the flag is
+// deprecated, as kube-proxy prints, and does not call it meaningless.
+func TestDeprecatedPortFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		args             []string
+		healthz, metrics string // as served; "" is off
+		err              string // substring of Validate's error
+	}{
+		{name: "none", healthz: "0.0.0.0:10256", metrics: "127.0.0.1:10249"},
+		{name: "both off", args: []string{"--healthz-port=0", "--metrics-port=0"}},
+		{name: "off with an address", args: []string{"--healthz-bind-address=127.0.0.1:46120", "--healthz-port=0"}, metrics: "127.0.0.1:10249"},
+		{name: "joined to an IP", args: []string{"--healthz-bind-address=127.0.0.1", "--healthz-port=46120", "--metrics-bind-address="},
+			healthz: "127.0.0.1:46120"},
+		{name: "joined to an IPv6 address", args: []string{"--healthz-bind-address=::1", "--healthz-port=46120", "--metrics-bind-address=[::1]", "--metrics-port=46121"},
+			healthz: "[::1]:46120", metrics: "[::1]:46121"},
+		{name: "an address with its port keeps it", args: []string{"--healthz-port=46120", "--metrics-bind-address=127.0.0.1:46122", "--metrics-port=46121"},
+			healthz: "0.0.0.0:10256", metrics: "127.0.0.1:46122"},
+		{name: "an empty address stays off", args: []string{"--metrics-bind-address=", "--metrics-port=46121"}, healthz: "0.0.0.0:10256"},
+		{name: "port zero frees the metrics address", args: []string{"--healthz-bind-address=127.0.0.1:10249", "--metrics-port=0"}, healthz: "127.0.0.1:10249"},
+		{name: "not a port", args: []string{"--healthz-bind-address=127.0.0.1", "--healthz-port=70000"},
+			err: "--healthz-port: 70000 is not a port to join to --healthz-bind-address=127.0.0.1"},
+		{name: "not a port, unused", args: []string{"--healthz-port=70000"}, healthz: "0.0.0.0:10256", metrics: "127.0.0.1:10249"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			buf := captureLog(t)
+			c := NewConfig()
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			c.AddFlags(fs)
+			if err := fs.Parse(append([]string{"--manifests=x"}, tc.args...)); err != nil {
+				t.Fatal(err)
+			}
+			err := c.Validate()
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Validate: %v, want an error saying %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.healthz != tc.healthz || c.metrics != tc.metrics {
+				t.Errorf("healthz %q, metrics %q; want %q, %q", c.healthz, c.metrics, tc.healthz, tc.metrics)
+			}
+			if got := c.ignoredKubeProxyFlags(); len(got) > 0 {
+				t.Errorf("named as ignored: %v", got)
+			}
+			klog.Flush()
+			for _, name := range []string{"healthz", "metrics"} {
+				given := slices.ContainsFunc(tc.args, func(a string) bool { return strings.HasPrefix(a, "--"+name+"-port=") })
+				said := strings.Contains(buf.String(), `"Flag --`+name+`-port has been deprecated, as in kube-proxy: use --`+name+`-bind-address instead"`)
+				if given != said {
+					t.Errorf("--%s-port given: %v, but the log says it is deprecated: %v\n%s", name, given, said, buf.String())
+				}
+			}
+		})
+	}
+}
+
+// TestDeprecatedPortFlagsWithConfig: with --config, as in kube-proxy, the
+// file's addresses stand and the log says the flags are ignored.
+func TestDeprecatedPortFlagsWithConfig(t *testing.T) {
+	buf := captureLog(t)
+	c := validConfig(t, kubeadmConfig, "--healthz-port=0", "--metrics-port=46121")
+	if c.healthz == "" || c.metrics == "" || strings.HasSuffix(c.metrics, ":46121") {
+		t.Errorf("healthz %q, metrics %q: want the file's", c.healthz, c.metrics)
+	}
+	klog.Flush()
+	for _, want := range []string{
+		`"Flag --healthz-port has been deprecated, as in kube-proxy: use --healthz-bind-address instead; with --config it is ignored: the file's healthzBindAddress sets the address" port=0`,
+		`"Flag --metrics-port has been deprecated, as in kube-proxy: use --metrics-bind-address instead; with --config it is ignored: the file's metricsBindAddress sets the address" port=46121`,
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("the log does not say %s:\n%s", want, buf.String())
+		}
+	}
+	if strings.Contains(buf.String(), "no use for") {
+		t.Errorf("the flags are called meaningless:\n%s", buf.String())
+	}
+}
+
+// TestDeprecatedPortFlagsWritten: --write-config-to writes the address the
+// port leads to, and does not ask for the flag again beside --config.
+func TestDeprecatedPortFlagsWritten(t *testing.T) {
+	c, err := loadConfig(t, "", "--metrics-bind-address=127.0.0.1", "--metrics-port=46121")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
+	keep, err := c.WriteConfigFile(0)
+	if err != nil || len(keep) > 0 {
+		t.Fatalf("flags to keep %q, %v; want none", keep, err)
+	}
+	data, err := os.ReadFile(c.WriteConfigTo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), "metricsBindAddress: 127.0.0.1:46121\n") {
+		t.Errorf("the file does not hold metricsBindAddress: 127.0.0.1:46121:\n%s", data)
 	}
 }
