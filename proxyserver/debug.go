@@ -171,6 +171,13 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		line("policies", "internal %s, external %s", policy(sp.InternalLocal), policy(sp.ExternalLocal))
 		external := sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
 		line("endpoints", "%s", d.endpointList(sp, sp.InternalEndpoints(), external && sp.ExternalLocal && sp.InternalLocal))
+		if why := sp.TopologyHintsIgnored; why != "" {
+			if slices.ContainsFunc(sp.ClusterEndpoints, func(e state.Endpoint) bool { return e.Topology != "" }) {
+				line("topology", "%s (other hints are used: see endpoints)", why)
+			} else {
+				line("topology", "hints present but not used, so every ready endpoint takes traffic: %s", why)
+			}
+		}
 		if has4, has6 := sp.Families(); has4 && has6 {
 			for _, note := range d.familyNotes(sp, external) {
 				line("note", "%s", note)

@@ -150,3 +150,33 @@ func TestDebugServicesSaysWhyNotListening(t *testing.T) {
 		t.Errorf("the port served lists no socket:\n%s", view)
 	}
 }
+
+// TestDebugServicesSaysWhyHintsAreIgnored: a port whose endpoints carry
+// topology hints this node cannot use says so, and why; it listed every
+// endpoint as if the Service had no hints.
+func TestDebugServicesSaysWhyHintsAreIgnored(t *testing.T) {
+	p := userspace.New(userspace.Config{})
+	t.Cleanup(func() { p.Close() })
+	d := &debugView{p: p, mode: PortalNone}
+	a := state.Endpoint{Addr: netip.MustParseAddrPort("198.18.12.2:8080"), Ready: true, Serving: true}
+	b := state.Endpoint{Addr: netip.MustParseAddrPort("198.18.13.2:8080"), Ready: true, Serving: true}
+	name := state.ServicePortName{Namespace: "e2e", Name: "web", Port: "http", Protocol: state.TCP}
+	ignored := state.ServicePort{Name: name, Port: 80, ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.62")},
+		ClusterEndpoints: []state.Endpoint{a, b}, TopologyHintsIgnored: "zone hints ignored: none is for zone zone-x"}
+	zoned := ignored
+	a.Topology = "zone zone-a"
+	zoned.ClusterEndpoints, zoned.TopologyHintsIgnored = []state.Endpoint{a}, "node hints ignored: none is for node node-a"
+	for _, tc := range []struct {
+		sp   state.ServicePort
+		want string
+	}{
+		{ignored, "topology:     hints present but not used, so every ready endpoint takes traffic: zone hints ignored: none is for zone zone-x\n"},
+		{zoned, "topology:     node hints ignored: none is for node node-a (other hints are used: see endpoints)\n"},
+	} {
+		var out strings.Builder
+		d.write(&out, &debugSnapshot{snap: state.NewSnapshot([]state.ServicePort{tc.sp})})
+		if !strings.Contains(out.String(), tc.want) {
+			t.Errorf("lacks %q:\n%s", tc.want, out.String())
+		}
+	}
+}

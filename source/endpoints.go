@@ -1,13 +1,17 @@
 package source
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -118,7 +122,13 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 		// decided per family.
 		v4 := filter(eps, func(e *endpointInfo) bool { return e.Addr.Addr().Is4() })
 		v6 := filter(eps, func(e *endpointInfo) bool { return !e.Addr.Addr().Is4() })
-		ports[i].ClusterEndpoints = joinFamilies(b.clusterEndpoints(v4), b.clusterEndpoints(v6))
+		cluster4, why4 := b.clusterEndpoints(v4)
+		cluster6, why6 := b.clusterEndpoints(v6)
+		ports[i].ClusterEndpoints = joinFamilies(cluster4, cluster6)
+		if usesClusterEndpoints(&ports[i]) {
+			ports[i].TopologyHintsIgnored = joinReasons(why4, why6, len(v4) > 0 && len(v6) > 0)
+		}
+		noteIgnoredHints(ports[i].Name, ports[i].TopologyHintsIgnored)
 		ports[i].LocalEndpoints = joinFamilies(localEndpoints(v4), localEndpoints(v6))
 		ports[i].ServingEndpoints = servingEndpoints(eps)
 	}
@@ -389,40 +399,133 @@ func (b *builder) endpoint(s *discoveryv1.EndpointSlice, ref objectRef, i int) (
 // clusterEndpoints picks the endpoints for cluster-wide traffic: the ready
 // ones allowed by topology hints, or, when none is ready, every one that is
 // serving and terminating, so that connections still succeed while a
-// Deployment rolls (KEP-1669).
-func (b *builder) clusterEndpoints(eps []endpointInfo) []state.Endpoint {
+// Deployment rolls (KEP-1669). It also says why hints the ready endpoints
+// carry are ignored, as kube-proxy logs it (pkg/proxy/topology.go); ""
+// when none are, or none were given.
+func (b *builder) clusterEndpoints(eps []endpointInfo) ([]state.Endpoint, string) {
 	ready := filter(eps, func(e *endpointInfo) bool { return e.Ready })
 	if len(ready) == 0 {
-		return endpoints(filter(eps, func(e *endpointInfo) bool { return e.Serving && e.Terminating }))
+		return endpoints(filter(eps, func(e *endpointInfo) bool { return e.Serving && e.Terminating })), ""
 	}
 	// Hints are all or nothing: a single ready endpoint without one means
 	// the EndpointSlice controller is not (or not yet) hinting this
 	// Service, and honouring part of them would overload some endpoints.
+	// Node hints come first; zone hints are the fallback.
 	var hint string
-	if node := b.opts.NodeName; node != "" && hinted(ready, node, func(e *endpointInfo) []string { return e.nodeHints }) {
+	var ignored []string
+	node := b.opts.NodeName
+	why := unusableHints(ready, "node", node, "this proxy has no node name", func(e *endpointInfo) []string { return e.nodeHints })
+	if why == "" {
 		ready, hint = filter(ready, func(e *endpointInfo) bool { return slices.Contains(e.nodeHints, node) }), "node "+node
-	} else if b.zone != "" && hinted(ready, b.zone, func(e *endpointInfo) []string { return e.zoneHints }) {
-		ready, hint = filter(ready, func(e *endpointInfo) bool { return slices.Contains(e.zoneHints, b.zone) }), "zone "+b.zone
+	} else {
+		if why != noHints {
+			ignored = append(ignored, why)
+		}
+		noZone := "this node's zone is not known (no " + corev1.LabelTopologyZone + " label on its Node)"
+		why = unusableHints(ready, "zone", b.zone, noZone, func(e *endpointInfo) []string { return e.zoneHints })
+		switch why {
+		case "":
+			ready, hint = filter(ready, func(e *endpointInfo) bool { return slices.Contains(e.zoneHints, b.zone) }), "zone "+b.zone
+		case noHints:
+		default:
+			ignored = append(ignored, why)
+		}
 	}
 	out := endpoints(ready)
 	for i := range out {
 		out[i].Topology = hint
 	}
-	return out
+	return out, strings.Join(ignored, "; ")
 }
 
-// hinted reports whether every endpoint carries hints and at least one
-// names want.
-func hinted(eps []endpointInfo, want string, hints func(*endpointInfo) []string) bool {
-	found := false
+// noHints is what unusableHints says of endpoints that carry no hint of
+// the kind asked: there is nothing to ignore.
+const noHints = "-"
+
+// unusableHints says why the hints of one kind ("node" or "zone") that
+// eps carry cannot narrow them to those hinted for want: "" when they
+// can, which is when every endpoint carries such a hint and at least one
+// names want; noHints when none carries one. noWant says why want is
+// empty.
+func unusableHints(eps []endpointInfo, kind, want, noWant string, hints func(*endpointInfo) []string) string {
+	with, found := 0, false
 	for i := range eps {
-		h := hints(&eps[i])
-		if len(h) == 0 {
-			return false
+		if h := hints(&eps[i]); len(h) > 0 {
+			with++
+			found = found || want != "" && slices.Contains(h, want)
 		}
-		found = found || slices.Contains(h, want)
 	}
-	return found
+	switch {
+	case with == 0:
+		return noHints
+	case with < len(eps):
+		return fmt.Sprintf("%s hints ignored: only %d of %d ready endpoints carry one", kind, with, len(eps))
+	case want == "":
+		return kind + " hints ignored: " + noWant
+	case !found:
+		return fmt.Sprintf("%s hints ignored: none is for %s %s", kind, kind, want)
+	}
+	return ""
+}
+
+// usesClusterEndpoints reports whether sp sends any traffic to its
+// ClusterEndpoints (kube-proxy's UsesClusterEndpoints): its cluster IP's
+// under internalTrafficPolicy: Cluster, and, when it is reachable from
+// outside, node-port and external traffic from this node and pods.
+func usesClusterEndpoints(sp *state.ServicePort) bool {
+	return !sp.InternalLocal || sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
+}
+
+// joinReasons joins why the hints of a port's IPv4 and IPv6 endpoints
+// are ignored, naming the family when the port has endpoints of both and
+// the two differ.
+func joinReasons(v4, v6 string, dual bool) string {
+	if v4 == v6 || !dual {
+		return cmp.Or(v4, v6)
+	}
+	var out []string
+	if v4 != "" {
+		out = append(out, "IPv4 "+v4)
+	}
+	if v6 != "" {
+		out = append(out, "IPv6 "+v6)
+	}
+	return strings.Join(out, "; ")
+}
+
+// hintNotes remembers, per service port whose topology hints are
+// ignored, why, so that the reason is logged when it changes, not at every
+// build of the port (a manifest edit rebuilds every Service, an informer
+// a Service at each change of its slices). It is the only state
+// BuildSnapshot keeps.
+var hintNotes = struct {
+	sync.Mutex
+	why map[state.ServicePortName]string // guarded by the mutex
+}{why: make(map[state.ServicePortName]string)}
+
+// maxHintNotes bounds hintNotes: the ports of a deleted Service are
+// never rebuilt, so never forgotten otherwise.
+const maxHintNotes = 10000
+
+// noteIgnoredHints logs at -v=2, as kube-proxy does, why the topology
+// hints of service port name are ignored (why; "" when they are not),
+// when it differs from what was last logged for it.
+func noteIgnoredHints(name state.ServicePortName, why string) {
+	hintNotes.Lock()
+	defer hintNotes.Unlock()
+	if hintNotes.why[name] == why {
+		return
+	}
+	if why == "" {
+		delete(hintNotes.why, name)
+		klog.V(2).InfoS("Topology hints for service no longer ignored: they are used, or gone", "service", name)
+		return
+	}
+	if len(hintNotes.why) >= maxHintNotes {
+		clear(hintNotes.why)
+	}
+	hintNotes.why[name] = why
+	klog.V(2).InfoS("Ignoring topology hints for service", "service", name, "reason", why)
 }
 
 // localEndpoints picks this node's ready endpoints, or, when none is ready,

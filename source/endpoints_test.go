@@ -1,12 +1,16 @@
 package source
 
 import (
+	"cmp"
+	"flag"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -29,6 +33,7 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 		wantCluster  []string // ClusterEndpoints of demo/web:http/TCP
 		wantLocal    []string // LocalEndpoints of demo/web:http/TCP
 		wantProblems []string
+		wantHints    string // its TopologyHintsIgnored
 	}{
 		{
 			name:        "nil conditions mean ready; sorted by address",
@@ -83,6 +88,7 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			})},
 			opts:        here,
 			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"},
+			wantHints:   "zone hints ignored: only 2 of 3 ready endpoints carry one",
 		},
 		{
 			name: "zone hints ignored when none names this zone",
@@ -92,6 +98,7 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			})},
 			opts:        here,
 			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+			wantHints:   "zone hints ignored: none is for zone zone-a",
 		},
 		{
 			name: "zone hints ignored when the node has no zone",
@@ -101,6 +108,7 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			})},
 			opts:        Options{NodeName: "node-a"},
 			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+			wantHints:   "zone hints ignored: this node's zone is not known (no topology.kubernetes.io/zone label on its Node)",
 		},
 		{
 			name: "node hints win over zone hints",
@@ -121,6 +129,38 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			})},
 			opts:        here,
 			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+			wantHints:   "node hints ignored: only 1 of 3 ready endpoints carry one",
+		},
+		{
+			name: "node hints for other nodes: zone hints apply, and the node hints are said to be ignored",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", zoneHints("zone-a"), nodeHints("node-b")),
+				endpoint("10.0.0.2", zoneHints("zone-b"), nodeHints("node-c")),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080"},
+			wantHints:   "node hints ignored: none is for node node-a",
+		},
+		{
+			name: "neither node nor zone hints usable: both reasons",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", zoneHints("zone-b"), nodeHints("node-b")),
+				endpoint("10.0.0.2", zoneHints("zone-c"), nodeHints("node-c")),
+			})},
+			opts:        Options{NodeLabels: map[string]string{corev1.LabelTopologyZone: "zone-a"}},
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+			wantHints:   "node hints ignored: this proxy has no node name; zone hints ignored: none is for zone zone-a",
+		},
+		{
+			name:    "hints of a port that sends nothing to its cluster endpoints are not said to be ignored",
+			service: service("web", func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal) }),
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", zoneHints("zone-b"), onNode("node-a")),
+				endpoint("10.0.0.2", zoneHints("zone-c")),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+			wantLocal:   []string{"10.0.0.1:8080"},
 		},
 		{
 			name: "hints do not apply to the serving-terminating fallback",
@@ -225,6 +265,7 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 				endpointSlice("web-v6", v6, eps{endpoint("fd00::1", zoneHints("zone-b")), endpoint("fd00::2", zoneHints("zone-b"))}),
 			},
 			wantCluster: []string{"10.0.0.1:8080", "[fd00::1]:8080", "[fd00::2]:8080"},
+			wantHints:   "IPv6 zone hints ignored: none is for zone zone-a",
 		},
 		{
 			name:    "dual stack: one family unhinted leaves the other's hints in force",
@@ -498,7 +539,64 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			if got := addrs(sp.LocalEndpoints); !slices.Equal(got, tc.wantLocal) {
 				t.Errorf("local endpoints: got %q, want %q", got, tc.wantLocal)
 			}
+			if sp.TopologyHintsIgnored != tc.wantHints {
+				t.Errorf("topology hints ignored: got %q, want %q", sp.TopologyHintsIgnored, tc.wantHints)
+			}
 		})
+	}
+}
+
+// TestIgnoredHintsLogged: why a Service's topology hints are ignored is
+// logged at -v=2, as kube-proxy logs it, once per change of the reason:
+// not again when the Service is built again unchanged (a manifest edit
+// elsewhere, a slice change that leaves the reason as it is).
+func TestIgnoredHintsLogged(t *testing.T) {
+	var klogFlags flag.FlagSet
+	klog.InitFlags(&klogFlags)
+	var buf strings.Builder
+	klog.LogToStderr(false)
+	klog.SetOutput(&buf)
+	_ = klogFlags.Set("v", "2")
+	t.Cleanup(func() {
+		_ = klogFlags.Set("v", "0")
+		klog.LogToStderr(true)
+	})
+	type eps = []discoveryv1.Endpoint
+	svc := service("hinted-log-test")
+	slice := func(e ...discoveryv1.Endpoint) []*discoveryv1.EndpointSlice {
+		return []*discoveryv1.EndpointSlice{endpointSlice("hinted-log-test-1", discoveryv1.AddressTypeIPv4, eps(e),
+			func(s *discoveryv1.EndpointSlice) { s.Labels[discoveryv1.LabelServiceName] = "hinted-log-test" })}
+	}
+	inZone := func(zone string) Options {
+		return Options{NodeName: "node-a", NodeLabels: map[string]string{corev1.LabelTopologyZone: zone}}
+	}
+	hinted := slice(endpoint("10.0.0.1", zoneHints("zone-b")), endpoint("10.0.0.2", zoneHints("zone-c")))
+	const line = `"Ignoring topology hints for service" service="demo/hinted-log-test:http/TCP" reason=`
+	for _, step := range []struct {
+		what   string
+		slices []*discoveryv1.EndpointSlice
+		opts   Options
+		want   string // the line logged, or "" for none
+	}{
+		{"no zone hint for this zone", hinted, inZone("zone-x"), line + `"zone hints ignored: none is for zone zone-x"`},
+		{"built again unchanged", hinted, inZone("zone-x"), ""},
+		{"an endpoint more, for the same reason", slice(endpoint("10.0.0.1", zoneHints("zone-b")), endpoint("10.0.0.2", zoneHints("zone-c")),
+			endpoint("10.0.0.3", zoneHints("zone-c"))), inZone("zone-x"), ""},
+		{"the Node loses its zone", hinted, Options{NodeName: "node-a", NodeLabels: map[string]string{}},
+			line + `"zone hints ignored: this node's zone is not known (no topology.kubernetes.io/zone label on its Node)"`},
+		{"one ready endpoint unhinted", slice(endpoint("10.0.0.1", zoneHints("zone-b")), endpoint("10.0.0.2")), inZone("zone-b"),
+			line + `"zone hints ignored: only 1 of 2 ready endpoints carry one"`},
+		{"hints used", hinted, inZone("zone-b"), `"Topology hints for service no longer ignored: they are used, or gone" service="demo/hinted-log-test:http/TCP"`},
+		{"still used", hinted, inZone("zone-b"), ""},
+		{"no hints at all", slice(endpoint("10.0.0.1"), endpoint("10.0.0.2")), inZone("zone-b"), ""},
+	} {
+		buf.Reset()
+		BuildSnapshot([]*corev1.Service{svc}, step.slices, step.opts)
+		klog.Flush()
+		got := strings.TrimSpace(buf.String())
+		if step.want == "" && got != "" || step.want != "" && (!strings.HasSuffix(got, step.want) || strings.Contains(got, "\n")) {
+			t.Errorf("%s: logged\n%s\nwant %s", step.what, got, cmp.Or(step.want, "nothing"))
+		}
 	}
 }
 

@@ -101,9 +101,10 @@ func compare(old, cur []ServicePort) (service, endpoints bool) {
 		a, b := *o, *sp
 		a.ClusterEndpoints, a.LocalEndpoints, b.ClusterEndpoints, b.LocalEndpoints = nil, nil, nil, nil
 		a.ServingEndpoints, b.ServingEndpoints = nil, nil
+		a.TopologyHintsIgnored, b.TopologyHintsIgnored = "", "" // the hints are the slices'
 		service = service || !a.Equal(&b)
 		endpoints = endpoints || !slices.Equal(o.ClusterEndpoints, sp.ClusterEndpoints) || !slices.Equal(o.LocalEndpoints, sp.LocalEndpoints) ||
-			!slices.Equal(o.ServingEndpoints, sp.ServingEndpoints)
+			!slices.Equal(o.ServingEndpoints, sp.ServingEndpoints) || o.TopologyHintsIgnored != sp.TopologyHintsIgnored
 	}
 	for _, o := range was { // ports gone
 		service = true

@@ -46,6 +46,11 @@ func TestChangesBetween(t *testing.T) {
 				sp.ServingEndpoints = []netip.AddrPort{netip.MustParseAddrPort("198.18.1.1:8080")}
 			}), port("b", "http")},
 			want: Changes{Endpoints: names("a")}},
+		{name: "why its topology hints are ignored, endpoints alike: the slices' hints changed", old: base,
+			cur: []ServicePort{port("a", "http", withEndpoint("198.18.1.1:8080"), func(sp *ServicePort) {
+				sp.TopologyHintsIgnored = "zone hints ignored: none is for zone zone-a"
+			}), port("b", "http")},
+			want: Changes{Endpoints: names("a")}},
 		{name: "affinity", old: base,
 			cur:  []ServicePort{port("a", "http", withEndpoint("198.18.1.1:8080")), port("b", "http", affinity)},
 			want: Changes{Services: names("b")}},

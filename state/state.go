@@ -217,6 +217,12 @@ type ServicePort struct {
 	// node's endpoints only. Both are sorted by address.
 	ClusterEndpoints []Endpoint
 	LocalEndpoints   []Endpoint
+	// TopologyHintsIgnored says why topology hints that the port's ready
+	// endpoints carry are not used for its ClusterEndpoints, as kube-proxy
+	// logs it ("zone hints ignored: none is for zone zone-a"); node hints
+	// may be ignored while zone hints are used (see Endpoint.Topology).
+	// Empty when every kind of hint given is used, or none is given.
+	TopologyHintsIgnored string
 	// ServingEndpoints are every endpoint of the port that is serving
 	// (ready, or terminating and still serving), whatever its node, its
 	// topology hints or the traffic policies, sorted: those an existing
@@ -337,7 +343,8 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 		sp.ProxyProtocol == o.ProxyProtocol &&
 		slices.Equal(sp.ClusterEndpoints, o.ClusterEndpoints) &&
 		slices.Equal(sp.LocalEndpoints, o.LocalEndpoints) &&
-		slices.Equal(sp.ServingEndpoints, o.ServingEndpoints)
+		slices.Equal(sp.ServingEndpoints, o.ServingEndpoints) &&
+		sp.TopologyHintsIgnored == o.TopologyHintsIgnored
 }
 
 // Snapshot is the full desired state at one moment. It must not be
