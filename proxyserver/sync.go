@@ -58,6 +58,7 @@ func newSyncLoop(apply func(state.Snapshot) error, retryMin, resync time.Duratio
 // offer hands the loop a new desired state. It never blocks.
 func (l *syncLoop) offer(s state.Snapshot) {
 	l.mu.Lock()
+	logIgnoredHints(l.latest, s)
 	l.latest, l.have = s, true
 	l.version++
 	for _, tr := range s.ChangeTriggers {
@@ -80,6 +81,29 @@ func (l *syncLoop) offer(s state.Snapshot) {
 		l.health.queued()
 	}
 	l.poke()
+}
+
+// logIgnoredHints logs at -v=2, as kube-proxy does, why the topology
+// hints of a service port of cur are ignored (see
+// state.ServicePort.TopologyHintsIgnored), when that differs from what
+// old said: once per change, not at every snapshot.
+func logIgnoredHints(old, cur state.Snapshot) {
+	if !klog.V(2).Enabled() {
+		return
+	}
+	for sp := range cur.All {
+		was := ""
+		if o := old.Get(sp.Name); o != nil {
+			was = o.TopologyHintsIgnored
+		}
+		switch {
+		case sp.TopologyHintsIgnored == was:
+		case sp.TopologyHintsIgnored != "":
+			klog.V(2).InfoS("Ignoring topology hints for service", "service", sp.Name, "reason", sp.TopologyHintsIgnored)
+		default:
+			klog.V(2).InfoS("Topology hints for service no longer ignored: they are used, or gone", "service", sp.Name)
+		}
+	}
 }
 
 // poke asks for the current snapshot to be applied again, for a change

@@ -2,8 +2,10 @@ package proxyserver
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -287,5 +289,52 @@ func TestSyncLoopLogsEachFailureOnce(t *testing.T) {
 	}
 	if !strings.Contains(log, "alsoFailingAsBefore=3") {
 		t.Errorf("the last line does not count the failures logged before:\n%s", log)
+	}
+}
+
+// TestIgnoredHintsLogged: why a service port's topology hints are ignored
+// is logged at -v=2, as kube-proxy logs it, once per change of the
+// reason: not again at each snapshot that keeps it (a manifest edit
+// elsewhere, a slice change that leaves the reason as it is).
+func TestIgnoredHintsLogged(t *testing.T) {
+	var klogFlags flag.FlagSet
+	klog.InitFlags(&klogFlags)
+	var buf bytes.Buffer
+	klog.LogToStderr(false)
+	klog.SetOutput(&buf)
+	_ = klogFlags.Set("v", "2")
+	t.Cleanup(func() {
+		_ = klogFlags.Set("v", "0")
+		klog.LogToStderr(true)
+	})
+	name := state.ServicePortName{Namespace: "demo", Name: "hinted", Port: "http", Protocol: state.TCP}
+	other := state.ServicePortName{Namespace: "demo", Name: "other", Port: "http", Protocol: state.TCP}
+	snap := func(why string, more ...state.ServicePortName) state.Snapshot {
+		ports := []state.ServicePort{{Name: name, Port: 80, TopologyHintsIgnored: why}}
+		for _, n := range more {
+			ports = append(ports, state.ServicePort{Name: n, Port: 80})
+		}
+		return state.NewSnapshot(ports)
+	}
+	const line = `"Ignoring topology hints for service" service="demo/hinted:http/TCP" reason=`
+	l := newSyncLoop(func(state.Snapshot) error { return nil }, time.Hour, time.Hour)
+	for _, step := range []struct {
+		what string
+		snap state.Snapshot
+		want string // the line logged, or "" for none
+	}{
+		{"no zone hint for this zone", snap("zone hints ignored: none is for zone zone-x"), line + `"zone hints ignored: none is for zone zone-x"`},
+		{"another Service added", snap("zone hints ignored: none is for zone zone-x", other), ""},
+		{"another reason", snap("zone hints ignored: only 1 of 2 ready endpoints carry one"), line + `"zone hints ignored: only 1 of 2 ready endpoints carry one"`},
+		{"hints used", snap(""), `"Topology hints for service no longer ignored: they are used, or gone" service="demo/hinted:http/TCP"`},
+		{"still used", snap(""), ""},
+	} {
+		buf.Reset()
+		l.offer(step.snap)
+		klog.Flush()
+		got := strings.TrimSpace(buf.String())
+		if step.want == "" && got != "" || step.want != "" && (!strings.HasSuffix(got, step.want) || strings.Contains(got, "\n")) {
+			t.Errorf("%s: logged\n%s\nwant %s", step.what, got, cmp.Or(step.want, "nothing"))
+		}
 	}
 }

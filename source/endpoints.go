@@ -7,11 +7,9 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -128,7 +126,6 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 		if usesClusterEndpoints(&ports[i]) {
 			ports[i].TopologyHintsIgnored = joinReasons(why4, why6, len(v4) > 0 && len(v6) > 0)
 		}
-		noteIgnoredHints(ports[i].Name, ports[i].TopologyHintsIgnored)
 		ports[i].LocalEndpoints = joinFamilies(localEndpoints(v4), localEndpoints(v6))
 		ports[i].ServingEndpoints = servingEndpoints(eps)
 	}
@@ -491,41 +488,6 @@ func joinReasons(v4, v6 string, dual bool) string {
 		out = append(out, "IPv6 "+v6)
 	}
 	return strings.Join(out, "; ")
-}
-
-// hintNotes remembers, per service port whose topology hints are
-// ignored, why, so that the reason is logged when it changes, not at every
-// build of the port (a manifest edit rebuilds every Service, an informer
-// a Service at each change of its slices). It is the only state
-// BuildSnapshot keeps.
-var hintNotes = struct {
-	sync.Mutex
-	why map[state.ServicePortName]string // guarded by the mutex
-}{why: make(map[state.ServicePortName]string)}
-
-// maxHintNotes bounds hintNotes: the ports of a deleted Service are
-// never rebuilt, so never forgotten otherwise.
-const maxHintNotes = 10000
-
-// noteIgnoredHints logs at -v=2, as kube-proxy does, why the topology
-// hints of service port name are ignored (why; "" when they are not),
-// when it differs from what was last logged for it.
-func noteIgnoredHints(name state.ServicePortName, why string) {
-	hintNotes.Lock()
-	defer hintNotes.Unlock()
-	if hintNotes.why[name] == why {
-		return
-	}
-	if why == "" {
-		delete(hintNotes.why, name)
-		klog.V(2).InfoS("Topology hints for service no longer ignored: they are used, or gone", "service", name)
-		return
-	}
-	if len(hintNotes.why) >= maxHintNotes {
-		clear(hintNotes.why)
-	}
-	hintNotes.why[name] = why
-	klog.V(2).InfoS("Ignoring topology hints for service", "service", name, "reason", why)
 }
 
 // localEndpoints picks this node's ready endpoints, or, when none is ready,

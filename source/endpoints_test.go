@@ -1,16 +1,12 @@
 package source
 
 import (
-	"cmp"
-	"flag"
 	"net/netip"
 	"slices"
-	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
@@ -543,60 +539,6 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 				t.Errorf("topology hints ignored: got %q, want %q", sp.TopologyHintsIgnored, tc.wantHints)
 			}
 		})
-	}
-}
-
-// TestIgnoredHintsLogged: why a Service's topology hints are ignored is
-// logged at -v=2, as kube-proxy logs it, once per change of the reason:
-// not again when the Service is built again unchanged (a manifest edit
-// elsewhere, a slice change that leaves the reason as it is).
-func TestIgnoredHintsLogged(t *testing.T) {
-	var klogFlags flag.FlagSet
-	klog.InitFlags(&klogFlags)
-	var buf strings.Builder
-	klog.LogToStderr(false)
-	klog.SetOutput(&buf)
-	_ = klogFlags.Set("v", "2")
-	t.Cleanup(func() {
-		_ = klogFlags.Set("v", "0")
-		klog.LogToStderr(true)
-	})
-	type eps = []discoveryv1.Endpoint
-	svc := service("hinted-log-test")
-	slice := func(e ...discoveryv1.Endpoint) []*discoveryv1.EndpointSlice {
-		return []*discoveryv1.EndpointSlice{endpointSlice("hinted-log-test-1", discoveryv1.AddressTypeIPv4, eps(e),
-			func(s *discoveryv1.EndpointSlice) { s.Labels[discoveryv1.LabelServiceName] = "hinted-log-test" })}
-	}
-	inZone := func(zone string) Options {
-		return Options{NodeName: "node-a", NodeLabels: map[string]string{corev1.LabelTopologyZone: zone}}
-	}
-	hinted := slice(endpoint("10.0.0.1", zoneHints("zone-b")), endpoint("10.0.0.2", zoneHints("zone-c")))
-	const line = `"Ignoring topology hints for service" service="demo/hinted-log-test:http/TCP" reason=`
-	for _, step := range []struct {
-		what   string
-		slices []*discoveryv1.EndpointSlice
-		opts   Options
-		want   string // the line logged, or "" for none
-	}{
-		{"no zone hint for this zone", hinted, inZone("zone-x"), line + `"zone hints ignored: none is for zone zone-x"`},
-		{"built again unchanged", hinted, inZone("zone-x"), ""},
-		{"an endpoint more, for the same reason", slice(endpoint("10.0.0.1", zoneHints("zone-b")), endpoint("10.0.0.2", zoneHints("zone-c")),
-			endpoint("10.0.0.3", zoneHints("zone-c"))), inZone("zone-x"), ""},
-		{"the Node loses its zone", hinted, Options{NodeName: "node-a", NodeLabels: map[string]string{}},
-			line + `"zone hints ignored: this node's zone is not known (no topology.kubernetes.io/zone label on its Node)"`},
-		{"one ready endpoint unhinted", slice(endpoint("10.0.0.1", zoneHints("zone-b")), endpoint("10.0.0.2")), inZone("zone-b"),
-			line + `"zone hints ignored: only 1 of 2 ready endpoints carry one"`},
-		{"hints used", hinted, inZone("zone-b"), `"Topology hints for service no longer ignored: they are used, or gone" service="demo/hinted-log-test:http/TCP"`},
-		{"still used", hinted, inZone("zone-b"), ""},
-		{"no hints at all", slice(endpoint("10.0.0.1"), endpoint("10.0.0.2")), inZone("zone-b"), ""},
-	} {
-		buf.Reset()
-		BuildSnapshot([]*corev1.Service{svc}, step.slices, step.opts)
-		klog.Flush()
-		got := strings.TrimSpace(buf.String())
-		if step.want == "" && got != "" || step.want != "" && (!strings.HasSuffix(got, step.want) || strings.Contains(got, "\n")) {
-			t.Errorf("%s: logged\n%s\nwant %s", step.what, got, cmp.Or(step.want, "nothing"))
-		}
 	}
 }
 
