@@ -38,11 +38,15 @@ type runFunc func(ctx context.Context, stdin []byte, name string, args ...string
 // famTables drives one IP family of one backend.
 type famTables struct {
 	fam     Family
+	backend Backend
 	ipt     iptablesCmd
 	bin     string // iptables binary
 	restore string // iptables-restore binary
 	save    string // iptables-save binary
 	failed  string // the last failure to remove leftovers, logged once
+	// readErr is why this family of the other backend could not be read
+	// when the portal was made (see IPTables.unreadable).
+	readErr error
 	// wrote is what the last successful Sync wrote to our nat chains
 	// (nil before one, or after a failure), read back only when Drift
 	// compares it with the kernel's: a sync need not parse its own rules.
@@ -61,7 +65,11 @@ type IPTables struct {
 	mu       sync.Mutex   // serializes Sync and Cleanup; guards the fields below
 	fams     []*famTables // the chosen backend, one per family
 	leftover []*famTables // the other backend, where our chains are still to remove
-	removed  []Portal     // what removed rules held, until Removed hands it on
+	// unreadable are the families of the other backend whose rules could
+	// not be read (iptables-legacy without CAP_NET_RAW): whether our
+	// chains are there is unknown, so Cleanup cannot call them removed.
+	unreadable []*famTables
+	removed    []Portal // what removed rules held, until Removed hands it on
 	// movedFrom and movedTo are the node ports whose rules' destinations
 	// changed, as the rules were and are now, until MovedNodePorts hands
 	// them on.
@@ -88,21 +96,25 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 		}
 	}
 	p := &IPTables{cfg: cfg, run: execRun, lookPath: exec.LookPath}
-	backend, reason, leftovers := p.detect(ctx)
+	d := p.detect(ctx)
+	backend := d.backend
 	p.backend = backend
-	other := BackendNFT
-	if backend == BackendNFT {
-		other = BackendLegacy
-	}
+	other := otherBackend(backend)
 	var errs []error // one line each, without multierror's header
 	var families []Family
 	var noIPv6 error // said only once IPv4 is known to work
 	for _, fam := range cfg.Families {
-		if leftovers[fam] {
+		if d.leftovers[fam] {
 			// Even where this family of the chosen backend is unusable:
 			// the kernel still runs the other's rules.
 			if ot, err := p.newFamTables(other, fam); err == nil && strings.HasSuffix(ot.bin, "-"+string(other)) {
 				p.leftover = append(p.leftover, ot)
+			}
+		}
+		if rerr := d.unreadable[other][fam]; rerr != nil {
+			if ot, err := p.newFamTables(other, fam); err == nil && strings.HasSuffix(ot.bin, "-"+string(other)) {
+				ot.readErr = rerr
+				p.unreadable = append(p.unreadable, ot)
 			}
 		}
 		ft, err := p.newFamTables(backend, fam)
@@ -132,13 +144,40 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 	}
 	p.cfg.Families = families
 	if cfg.ForCleanup {
+		// Cleanup says it, as its error.
+		for _, ut := range p.unreadable {
+			klog.V(2).InfoS("Cannot read the rules of the other iptables backend", "command", ut.save, "err", ut.readErr)
+		}
 		return p, nil
 	}
-	klog.InfoS("Using iptables portal", "backend", backend, "reason", reason, "families", families)
+	klog.InfoS("Using iptables portal", "backend", backend, "reason", d.reason, "families", families)
 	for _, ot := range p.leftover {
 		klog.InfoS("Found the portal's chains in the other iptables backend, where the kernel still runs them; the first sync removes them", "command", ot.bin)
 	}
+	for _, ut := range p.unreadable {
+		// Worth saying where the portal could work at all.
+		v := klog.Level(2)
+		if CheckNetAdmin() == nil {
+			v = 0
+		}
+		klog.V(v).ErrorS(ut.readErr, "Cannot read the rules of the other iptables backend, so the backend was chosen without them, and whatever rules are there stay in effect unseen (the kernel runs both backends' rules): the portal's chains an earlier run left there, or kube-proxy's, may still redirect traffic; this proxy cannot remove them, nor can --cleanup run with the same privileges"+readHint(ut.backend, ut.readErr), "command", ut.save, "family", ut.fam)
+	}
 	return p, nil
+}
+
+// readHint adds why a backend's rules may be unreadable, for the log.
+func readHint(b Backend, err error) string {
+	if b == BackendLegacy && strings.Contains(err.Error(), "Permission denied") {
+		return " (iptables-legacy needs CAP_NET_RAW as well as CAP_NET_ADMIN)"
+	}
+	return ""
+}
+
+func otherBackend(b Backend) Backend {
+	if b == BackendNFT {
+		return BackendLegacy
+	}
+	return BackendNFT
 }
 
 // Backend reports the backend in use.
@@ -168,14 +207,28 @@ func (p *IPTables) newFamTables(b Backend, fam Family) (*famTables, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", bin, err)
 	}
-	return &famTables{fam: fam, ipt: ipt, bin: bin, restore: restore, save: save}, nil
+	return &famTables{fam: fam, backend: b, ipt: ipt, bin: bin, restore: restore, save: save}, nil
+}
+
+// detection is what detect found.
+type detection struct {
+	backend   Backend
+	reason    string                        // why, for the log
+	leftovers map[Family]bool               // families whose other backend holds our chains
+	saves     map[Backend]map[Family]string // the rules each backend showed
+	// unreadable are the saves that failed, by backend: their rules are
+	// unknown, not absent.
+	unreadable map[Backend]map[Family]error
 }
 
 // detect picks the backend holding the host's rules, the way
 // kubernetes-sigs/iptables-wrappers does: count the rules each one shows.
-// It also reports the families whose other backend holds our chains.
-func (p *IPTables) detect(ctx context.Context) (Backend, string, map[Family]bool) {
+// It also reports the families whose other backend holds our chains, and
+// those of a backend whose rules it could not read (counted as empty for
+// the choice, which may then miss the host's rules).
+func (p *IPTables) detect(ctx context.Context) detection {
 	saves := map[Backend]map[Family]string{BackendLegacy: {}, BackendNFT: {}}
+	unreadable := map[Backend]map[Family]error{BackendLegacy: {}, BackendNFT: {}}
 	for b := range saves {
 		for _, fam := range p.cfg.Families {
 			_, _, save := p.binaries(b, fam)
@@ -184,14 +237,8 @@ func (p *IPTables) detect(ctx context.Context) (Backend, string, map[Family]bool
 			}
 			out, err := p.run(ctx, nil, save)
 			if err != nil {
-				// Counted as empty: the choice may miss the host's rules.
-				// Worth saying where the portal could work at all
-				// (iptables-legacy wants CAP_NET_RAW as well).
-				v := klog.Level(2)
-				if CheckNetAdmin() == nil {
-					v = 0
-				}
-				klog.V(v).InfoS("Cannot read the host's rules of one iptables backend; choosing the backend without them", "command", save, "err", err)
+				unreadable[b][fam] = err
+				continue
 			}
 			saves[b][fam] = string(out)
 		}
@@ -204,15 +251,15 @@ func (p *IPTables) detect(ctx context.Context) (Backend, string, map[Family]bool
 			backend, reason = plainBackend(ctx, p.run), "the only iptables installed"
 		}
 	}
-	other := BackendNFT
-	if backend == BackendNFT {
-		other = BackendLegacy
+	other := otherBackend(backend)
+	if len(unreadable[other]) > 0 {
+		reason += fmt.Sprintf("; the %s backend could not be read", other)
 	}
 	leftovers := make(map[Family]bool)
 	for fam, save := range saves[other] {
 		leftovers[fam] = ownsAnything(save)
 	}
-	return backend, reason, leftovers
+	return detection{backend: backend, reason: reason, leftovers: leftovers, saves: saves, unreadable: unreadable}
 }
 
 // plainBackend reads the backend of the plain iptables binary from its
@@ -400,7 +447,20 @@ func (p *IPTables) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs *multierror.Error
-	for _, ft := range append(p.fams[:len(p.fams):len(p.fams)], p.leftover...) {
+	all := append(p.fams[:len(p.fams):len(p.fams)], p.leftover...)
+	for _, ut := range p.unreadable {
+		// Unread is not empty: "done" would be a false all-clear while
+		// the kernel still runs whatever of ours is there.
+		out, err := p.run(ctx, nil, ut.save)
+		if err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: cleanup (%s): cannot read the %s backend's rules, so the portal's rules there, if any, stay in effect%s: %w", ut.bin, ut.backend, readHint(ut.backend, err), err))
+			continue
+		}
+		if ownsAnything(string(out)) {
+			all = append(all, ut)
+		}
+	}
+	for _, ft := range all {
 		if err := ctx.Err(); err != nil {
 			return err
 		}

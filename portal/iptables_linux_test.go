@@ -270,7 +270,8 @@ func TestDetect(t *testing.T) {
 		},
 		lookPath: func(s string) (string, error) { return "/usr/sbin/" + s, nil },
 	}
-	b, reason, leftovers := p.detect(t.Context())
+	d := p.detect(t.Context())
+	b, reason, leftovers := d.backend, d.reason, d.leftovers
 	if b != BackendLegacy || !strings.Contains(reason, "2 legacy, 1 nft") {
 		t.Errorf("detect = %s (%s), want legacy", b, reason)
 	}
@@ -285,7 +286,7 @@ func TestDetect(t *testing.T) {
 		}
 		return nil, errors.New("unexpected " + name)
 	}
-	if b, _, _ := p.detect(t.Context()); b != BackendLegacy {
+	if b := p.detect(t.Context()).backend; b != BackendLegacy {
 		t.Errorf("plain legacy iptables detected as %s", b)
 	}
 }
@@ -424,5 +425,77 @@ func TestIPTablesSyncRemovesLeftovers(t *testing.T) {
 	}
 	if len(stale[IPv4].calls) > 0 {
 		t.Errorf("a later sync touched the other backend: %q", stale[IPv4].calls)
+	}
+}
+
+// TestDetectUnreadable: a backend whose rules cannot be read is not taken
+// for an empty one: detect says which, and why.
+func TestDetectUnreadable(t *testing.T) {
+	denied := errors.New("iptables-legacy-save: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)")
+	p := &IPTables{
+		cfg: IPTablesConfig{Families: []Family{IPv4}},
+		run: func(_ context.Context, _ []byte, name string, _ ...string) ([]byte, error) {
+			if name == "iptables-legacy-save" {
+				return nil, denied
+			}
+			return []byte("*filter\n-A INPUT -j ACCEPT\nCOMMIT\n"), nil
+		},
+		lookPath: func(s string) (string, error) { return "/usr/sbin/" + s, nil },
+	}
+	d := p.detect(t.Context())
+	if d.backend != BackendNFT || !strings.Contains(d.reason, "the legacy backend could not be read") {
+		t.Errorf("detect = %s (%s), want nft, saying legacy could not be read", d.backend, d.reason)
+	}
+	if d.unreadable[BackendLegacy][IPv4] != denied || len(d.unreadable[BackendNFT]) != 0 {
+		t.Errorf("unreadable = %v, want legacy IPv4's error only", d.unreadable)
+	}
+	if _, ok := d.saves[BackendLegacy][IPv4]; ok {
+		t.Error("the unreadable save counts as rules read")
+	}
+}
+
+// TestIPTablesCleanupUnreadable: Cleanup fails, naming the backend and
+// why, while the other backend cannot be read, since our rules may be
+// there; once it can be read, it removes them there too.
+func TestIPTablesCleanupUnreadable(t *testing.T) {
+	p, _, _ := newTestIPTables(IPTablesConfig{})
+	ctx := t.Context()
+	old, _, fakes := newTestIPTables(IPTablesConfig{})
+	if err := old.Sync(ctx, fixedPortals()); err != nil {
+		t.Fatal(err)
+	}
+	legacy := fakes[IPv4]
+	p.unreadable = []*famTables{{fam: IPv4, backend: BackendLegacy, ipt: legacy, bin: "iptables-legacy", save: "iptables-legacy-save"}}
+	readable := false
+	restore := p.run
+	p.run = func(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+		if name == "iptables-legacy-save" {
+			if !readable {
+				return nil, errors.New("iptables-legacy-save: exit status 1: iptables-save v1.8.9 (legacy): Cannot initialize: Permission denied (you must be root)")
+			}
+			return render(fixedPortals(), IPv4, IPTablesConfig{}).nat, nil
+		}
+		return restore(ctx, stdin, name, args...)
+	}
+	err := p.Cleanup(ctx)
+	if err == nil {
+		t.Fatal("Cleanup succeeded though the legacy backend, which holds our rules, could not be read")
+	}
+	for _, want := range []string{"cleanup (iptables-legacy): cannot read the legacy backend's rules", "CAP_NET_RAW", "Permission denied"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if _, ok := legacy.chains["nat/"+ChainPortalsContainer]; !ok {
+		t.Fatal("the unreadable backend was changed")
+	}
+	readable = true
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for k := range legacy.chains {
+		if strings.Contains(k, "KUBE-") {
+			t.Errorf("chain %s left in the backend that can now be read", k)
+		}
 	}
 }
