@@ -12,7 +12,8 @@ import (
 )
 
 // Rules the iptables portal does not own, or cannot see, on a real node:
-// the other backend's, when it cannot be read.
+// the other backend's, when it cannot be read; and the built-in chains a
+// firewall reload flushes, taking our jumps with them.
 
 // noRawProxy returns the arguments of "ip" that run the real binary with
 // args in the node namespace with CAP_NET_ADMIN (and
@@ -21,6 +22,11 @@ import (
 // its tables then, iptables-nft can.
 func noRawProxy(w *world, args ...string) []string {
 	return append([]string{"netns", "exec", string(w.node), "setpriv", "--bounding-set=-all,+net_admin,+net_bind_service", "--inh-caps=-all", proxyBin}, args...)
+}
+
+// logLines returns the proxy's log lines from index from on.
+func logLines(px *proxyProc, from int) []string {
+	return strings.Split(px.log(), "\n")[from:]
 }
 
 // TestBinaryIPTablesUnreadableBackend: a proxy that wrote its rules into
@@ -95,6 +101,42 @@ func TestBinaryIPTablesUnreadableBackend(t *testing.T) {
 	for _, backend := range []string{"legacy", "nft"} {
 		if left := ourRules(t, w.node, backend); len(left) > 0 {
 			t.Errorf("left in %s after --cleanup:\n%s", backend, strings.Join(left, "\n"))
+		}
+	}
+}
+
+// TestBinaryIPTablesJumpsRestored: a firewall reload flushes the built-in
+// nat chains, taking the jumps into ours: service traffic is not
+// redirected until the next sync puts them back, which says which jumps
+// were missing (the first sync, which adds them all, says nothing).
+func TestBinaryIPTablesJumpsRestored(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables", "--iptables-sync-period=2s")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+	const restored = `"Jumps into the portal's chains were missing from the built-in chains`
+	if strings.Contains(px.log(), "were missing from the built-in chains") {
+		t.Errorf("the first sync reports missing jumps:\n%s", px.log())
+	}
+
+	from := px.lineCount()
+	w.node.mustRun(t, "iptables-nft", "-t", "nat", "-F", "PREROUTING")
+	w.node.mustRun(t, "iptables-nft", "-t", "nat", "-F", "OUTPUT")
+	i := px.waitLog(from, restored+`.* command="iptables-nft" family="IPv4" restored=\["nat PREROUTING -j KUBE-PORTALS-CONTAINER","nat OUTPUT -j KUBE-PORTALS-HOST","nat PREROUTING -j KUBE-NODEPORT-CONTAINER","nat OUTPUT -j KUBE-NODEPORT-HOST"\]`, 1, 10*time.Second)
+	line := logLines(px, i-1)[0]
+	t.Logf("after the flush: %s", line)
+	if !strings.HasPrefix(line, "E") {
+		t.Errorf("not a warning: %s", line)
+	}
+	expectReply(t, w.pod, "tcp", "198.18.0.10:80", "be1:ping")
+	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
+	// The IPv6 jumps were not touched: nothing said for IPv6.
+	for _, l := range logLines(px, from) {
+		if strings.Contains(l, "were missing from the built-in chains") && strings.Contains(l, `command="ip6tables-nft"`) {
+			t.Errorf("missing IPv6 jumps reported, though only IPv4's were flushed: %s", l)
 		}
 	}
 }

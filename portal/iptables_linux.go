@@ -47,6 +47,9 @@ type famTables struct {
 	// readErr is why this family of the other backend could not be read
 	// when the portal was made (see IPTables.unreadable).
 	readErr error
+	// jumped says the jumps into our chains were all in place after a
+	// Sync: one that finds some missing again reports it.
+	jumped bool
 	// wrote is what the last successful Sync wrote to our nat chains
 	// (nil before one, or after a failure), read back only when Drift
 	// compares it with the kernel's: a sync need not parse its own rules.
@@ -326,10 +329,23 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 				failed = true
 			}
 		}
-		if err := ensureJumps(ft.ipt); err != nil {
+		added, err := ensureJumps(ft.ipt)
+		if err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: jumps (%s): %w", ft.fam, err))
 			failed = true
 		}
+		switch {
+		case len(added) == 0:
+		case ft.jumped || len(added) < len(jumps):
+			// They were in place (ours, or an earlier run's): something
+			// took them out, and until now what they lead to took no
+			// traffic. Our chains rewritten are the caller's to report
+			// (Drift); the jumps are in chains that are not ours.
+			klog.ErrorS(nil, "Jumps into the portal's chains were missing from the built-in chains (a firewall reload that flushed them?): until now the traffic they lead to the portal's chains was not redirected (or filtered); added them again", "command", ft.bin, "family", ft.fam, "restored", added)
+		default:
+			klog.V(2).InfoS("Added the jumps into the portal's chains", "command", ft.bin, "family", ft.fam, "jumps", added)
+		}
+		ft.jumped = ft.jumped || err == nil
 		if !failed { // a failure is the caller's to report
 			klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
 			from, to := movedNodePorts(prev, r.nat, ft.fam)
@@ -385,14 +401,14 @@ func (p *IPTables) restore(ctx context.Context, ft *famTables, data []byte) erro
 	return err
 }
 
-// ensureJumps adds each missing jump into our chains. A jump that is
+// ensureJumps adds each missing jump into our chains, and returns those it
+// added ("nat PREROUTING -j KUBE-PORTALS-CONTAINER"). A jump that is
 // already there stays where it is. It lists each built-in chain once
 // ("-S", a few ms even next to thousands of rules in nft) rather than
 // checking each jump with "-C", which makes iptables-nft load the whole
 // table (60 ms each at 17,000 rules); "-C" is the fallback when the listing
 // prints a jump in a form we do not recognise, so it is never duplicated.
-func ensureJumps(ipt iptablesCmd) error {
-	var errs error
+func ensureJumps(ipt iptablesCmd) (added []string, errs error) {
 	listed := make(map[string][]string)
 	for _, j := range jumps {
 		key := j.table + "/" + j.from
@@ -422,9 +438,11 @@ func ensureJumps(ipt iptablesCmd) error {
 		}
 		if err != nil {
 			errs = errors.Join(errs, fmt.Errorf("add %s -> %s: %w", j.from, j.to, err))
+		} else {
+			added = append(added, j.table+" "+j.from+" -j "+j.to)
 		}
 	}
-	return errs
+	return added, errs
 }
 
 // hasRule reports whether "iptables -S chain" output holds the rule spec.

@@ -1,13 +1,17 @@
 package portal
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"k8s.io/klog/v2"
 )
 
 // fakeIPT is an in-memory iptables for one family: chains with rules kept
@@ -428,6 +432,23 @@ func TestIPTablesSyncRemovesLeftovers(t *testing.T) {
 	}
 }
 
+// captureLog sends klog's output to a buffer for the rest of the test.
+func captureLog(t *testing.T) *bytes.Buffer {
+	var buf bytes.Buffer
+	klog.LogToStderr(false)
+	// INFO's output takes every line: an error line goes to the output of
+	// each severity up to its own.
+	klog.SetOutputBySeverity("INFO", &buf)
+	klog.SetOutputBySeverity("WARNING", io.Discard)
+	klog.SetOutputBySeverity("ERROR", io.Discard)
+	klog.SetOutputBySeverity("FATAL", io.Discard)
+	t.Cleanup(func() {
+		klog.Flush()
+		klog.LogToStderr(true)
+	})
+	return &buf
+}
+
 // TestDetectUnreadable: a backend whose rules cannot be read is not taken
 // for an empty one: detect says which, and why.
 func TestDetectUnreadable(t *testing.T) {
@@ -498,4 +519,42 @@ func TestIPTablesCleanupUnreadable(t *testing.T) {
 			t.Errorf("chain %s left in the backend that can now be read", k)
 		}
 	}
+}
+
+// TestIPTablesSyncReportsMissingJumps: jumps that something removed from
+// the built-in chains (a firewall reload) are put back and named, as
+// warnings; the first sync, which adds them all, says nothing of the
+// kind.
+func TestIPTablesSyncReportsMissingJumps(t *testing.T) {
+	p, _, fakes := newTestIPTables(IPTablesConfig{})
+	ctx := t.Context()
+	buf := captureLog(t)
+	if err := p.Sync(ctx, fixedPortals()); err != nil {
+		t.Fatal(err)
+	}
+	klog.Flush()
+	if strings.Contains(buf.String(), "were missing") {
+		t.Errorf("the first sync reports missing jumps:\n%s", buf)
+	}
+	fakes[IPv4].chains["nat/PREROUTING"] = nil
+	fakes[IPv4].chains["filter/FORWARD"] = nil
+	buf.Reset()
+	if err := p.Sync(ctx, fixedPortals()); err != nil {
+		t.Fatal(err)
+	}
+	klog.Flush()
+	var warned []string
+	for _, l := range strings.Split(buf.String(), "\n") {
+		if strings.Contains(l, "Jumps into the portal's chains were missing") {
+			warned = append(warned, l)
+		}
+	}
+	if len(warned) != 1 || !strings.HasPrefix(warned[0], "E") ||
+		!strings.Contains(warned[0], `family="IPv4" restored=["nat PREROUTING -j KUBE-PORTALS-CONTAINER","nat PREROUTING -j KUBE-NODEPORT-CONTAINER","filter FORWARD -j KUBE-PORTALS-FIREWALL"]`) {
+		t.Errorf("after the flush, warnings %q, want one naming IPv4's three restored jumps", warned)
+	}
+	if got := fakes[IPv4].chains["nat/PREROUTING"]; len(got) != 2 {
+		t.Errorf("PREROUTING after the sync = %q, want our two jumps back", got)
+	}
+
 }
