@@ -1,19 +1,27 @@
-//go:build integration
+//go:build integration && linux
 
 package integration
 
 import (
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Rules the iptables portal does not own, or cannot see, on a real node:
-// the other backend's, when it cannot be read; and the built-in chains a
-// firewall reload flushes, taking our jumps with them.
+// the other backend's, when it cannot be read; kube-proxy's, left by a
+// kube-proxy removed without `kube-proxy --cleanup`; and the built-in
+// chains a firewall reload flushes, taking our jumps with them.
 
 // noRawProxy returns the arguments of "ip" that run the real binary with
 // args in the node namespace with CAP_NET_ADMIN (and
@@ -105,6 +113,89 @@ func TestBinaryIPTablesUnreadableBackend(t *testing.T) {
 	}
 }
 
+// kubeProxyRules are what kube-proxy's iptables mode leaves for node port
+// 30080: its jumps first in PREROUTING and OUTPUT, and a DNAT to an old
+// endpoint (the backend's port 8081).
+const kubeProxyRules = `*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-EXT-WEB - [0:0]
+-I PREROUTING 1 -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-I OUTPUT 1 -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -p tcp -m comment --comment "e2e/web:http" -m tcp --dport 30080 -j KUBE-EXT-WEB
+-A KUBE-EXT-WEB -p tcp -m comment --comment "e2e/web:http" -j DNAT --to-destination 198.18.12.2:8081
+COMMIT
+`
+
+// TestBinaryIPTablesKubeProxyLeftovers: kube-proxy's leftover rules take
+// node ports before ours. The proxy leaves them alone but says so at
+// start, naming the chains and the jumps and `kube-proxy --cleanup`; it
+// says when they go, and again when they come back while it runs
+// (kubeadm re-installing kube-proxy); kube-proxy's nftables table is
+// named as well.
+func TestBinaryIPTablesKubeProxyLeftovers(t *testing.T) {
+	w := newWorld(t)
+	startBackend(t, w.backend, "8080=be1", "8081=stale", "8082=be6")
+	restore := func(rules string) {
+		t.Helper()
+		cmd := exec.Command("ip", "netns", "exec", string(w.node), "iptables-nft-restore", "--noflush")
+		cmd.Stdin = strings.NewReader(rules)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("iptables-nft-restore: %v\n%s", err, out)
+		}
+	}
+	restore(kubeProxyRules)
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables", "--iptables-sync-period=2s")
+	px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	const warned = `"kube-proxy's iptables rules are in effect on this host .*take precedence over its node ports.*` +
+		"`kube-proxy --cleanup`" + ` on this node removes them" command="iptables-nft" family="IPv4" table="nat"`
+	px.waitLog(0, warned+` chains=\["KUBE-SERVICES","KUBE-NODEPORTS"\] jumps=\["OUTPUT -j KUBE-SERVICES","PREROUTING -j KUBE-SERVICES"\]`, 1, 5*time.Second)
+	for _, l := range strings.Split(px.log(), "\n") {
+		if strings.Contains(l, "kube-proxy") {
+			t.Logf("at start: %s", l)
+		}
+	}
+	// What the warning is about: the node port goes to kube-proxy's
+	// endpoint, and the proxy does not touch kube-proxy's rules.
+	expectReply(t, w.node, "tcp", nodePodSide+":30080", "stale:ping")
+	if out := w.node.mustRun(t, "iptables-nft", "-t", "nat", "-S", "KUBE-NODEPORTS"); !strings.Contains(out, "--dport 30080") {
+		t.Errorf("kube-proxy's node port rule went:\n%s", out)
+	}
+
+	// Someone runs kube-proxy --cleanup (the jumps go): said once.
+	from := px.lineCount()
+	w.node.mustRun(t, "iptables-nft", "-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	w.node.mustRun(t, "iptables-nft", "-t", "nat", "-D", "OUTPUT", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	px.waitLog(from, `"kube-proxy's iptables rules no longer take traffic`, 1, 10*time.Second)
+	expectReply(t, w.node, "tcp", nodePodSide+":30080", "be1:ping")
+	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
+
+	// kube-proxy comes back while the proxy runs: said when first seen,
+	// once.
+	from = px.lineCount()
+	restore("*nat\n-I PREROUTING 1 -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n")
+	i := px.waitLog(from, warned+` jumps=\["PREROUTING -j KUBE-SERVICES"\]`, 1, 10*time.Second)
+	px.waitLog(i, `"Synced iptables portals"`, 4, 10*time.Second) // two syncs later
+	if n := strings.Count(strings.Join(logLines(px, from), "\n"), "kube-proxy's iptables rules are in effect"); n != 1 {
+		t.Errorf("the warning was given %d times after kube-proxy's jump came back, want once", n)
+	}
+
+	// kube-proxy's nftables mode: its table "ip kube-proxy".
+	from = px.lineCount()
+	if err := nftTable(w.node, unix.NFT_MSG_NEWTABLE, unix.NFPROTO_IPV4, "kube-proxy"); err != nil {
+		t.Fatalf("add table ip kube-proxy: %v", err)
+	}
+	px.waitLog(from, `"kube-proxy's nftables tables are on this host .*`+"`kube-proxy --cleanup`"+` on this node removes them" tables=\["ip kube-proxy"\]`, 1, 10*time.Second)
+	from = px.lineCount()
+	if err := nftTable(w.node, unix.NFT_MSG_DELTABLE, unix.NFPROTO_IPV4, "kube-proxy"); err != nil {
+		t.Fatalf("delete table ip kube-proxy: %v", err)
+	}
+	px.waitLog(from, `"kube-proxy's nftables tables are gone from this host" tables=\["ip kube-proxy"\]`, 1, 10*time.Second)
+}
+
 // TestBinaryIPTablesJumpsRestored: a firewall reload flushes the built-in
 // nat chains, taking the jumps into ours: service traffic is not
 // redirected until the next sync puts them back, which says which jumps
@@ -137,6 +228,106 @@ func TestBinaryIPTablesJumpsRestored(t *testing.T) {
 	for _, l := range logLines(px, from) {
 		if strings.Contains(l, "were missing from the built-in chains") && strings.Contains(l, `command="ip6tables-nft"`) {
 			t.Errorf("missing IPv6 jumps reported, though only IPv4's were flushed: %s", l)
+		}
+	}
+}
+
+// nftTable adds (NFT_MSG_NEWTABLE) or deletes (NFT_MSG_DELTABLE) the
+// nftables table name of family in ns, with one netlink batch, as nft
+// would: the nft command may not be installed.
+func nftTable(ns netns, op uint16, family byte, name string) error {
+	errc := make(chan error, 1)
+	go func() {
+		// A thread of its own, moved into ns; if it cannot be moved back
+		// it stays locked and ends with this goroutine.
+		runtime.LockOSThread()
+		self, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer self.Close()
+		target, err := os.Open("/run/netns/" + string(ns))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns %s: %w", ns, err)
+			return
+		}
+		err = nftBatch(op, family, name)
+		if serr := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); serr != nil {
+			errc <- errors.Join(err, serr)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- err
+	}()
+	return <-errc
+}
+
+func nftBatch(op uint16, family byte, name string) error {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	tv := unix.NsecToTimeval(int64(5 * time.Second))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	msg := func(typ, flags uint16, seq uint32, fam byte, resID uint16, attrs []byte) []byte {
+		b := make([]byte, unix.NLMSG_HDRLEN+4, unix.NLMSG_HDRLEN+4+len(attrs))
+		binary.NativeEndian.PutUint16(b[4:], typ)
+		binary.NativeEndian.PutUint16(b[6:], flags)
+		binary.NativeEndian.PutUint32(b[8:], seq)
+		b[16] = fam
+		binary.BigEndian.PutUint16(b[18:], resID)
+		b = append(b, attrs...)
+		binary.NativeEndian.PutUint32(b[0:], uint32(len(b)))
+		return b
+	}
+	attr := make([]byte, unix.NLA_HDRLEN+len(name)+1)
+	binary.NativeEndian.PutUint16(attr, uint16(len(attr)))
+	binary.NativeEndian.PutUint16(attr[2:], unix.NFTA_TABLE_NAME)
+	copy(attr[unix.NLA_HDRLEN:], name)
+	for len(attr)%unix.NLA_ALIGNTO != 0 {
+		attr = append(attr, 0)
+	}
+	flags := uint16(unix.NLM_F_REQUEST | unix.NLM_F_ACK)
+	if op == unix.NFT_MSG_NEWTABLE {
+		flags |= unix.NLM_F_CREATE
+	}
+	var req []byte
+	req = append(req, msg(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, 1, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES, nil)...)
+	req = append(req, msg(unix.NFNL_SUBSYS_NFTABLES<<8|op, flags, 2, family, 0, attr)...)
+	req = append(req, msg(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, 3, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES, nil)...)
+	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	buf := make([]byte, 8192)
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return err
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if m.Header.Type != unix.NLMSG_ERROR || m.Header.Seq != 2 || len(m.Data) < 4 {
+				continue
+			}
+			if errno := int32(binary.NativeEndian.Uint32(m.Data)); errno != 0 {
+				return unix.Errno(-errno)
+			}
+			return nil
 		}
 	}
 }

@@ -50,6 +50,9 @@ type famTables struct {
 	// jumped says the jumps into our chains were all in place after a
 	// Sync: one that finds some missing again reports it.
 	jumped bool
+	// kubeProxy are kube-proxy's jumps the built-in nat chains held at
+	// the last look (see kubeProxyJumps), reported when they appear.
+	kubeProxy []string
 	// wrote is what the last successful Sync wrote to our nat chains
 	// (nil before one, or after a failure), read back only when Drift
 	// compares it with the kernel's: a sync need not parse its own rules.
@@ -72,7 +75,11 @@ type IPTables struct {
 	// not be read (iptables-legacy without CAP_NET_RAW): whether our
 	// chains are there is unknown, so Cleanup cannot call them removed.
 	unreadable []*famTables
-	removed    []Portal // what removed rules held, until Removed hands it on
+	// nftTables lists the nftables tables, to find kube-proxy's; nil
+	// looks for none.
+	nftTables    func() ([]string, error)
+	nftKubeProxy []string // kube-proxy's nftables tables at the last look
+	removed      []Portal // what removed rules held, until Removed hands it on
 	// movedFrom and movedTo are the node ports whose rules' destinations
 	// changed, as the rules were and are now, until MovedNodePorts hands
 	// them on.
@@ -98,7 +105,7 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 			klog.InfoS("IPv6 is not available; programming IPv4 portals only")
 		}
 	}
-	p := &IPTables{cfg: cfg, run: execRun, lookPath: exec.LookPath}
+	p := &IPTables{cfg: cfg, run: execRun, lookPath: exec.LookPath, nftTables: nftTables}
 	d := p.detect(ctx)
 	backend := d.backend
 	p.backend = backend
@@ -165,6 +172,7 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 		}
 		klog.V(v).ErrorS(ut.readErr, "Cannot read the rules of the other iptables backend, so the backend was chosen without them, and whatever rules are there stay in effect unseen (the kernel runs both backends' rules): the portal's chains an earlier run left there, or kube-proxy's, may still redirect traffic; this proxy cannot remove them, nor can --cleanup run with the same privileges"+readHint(ut.backend, ut.readErr), "command", ut.save, "family", ut.fam)
 	}
+	p.reportKubeProxy(d.saves)
 	return p, nil
 }
 
@@ -329,7 +337,7 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 				failed = true
 			}
 		}
-		added, err := ensureJumps(ft.ipt)
+		added, listed, err := ensureJumps(ft.ipt)
 		if err != nil {
 			errs = multierror.Append(errs, fmt.Errorf("portal: iptables: jumps (%s): %w", ft.fam, err))
 			failed = true
@@ -346,6 +354,10 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 			klog.V(2).InfoS("Added the jumps into the portal's chains", "command", ft.bin, "family", ft.fam, "jumps", added)
 		}
 		ft.jumped = ft.jumped || err == nil
+		_, pre := listed["PREROUTING"]
+		if _, out := listed["OUTPUT"]; pre && out {
+			noteKubeProxy(ft, kubeProxyJumpsListed(listed))
+		}
 		if !failed { // a failure is the caller's to report
 			klog.V(2).InfoS("Synced iptables portals", "family", ft.fam, "rules", r.count, "took", time.Since(start))
 			from, to := movedNodePorts(prev, r.nat, ft.fam)
@@ -356,6 +368,7 @@ func (p *IPTables) Sync(ctx context.Context, portals []Portal) error {
 		}
 	}
 	p.removeLeftovers(ctx)
+	p.noteKubeProxyNFT()
 	return errs.ErrorOrNil()
 }
 
@@ -402,13 +415,14 @@ func (p *IPTables) restore(ctx context.Context, ft *famTables, data []byte) erro
 }
 
 // ensureJumps adds each missing jump into our chains, and returns those it
-// added ("nat PREROUTING -j KUBE-PORTALS-CONTAINER"). A jump that is
+// added ("nat PREROUTING -j KUBE-PORTALS-CONTAINER") and the listings of
+// the built-in nat chains it read, by chain ("PREROUTING"). A jump that is
 // already there stays where it is. It lists each built-in chain once
 // ("-S", a few ms even next to thousands of rules in nft) rather than
 // checking each jump with "-C", which makes iptables-nft load the whole
 // table (60 ms each at 17,000 rules); "-C" is the fallback when the listing
 // prints a jump in a form we do not recognise, so it is never duplicated.
-func ensureJumps(ipt iptablesCmd) (added []string, errs error) {
+func ensureJumps(ipt iptablesCmd) (added []string, nat map[string][]string, errs error) {
 	listed := make(map[string][]string)
 	for _, j := range jumps {
 		key := j.table + "/" + j.from
@@ -442,7 +456,13 @@ func ensureJumps(ipt iptablesCmd) (added []string, errs error) {
 			added = append(added, j.table+" "+j.from+" -j "+j.to)
 		}
 	}
-	return added, errs
+	nat = make(map[string][]string)
+	for key, rules := range listed {
+		if from, ok := strings.CutPrefix(key, tableNAT+"/"); ok {
+			nat[from] = rules
+		}
+	}
+	return added, nat, errs
 }
 
 // hasRule reports whether "iptables -S chain" output holds the rule spec.

@@ -524,7 +524,8 @@ func TestIPTablesCleanupUnreadable(t *testing.T) {
 // TestIPTablesSyncReportsMissingJumps: jumps that something removed from
 // the built-in chains (a firewall reload) are put back and named, as
 // warnings; the first sync, which adds them all, says nothing of the
-// kind.
+// kind. kube-proxy's jumps are reported when they appear, once, and when
+// they go.
 func TestIPTablesSyncReportsMissingJumps(t *testing.T) {
 	p, _, fakes := newTestIPTables(IPTablesConfig{})
 	ctx := t.Context()
@@ -557,4 +558,104 @@ func TestIPTablesSyncReportsMissingJumps(t *testing.T) {
 		t.Errorf("PREROUTING after the sync = %q, want our two jumps back", got)
 	}
 
+	// kube-proxy's jump appears, stays, goes.
+	kp := `-m comment --comment "kubernetes service portals" -j KUBE-SERVICES`
+	fakes[IPv6].chains["nat/OUTPUT"] = slices.Insert(fakes[IPv6].chains["nat/OUTPUT"], 0, kp)
+	buf.Reset()
+	for range 2 {
+		if err := p.Sync(ctx, fixedPortals()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	klog.Flush()
+	if n := strings.Count(buf.String(), "kube-proxy's iptables rules are in effect"); n != 1 ||
+		!strings.Contains(buf.String(), `family="IPv6" table="nat" jumps=["OUTPUT -j KUBE-SERVICES"]`) {
+		t.Errorf("kube-proxy's jump reported %d times, want once for IPv6:\n%s", n, buf)
+	}
+	fakes[IPv6].chains["nat/OUTPUT"] = slices.DeleteFunc(fakes[IPv6].chains["nat/OUTPUT"], func(r string) bool { return r == kp })
+	buf.Reset()
+	if err := p.Sync(ctx, fixedPortals()); err != nil {
+		t.Fatal(err)
+	}
+	klog.Flush()
+	if !strings.Contains(buf.String(), `"kube-proxy's iptables rules no longer take traffic: the built-in nat chains do not jump to them any more" command="" family="IPv6"`) {
+		t.Errorf("kube-proxy's jump going is not said:\n%s", buf)
+	}
+}
+
+// TestIPTablesKubeProxyNFTables: kube-proxy's nftables tables are named
+// when they appear and when they go; other tables are not.
+func TestIPTablesKubeProxyNFTables(t *testing.T) {
+	p, _, _ := newTestIPTables(IPTablesConfig{})
+	tables := []string{"inet filter"}
+	p.nftTables = func() ([]string, error) { return tables, nil }
+	buf := captureLog(t)
+	sync := func() string {
+		t.Helper()
+		buf.Reset()
+		if err := p.Sync(t.Context(), nil); err != nil {
+			t.Fatal(err)
+		}
+		klog.Flush()
+		return buf.String()
+	}
+	if out := sync(); strings.Contains(out, "nftables") {
+		t.Errorf("another table reported:\n%s", out)
+	}
+	tables = []string{"inet filter", "ip6 kube-proxy", "ip kube-proxy"}
+	if out := sync(); !strings.Contains(out, `on this node removes them" tables=["ip kube-proxy","ip6 kube-proxy"]`) {
+		t.Errorf("kube-proxy's tables not named:\n%s", out)
+	}
+	if out := sync(); strings.Contains(out, "kube-proxy") {
+		t.Errorf("said again:\n%s", out)
+	}
+	tables = nil
+	if out := sync(); !strings.Contains(out, `"kube-proxy's nftables tables are gone from this host"`) {
+		t.Errorf("their going is not said:\n%s", out)
+	}
+}
+
+// TestIPTablesReportKubeProxyAtStart: kube-proxy's chains in either
+// backend are named at start, with their jumps; the first Sync does not
+// say it again for the chosen backend.
+func TestIPTablesReportKubeProxyAtStart(t *testing.T) {
+	p, _, fakes := newTestIPTables(IPTablesConfig{Families: []Family{IPv4, IPv6}})
+	p.backend = BackendNFT
+	p.lookPath = func(s string) (string, error) { return "/usr/sbin/" + s, nil }
+	kp := `-m comment --comment "kubernetes service portals" -j KUBE-SERVICES`
+	fakes[IPv4].chains["nat/PREROUTING"] = []string{kp}
+	saves := map[Backend]map[Family]string{
+		BackendNFT: {
+			IPv4: "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n-A PREROUTING " + kp + "\nCOMMIT\n",
+			IPv6: "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n",
+		},
+		BackendLegacy: {
+			IPv4: "*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n",
+			IPv6: "*nat\n:KUBE-SERVICES - [0:0]\n-A OUTPUT " + kp + "\nCOMMIT\n",
+		},
+	}
+	buf := captureLog(t)
+	p.reportKubeProxy(saves)
+	klog.Flush()
+	out := buf.String()
+	for _, want := range []string{
+		`on this node removes them" command="iptables-nft" family="IPv4" table="nat" chains=["KUBE-SERVICES","KUBE-NODEPORTS"] jumps=["PREROUTING -j KUBE-SERVICES"]`,
+		`on this node removes them" command="ip6tables-legacy" family="IPv6" table="nat" chains=["KUBE-SERVICES"] jumps=["OUTPUT -j KUBE-SERVICES"]`,
+		`"kube-proxy's nat chains are on this host, but no built-in chain jumps to them, so they take no traffic; ` + "`kube-proxy --cleanup`" + ` on this node removes them" command="iptables-legacy" family="IPv4"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the log does not say\n%s\nlog:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `family="IPv6" table="nat" chains=["KUBE-SERVICES","KUBE-NODEPORTS"]`) || strings.Count(out, "\n") != 3 {
+		t.Errorf("want three lines, got:\n%s", out)
+	}
+	buf.Reset()
+	if err := p.Sync(t.Context(), fixedPortals()); err != nil {
+		t.Fatal(err)
+	}
+	klog.Flush()
+	if strings.Contains(buf.String(), "kube-proxy") {
+		t.Errorf("the first sync says it again:\n%s", buf)
+	}
 }
