@@ -214,7 +214,7 @@ func removeIPTablesLeftovers(ctx context.Context, onlyFound bool) {
 	// Else always: filter chains alone would still drop load-balancer
 	// traffic.
 	if err := ipt.Cleanup(ctx); err != nil {
-		klog.ErrorS(err, "Could not remove every iptables rule a previous run left; --cleanup removes them")
+		klog.ErrorS(err, "Could not remove every iptables rule a previous run left; --cleanup removes them, run with the privileges that can read and change them")
 	}
 	if err := clearRemovedUDP(ctx, ipt.Removed()); err != nil {
 		klog.ErrorS(err, "Could not delete the UDP conntrack entries of the removed iptables rules: clients that keep their source port stay on the old proxy ports until their entries time out; --cleanup deletes them")
