@@ -692,20 +692,25 @@ func servedOnceDescriptorsReturn(t *testing.T, bin string) {
 	}
 	closeAll()
 	left := time.Now()
-	deadline := left.Add(5 * time.Second)
+	if err := servedWithin(fmt.Sprintf("127.0.0.1:%d", added), 5*time.Second); err != nil {
+		t.Fatalf("the Service added while descriptors ran out is not served %v after the clients left: %v\n%s", time.Since(left).Round(time.Millisecond), err, tail(p.log(), 30))
+	}
+	t.Logf("served %v after the clients left", time.Since(left).Round(time.Millisecond))
+}
+
+// servedWithin connects to addr until a connection echoes, for up to
+// timeout, and returns the last failure if none did.
+func servedWithin(addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
 	for {
-		c, err := net.DialTimeout("tcp4", fmt.Sprintf("127.0.0.1:%d", added), time.Second)
+		c, err := net.DialTimeout("tcp4", addr, time.Second)
 		if err == nil {
 			err = echoes(c)
 			c.Close()
-			if err == nil {
-				break
-			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Service added while descriptors ran out is not served %v after the clients left: %v\n%s", time.Since(left).Round(time.Millisecond), err, tail(p.log(), 30))
+		if err == nil || time.Now().After(deadline) {
+			return err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("served %v after the clients left", time.Since(left).Round(time.Millisecond))
 }

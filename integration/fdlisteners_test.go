@@ -85,20 +85,8 @@ func serviceAddedUnderLoad(t *testing.T, bin string) {
 	}
 
 	replaceFile(t, file, loopbackNodePortManifest("held", np, backend)+"---\n"+loopbackNodePortManifest("added", np2, backend))
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp4", fmt.Sprintf("127.0.0.1:%d", np2), 2*time.Second)
-		if err == nil {
-			err = echoes(c)
-			c.Close()
-		}
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Service added under load is not served: %v\n%s", err, tail(p.log(), 30))
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := servedWithin(fmt.Sprintf("127.0.0.1:%d", np2), 10*time.Second); err != nil {
+		t.Fatalf("the Service added under load is not served: %v\n%s", err, tail(p.log(), 30))
 	}
 	if regexp.MustCompile(`too many listening sockets`).MatchString(p.log()) {
 		t.Errorf("a listener refused:\n%s", tail(p.log(), 30))
