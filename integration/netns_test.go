@@ -343,6 +343,8 @@ func runHelperMode(mode string) int {
 		err = runHold(os.Getenv("KUPT_ADDR"))
 	case "connloop":
 		err = runConnLoop(os.Getenv("KUPT_CONNLOOP"))
+	case "udpclients":
+		err = runUDPClients(os.Getenv("KUPT_UDPCLIENTS"))
 	default:
 		err = fmt.Errorf("unknown helper mode %q", mode)
 	}

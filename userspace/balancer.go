@@ -217,6 +217,7 @@ const (
 	pickedInTurn       pickWhy = iota // round robin: the next in turn
 	pickedPastFailures                // round robin: the next in turn whose connections have not just failed
 	pickedAffinity                    // ClientIP affinity: the endpoint the client had
+	pickedMoved                       // the endpoint the client's UDP session had on the proxy port it moved from (see movedSessions)
 )
 
 // choose is pick, saying how it chose.
@@ -270,6 +271,15 @@ func (b *balancer) choose(client netip.Addr, avoid []netip.AddrPort) (netip.Addr
 		b.mu.Unlock()
 	}
 	return ep, why, nil
+}
+
+// mayKeep reports whether b may send a new session from client to ep:
+// ep is one of its current endpoints of client's family (those its
+// traffic policies, readiness and topology hints leave), and not passed
+// over after a failure.
+func (b *balancer) mayKeep(client netip.Addr, ep netip.AddrPort) bool {
+	set, _ := b.setOf(client)
+	return set.has(ep) && !set.inPenalty(ep, b.clock.Now())
 }
 
 // penalize makes picks pass over ep for d, while other endpoints remain.

@@ -19,8 +19,10 @@
 //     protocol header ahead of the client's bytes when the Service asks
 //     (proxyproto.go);
 //   - UDP sessions: batched reads, 64 KiB datagrams passed whole, an idle
-//     timeout and a longer wait for replies, a cap per service port, and
-//     replies sent from the address the client sent to;
+//     timeout and a longer wait for replies, a cap per service port,
+//     replies sent from the address the client sent to, and a client's
+//     endpoint kept when the portal moves it to another proxy port
+//     (movedsessions.go);
 //   - SCTP (Linux, sctp_linux.go): associations on goroutines and Go's
 //     poller, relayed message by message with stream ids and PPIDs kept;
 //     SCTP has no half-close, so either side's shutdown ends both;

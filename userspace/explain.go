@@ -41,6 +41,11 @@ func (sp *servicePort) explainPick(b *balancer, r socketRole, client, ep netip.A
 	switch why {
 	case pickedAffinity:
 		how = append(how, fmt.Sprintf("ClientIP session affinity: the endpoint this client was sent to before, kept while it comes back within %v", aff.TTL()))
+	case pickedMoved:
+		how = append(how, "kept the endpoint of the session this client had on the proxy port the service port moved from (a renamed port, or a changed traffic policy), as kube-proxy's conntrack entry keeps such a flow on its pod")
+		if aff.Sticky() && client.Addr().IsValid() {
+			how = append(how, fmt.Sprintf("ClientIP session affinity sends this client here from now on, while it comes back within %v", aff.TTL()))
+		}
 	default:
 		rr := fmt.Sprintf("round robin: next in turn of %d", len(set.addrs))
 		if why == pickedPastFailures {

@@ -197,6 +197,16 @@ type Proxier struct {
 	// when the sockets close.
 	released []releasedSocket
 	deleted  []*servicePort
+	// externalMoved are the service ports whose external traffic the
+	// portal is to move off their proxy port, to the external proxy port
+	// opened since it last synced: the endpoints of the proxy port's UDP
+	// sessions are remembered at Apply and again once it has (see
+	// movedSessions).
+	externalMoved map[*servicePort]bool
+
+	// moved are the endpoints of the UDP sessions whose proxy port moved,
+	// for their clients' next sessions; it has a lock of its own.
+	moved movedSessions
 
 	// hostAddrs are this host's addresses, read on Apply while a service
 	// port has a Local external traffic policy (see servicePort.balancer).
@@ -249,6 +259,7 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 	}
 	var errs *multierror.Error
 	p.waiting = false
+	p.moved.sweep(p.cfg.Clock.Now())
 	for name, sp := range p.services {
 		if snap.Get(name) == nil {
 			klog.V(2).InfoS("Stopping service port", "service", name)
@@ -551,6 +562,7 @@ func (p *Proxier) Close() error {
 			delete(p.services, name)
 		}
 		p.closeReleased()
+		p.moved.forget()
 		p.conns.abortAll()
 		p.assocs.abortAll()
 		p.shed.close()

@@ -25,6 +25,13 @@ import (
 func (p *Proxier) PortalSynced() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.moved.sweep(p.cfg.Clock.Now())
+	for sp := range p.externalMoved {
+		if p.services[sp.name] == sp && sp.extProxyPort != 0 {
+			sp.rememberSessions(roleProxyPort)
+		}
+	}
+	p.externalMoved = nil
 	p.closeReleased()
 	p.held = nil
 	return p.waiting
@@ -54,12 +61,15 @@ func (p *Proxier) closeReleased() {
 	p.released, p.deleted = nil, nil
 }
 
-// closeSockets closes rs. Called with p.mu held.
+// closeSockets closes rs, first remembering where their UDP sessions
+// went: the portal now sends their clients to another proxy port (see
+// movedSessions). Called with p.mu held.
 func (p *Proxier) closeSockets(rs []releasedSocket) {
 	for _, r := range rs {
 		if !p.closed {
 			klog.V(2).InfoS("Closing listener", "service", r.sp.name, "addr", r.key.addr, "role", r.key.role)
 		}
+		p.rememberSessions(r.sp, r.s, r.key.addr.Port())
 		r.s.close()
 	}
 }
@@ -87,11 +97,16 @@ func (p *Proxier) heldFrom(port uint16, name state.ServicePortName) (state.Servi
 // release closes the socket k and forgets it. With HoldReleasedPorts, a
 // proxy-port socket serves on until the portal no longer redirects to it
 // (see Proxier.closeReleased), unless its port is now a node port, which
-// is to listen at once; release reports whether the close waits so.
+// is to listen at once; release reports whether the close waits so. The
+// endpoints of a proxy-port socket's UDP sessions are remembered for the
+// proxy port the portal moves their clients to (see movedSessions).
 func (sp *servicePort) release(k sockKey) bool {
 	s := sp.sockets[k]
 	delete(sp.sockets, k)
 	p := sp.p
+	if k.role == roleProxyPort || k.role == roleExternalProxyPort {
+		p.rememberSessions(sp, s, k.addr.Port())
+	}
 	switch {
 	case p.closed:
 		s.close()

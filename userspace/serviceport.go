@@ -304,15 +304,16 @@ func (sp *servicePort) sayOutage(before, after []state.Endpoint, gone, back stri
 	}
 }
 
-// admitUDP decides whether a datagram from client to frontend may open a
-// new session, and picks its endpoint from the balancer of the socket's
-// role. It reports false, and counts why, when the source is refused, the
-// port's session cap is reached or it has no endpoint. On true the new
+// admitUDP decides whether a datagram from client to frontend, through a
+// socket on port, may open a new session, and picks its endpoint from the
+// balancer of the socket's role (see chooseUDP). It reports false, and
+// counts why, when the source is refused, the port's session cap is
+// reached or it has no endpoint. On true the new
 // session holds one place under the cap (udpSessions), taken here so that
 // sockets read by different goroutines cannot together pass the cap; a
 // session that then fails to open gives it back with releaseUDP, and one
 // that opens gives it back when it ends.
-func (sp *servicePort) admitUDP(role socketRole, frontend netip.Addr, client netip.AddrPort) (*balancer, netip.AddrPort, bool) {
+func (sp *servicePort) admitUDP(role socketRole, frontend netip.Addr, port uint16, client netip.AddrPort) (*balancer, netip.AddrPort, bool) {
 	p := sp.p
 	if !sp.admits(role, frontend, client) {
 		return nil, netip.AddrPort{}, false
@@ -325,7 +326,7 @@ func (sp *servicePort) admitUDP(role socketRole, frontend netip.Addr, client net
 		return nil, netip.AddrPort{}, false
 	}
 	b := sp.balancer(role, client.Addr())
-	ep, why, err := b.choose(client.Addr(), nil)
+	ep, why, err := sp.chooseUDP(b, port, client)
 	if err != nil {
 		sp.releaseUDP()
 		p.stats.UDPNoEndpoints.Add(1)
@@ -549,10 +550,15 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 		if sp.separateExternal() {
 			roles, ports = append(roles, roleExternalProxyPort), append(ports, &sp.extProxyPort)
 		}
+		served := sp.proxyPort != 0 // external traffic too, until now if it gets a port of its own
 		for i, role := range roles {
+			opened := *ports[i] == 0
 			err := sp.ensureProxyPort(role, ports[i])
 			if err == nil {
 				err = sp.extendProxyPort(role, ports[i])
+			}
+			if opened && *ports[i] != 0 && role == roleExternalProxyPort && served {
+				sp.externalMoved()
 			}
 			var held errPortHeld
 			if errors.As(err, &held) {
@@ -580,6 +586,34 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 	}
 	sp.filterSockets()
 	return errs.ErrorOrNil()
+}
+
+// externalMoved remembers the endpoints of the UDP sessions on the proxy
+// port, whose external clients the portal is to move to the external
+// proxy port just opened, now and again once the portal has synced (see
+// movedSessions). Sessions of cluster clients are remembered too, as the
+// proxy port cannot tell them apart; they stay on the proxy port, where
+// what it remembers is not used.
+func (sp *servicePort) externalMoved() {
+	p := sp.p
+	if sp.proto != state.UDP || !p.cfg.HoldReleasedPorts {
+		return
+	}
+	sp.rememberSessions(roleProxyPort)
+	if p.externalMoved == nil {
+		p.externalMoved = make(map[*servicePort]bool)
+	}
+	p.externalMoved[sp] = true
+}
+
+// rememberSessions remembers the endpoints of the UDP sessions on the
+// sockets of role (see movedSessions).
+func (sp *servicePort) rememberSessions(role socketRole) {
+	for k, s := range sp.sockets {
+		if k.role == role {
+			sp.p.rememberSessions(sp, s, k.addr.Port())
+		}
+	}
 }
 
 // filterSockets gives each socket bound to a load-balancer IP the kernel

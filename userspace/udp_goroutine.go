@@ -100,6 +100,20 @@ func (l *udpListener) close() {
 	l.sessWG.Wait()
 }
 
+// liveSessions lists the listener's sessions.
+func (l *udpListener) liveSessions() []liveSession {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	var out []liveSession
+	for _, s := range l.sessions {
+		if left := s.expiry().Sub(now); left > 0 {
+			out = append(out, liveSession{s.client, s.endpoint, left}) // l.mu guards endpoint
+		}
+	}
+	return out
+}
+
 // dropStale ends the sessions whose endpoint is not serving (removed, or
 // no longer serving). They leave the table at once, not when their reply
 // goroutine gets round to it: the client's next datagram must open a
@@ -171,7 +185,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	if l.sp.nodePortRefuses(l.role, dst, client) {
 		return nil
 	}
-	b, ep, ok := l.sp.admitUDP(l.role, l.addr, client)
+	b, ep, ok := l.sp.admitUDP(l.role, l.addr, l.port(), client)
 	if !ok {
 		return nil
 	}

@@ -23,6 +23,7 @@ type udpListener struct {
 	sp       *servicePort
 	role     socketRole
 	addr     netip.Addr // the address listened on
+	port     uint16     // and the port
 	fam      family
 	fd       int
 	sessions map[sessionKey]*udpSession // owned by the loop
@@ -85,7 +86,7 @@ func (g *udpGroup) add(l *udpListener, addr netip.AddrPort, shared bool) error {
 		unix.Close(fd)
 		return err
 	}
-	l.fd = fd // before the loop can see an event for it
+	l.fd, l.port = fd, port // before the loop can see an event for it
 	l.lp.do(func() { err = l.lp.register(fd, unix.EPOLLIN, l) })
 	if err != nil {
 		unix.Close(fd)
@@ -182,6 +183,22 @@ func (g *udpGroup) dropStale(serving func(netip.AddrPort) bool) int {
 	return n
 }
 
+// liveSessions lists the sessions of the group's sockets.
+func (g *udpGroup) liveSessions() []liveSession {
+	var out []liveSession
+	for _, l := range g.members {
+		l.lp.do(func() {
+			now := time.Now()
+			for _, s := range l.sessions {
+				if left := s.expiry().Sub(now); left > 0 {
+					out = append(out, liveSession{s.client, s.endpoint, left})
+				}
+			}
+		})
+	}
+	return out
+}
+
 // shut runs on the loop goroutine.
 func (l *udpListener) shut() {
 	if l.fd < 0 {
@@ -243,7 +260,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	if l.sp.nodePortRefuses(l.role, dst, client) {
 		return nil
 	}
-	b, ep, ok := l.sp.admitUDP(l.role, l.addr, client)
+	b, ep, ok := l.sp.admitUDP(l.role, l.addr, l.port, client)
 	if !ok {
 		return nil
 	}
