@@ -209,30 +209,7 @@ func (l *syncLoop) run(ctx context.Context) {
 		if err != nil {
 			backoff = l.retryAfter(err, backoff)
 			next = backoff
-			// Log each failure once, not every retry, nor again beside
-			// each new one: a full proxy port range fails Services one
-			// by one as they come.
-			errs := splitErrors(err)
-			var fresh []error
-			for _, e := range errs {
-				if !lastErrs[e.Error()] {
-					fresh = append(fresh, e)
-				}
-			}
-			switch {
-			case len(fresh) == len(errs):
-				klog.ErrorS(err, "Sync failed; will retry, less often each time, until it succeeds",
-					"retryIn", next, "maxRetryInterval", l.resync, "servicePorts", snap.Len())
-			case len(fresh) > 0:
-				klog.ErrorS(oneError(fresh), "Sync failed; will retry, less often each time, until it succeeds",
-					"retryIn", next, "maxRetryInterval", l.resync, "servicePorts", snap.Len(), "alsoFailingAsBefore", len(errs)-len(fresh))
-			default:
-				klog.V(2).InfoS("Sync failed again", "retryIn", next, "failing", len(errs))
-			}
-			lastErrs = make(map[string]bool, len(errs))
-			for _, e := range errs {
-				lastErrs[e.Error()] = true
-			}
+			lastErrs = logSyncFailure(err, lastErrs, l.shortOfFDs(err), "retryIn", next, "maxRetryInterval", l.resync, "servicePorts", snap.Len())
 		} else {
 			if lastErrs != nil {
 				klog.InfoS("Sync recovered", "servicePorts", snap.Len())
@@ -288,6 +265,65 @@ func oneError(errs []error) error {
 	return m.ErrorOrNil()
 }
 
+// logSyncFailure logs a sync's failure err, given the failures logged
+// before (by message), and returns those logged now and before that still
+// fail. Each is named once, when it first happens, not at every retry nor
+// again beside each new one (a full proxy port range fails Services one by
+// one as they come); a line names at most maxShownErrors, and those past
+// it are named by the next. Failures that are over while others go on are
+// counted. fdShort says the retry is not the doubling pause.
+func logSyncFailure(err error, logged map[string]bool, fdShort bool, kv ...any) map[string]bool {
+	msg := "Sync failed; will retry, less often each time, until it succeeds"
+	if fdShort {
+		msg = "Sync failed; will retry at most a second apart while file descriptors are short, until it succeeds"
+	}
+	errs := splitErrors(err)
+	failing := make(map[string]bool, len(errs))
+	var fresh []error
+	for _, e := range errs {
+		failing[e.Error()] = true
+		if !logged[e.Error()] {
+			fresh = append(fresh, e)
+		}
+	}
+	over := 0
+	still := make(map[string]bool, len(logged))
+	for m := range logged {
+		if failing[m] {
+			still[m] = true
+		} else {
+			over++
+		}
+	}
+	if over > 0 {
+		klog.InfoS("Some sync failures are over", "over", over, "stillFailing", len(errs))
+	}
+	named := fresh[:min(len(fresh), maxShownErrors)]
+	switch {
+	case len(fresh) == len(errs) && len(errs) <= maxShownErrors:
+		klog.ErrorS(err, msg, kv...)
+	case len(fresh) > 0:
+		if before := len(errs) - len(fresh); before > 0 {
+			kv = append(kv, "alsoFailingAsBefore", before)
+		}
+		klog.ErrorS(oneError(fresh), msg, kv...)
+	default:
+		klog.V(2).InfoS("Sync failed again", append(kv[:2:2], "failing", len(errs))...)
+	}
+	for _, e := range named {
+		still[e.Error()] = true
+	}
+	return still
+}
+
+// shortOfFDs reports whether err holds a failure for want of file
+// descriptors.
+func (l *syncLoop) shortOfFDs(err error) bool {
+	return slices.ContainsFunc(splitErrors(err), func(e error) bool {
+		return errors.Is(e, syscall.EMFILE) || errors.Is(e, syscall.ENFILE)
+	})
+}
+
 // retryAfter returns the pause before a sync that failed with err is tried
 // again, the last pause having been backoff: twice that, from retryMin up
 // to resync. A sync that ran out of file descriptors (a Service added
@@ -295,9 +331,7 @@ func oneError(errs []error) error {
 // second apart, instead: descriptors come back as clients leave, and
 // nothing else would say so before a pause of up to resync was over.
 func (l *syncLoop) retryAfter(err error, backoff time.Duration) time.Duration {
-	if slices.ContainsFunc(splitErrors(err), func(e error) bool {
-		return errors.Is(e, syscall.EMFILE) || errors.Is(e, syscall.ENFILE)
-	}) {
+	if l.shortOfFDs(err) {
 		return min(l.retryMin, time.Second)
 	}
 	return min(max(2*backoff, l.retryMin), l.resync)

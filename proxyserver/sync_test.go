@@ -338,3 +338,42 @@ func TestIgnoredHintsLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncFailuresPastTheLineAreNamedNext: a line names at most
+// maxShownErrors failures; those past it are named by the next line, not
+// taken as logged, and failures that are over while others go on are
+// counted (xa53: 15 failing, 10 fixed, and the 5 left were never named).
+func TestSyncFailuresPastTheLineAreNamedNext(t *testing.T) {
+	var buf bytes.Buffer
+	klog.LogToStderr(false)
+	klog.SetOutput(&buf)
+	klog.SetOutputBySeverity("WARNING", io.Discard)
+	klog.SetOutputBySeverity("ERROR", io.Discard)
+	t.Cleanup(func() { klog.LogToStderr(true) })
+	failing := func(from, to int) error {
+		var errs []error
+		for i := from; i <= to; i++ {
+			errs = append(errs, fmt.Errorf("userspace: service e2e/a%02d:tcp/TCP: listen: bind: address already in use", i))
+		}
+		return joinErrors(errs...)
+	}
+	var logged map[string]bool
+	for _, err := range []error{failing(1, 15), failing(1, 15), failing(11, 15), failing(11, 15)} {
+		logged = logSyncFailure(err, logged, false, "retryIn", time.Second)
+	}
+	klog.Flush()
+	log := buf.String()
+	for i := 1; i <= 15; i++ {
+		if n := strings.Count(log, fmt.Sprintf("e2e/a%02d:", i)); n != 1 {
+			t.Errorf("a%02d named %d times, want once:\n%s", i, n, log)
+		}
+	}
+	for _, want := range []string{"and 5 more", "alsoFailingAsBefore=10", `"Some sync failures are over" over=10 stillFailing=5`} {
+		if !strings.Contains(log, want) {
+			t.Errorf("lacks %q:\n%s", want, log)
+		}
+	}
+	if len(logged) != 5 {
+		t.Errorf("%d failures taken as logged at the end, want the 5 left", len(logged))
+	}
+}
