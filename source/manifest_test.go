@@ -369,6 +369,26 @@ spec: {type: NodePort, ports: [{port: 53, protocol: UDP, nodePort: 30100}]}
 			},
 		},
 		{
+			// A Service's health check port on the number of its own UDP
+			// node port: the health check listens on TCP, so nothing
+			// collides here, but a cluster allocates it a number of its
+			// own (xa53).
+			name: "a health check node port on the Service's own UDP node port",
+			data: `apiVersion: v1
+kind: Service
+metadata: {name: lb}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 30104
+  ports: [{port: 53, protocol: UDP, nodePort: 30104}]
+`,
+			wantServices: 1,
+			wantWarnings: []string{
+				"demo.yaml: document 1 (Service default/lb): spec.healthCheckNodePort: health check node port 30104 is also a UDP node port of this Service: a cluster allocates the health check port a number of its own, and would refuse it (served here all the same)",
+			},
+		},
+		{
 			// A node port number of one protocol in two Services: a
 			// cluster would refuse it; both are served. One Service's
 			// ports of two protocols may share the number.

@@ -435,12 +435,18 @@ func (m *manifest) crossCheck() {
 			numbers[port] = numberUser{ref, what}
 			return
 		}
-		if other.ref == ref {
-			return
+		healthCheck := field == "spec.healthCheckNodePort"
+		switch {
+		case other.ref != ref:
+			m.warnings = append(m.warnings, m.problem(at, "Service", ref, field,
+				fmt.Errorf("node port %d is also %s of Service %s/%s (%s): a cluster gives each node port number to one Service, whatever the protocol, and would refuse it (served here all the same)",
+					port, other.what, other.ref.namespace, other.ref.name, m.origins[objectKey{"Service", other.ref}])))
+		case healthCheck:
+			// A Service's ports of several protocols may share a number;
+			// its health check port is allocated a number of its own.
+			m.warnings = append(m.warnings, m.problem(at, "Service", ref, field,
+				fmt.Errorf("health check node port %d is also %s of this Service: a cluster allocates the health check port a number of its own, and would refuse it (served here all the same)", port, other.what)))
 		}
-		m.warnings = append(m.warnings, m.problem(at, "Service", ref, field,
-			fmt.Errorf("node port %d is also %s of Service %s/%s (%s): a cluster gives each node port number to one Service, whatever the protocol, and would refuse it (served here all the same)",
-				port, other.what, other.ref.namespace, other.ref.name, m.origins[objectKey{"Service", other.ref}])))
 	}
 	ports := make(map[objectRef]map[string]bool) // "name/PROTO" of each port
 	for _, svc := range m.services {
