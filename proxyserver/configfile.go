@@ -19,6 +19,8 @@ import (
 	"k8s.io/klog/v2"
 	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
 )
 
 // ModeUserspace is the KubeProxyConfiguration mode this proxy runs.
@@ -647,7 +649,7 @@ func (c *Config) readsBackAs(data []byte, verbosity int) error {
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(configFileFields)) {
 		got, want := flagValue(backFlags.Lookup(name)), flagValue(c.flagSet().Lookup(name))
-		if got != want {
+		if got != want && !samePortRange(name, back.ProxyPortRange, c.ProxyPortRange) {
 			errs = append(errs, fmt.Errorf("--%s=%s cannot be written: a KubeProxyConfiguration's %s would read back as %s", name, want, configFileFields[name], got))
 		}
 	}
@@ -661,6 +663,17 @@ func (c *Config) readsBackAs(data []byte, verbosity int) error {
 		errs = append(errs, fmt.Errorf("-v=%d cannot be written: logging.verbosity would read back as %d", verbosity, kp.Logging.Verbosity))
 	}
 	return errors.Join(errs...)
+}
+
+// samePortRange reports whether flag name is --proxy-port-range and a and
+// b say the same range ("0" and "" both let the kernel choose).
+func samePortRange(name, a, b string) bool {
+	if name != "proxy-port-range" {
+		return false
+	}
+	ra, erra := userspace.ParsePortRange(a)
+	rb, errb := userspace.ParsePortRange(b)
+	return erra == nil && errb == nil && ra == rb
 }
 
 // unknownFields returns the paths (iptables.syncPeriodd) of the keys in

@@ -507,6 +507,19 @@ func TestWriteConfigFile(t *testing.T) {
 		t.Errorf("flags to keep = %q, %v; want only --udp-max-sessions=-1", keep, err)
 	}
 
+	// "0" lets the kernel choose, as "" does, which the file holds.
+	c, err = loadConfig(t, "", "--proxy-port-range=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
+	if _, err := c.WriteConfigFile(0); err != nil {
+		t.Errorf("--proxy-port-range=0: %v", err)
+	}
+
 	c, err = loadConfig(t, "", "--healthz-bind-address=", "--config-sync-period=0", "--iptables-min-sync-period=1s")
 	if err != nil {
 		t.Fatal(err)
