@@ -17,10 +17,13 @@ all: build
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 # The commit, for --version, the start-up log and kubernetes_build_info.
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+# Its committer date, the build date kubernetes_build_info reports (the same
+# for every build of a commit).
+COMMIT_DATE ?= $(shell git log -1 --format=%cI 2>/dev/null)
 BUILDINFO := github.com/kube-userspace-proxy/kube-userspace-proxy/internal/buildinfo
 
 build:
-	$(GO) build -ldflags "-X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)" -o $(PROXY) ./cmd/kube-userspace-proxy
+	$(GO) build -ldflags "-X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT) -X $(BUILDINFO).commitDate=$(COMMIT_DATE)" -o $(PROXY) ./cmd/kube-userspace-proxy
 	$(GO) build -o $(BIN)/demo ./examples/demo
 
 ## run: the proxy in the foreground on examples/demo.yaml with its demo backends (no cluster, no root).
@@ -72,7 +75,7 @@ unit:
 ## which hack/kube-tools.sh builds once into ~/.cache (about 15 minutes cold).
 integration: build
 	./hack/kube-tools.sh
-	$(GO) test -tags integration -count=1 -timeout 30m -v ./integration/...
+	KUP_PROXY_BIN=$(CURDIR)/$(PROXY) $(GO) test -tags integration -count=1 -timeout 30m -v ./integration/...
 
 ## test-sctp: the SCTP tests (internal/sctp, userspace, integration), which
 ## this kernel cannot run, in a qemu TCG VM booting Debian's cloud kernel;

@@ -22,7 +22,8 @@ import (
 )
 
 // proxyBin is the binary under test, built once by TestMain, or named by
-// $KUP_PROXY_BIN.
+// $KUP_PROXY_BIN (make integration names the binary make build made, the one
+// users run: version, commit and its date stamped).
 var proxyBin string
 
 func TestMain(m *testing.M) {

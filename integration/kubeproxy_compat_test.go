@@ -263,6 +263,10 @@ func TestBinaryClientMetricsAndConfigz(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^kubernetes_build_info\{.*go_version="go1\.[^"]*".*\} 1$`).MatchString(body) {
 		t.Errorf("no kubernetes_build_info:\n%s", grepLines(body, "build_info"))
 	}
+	// Built by the Makefile from a git checkout: the commit and its date.
+	if regexp.MustCompile(`git_commit="[0-9a-f]{40}"`).MatchString(body) && !regexp.MustCompile(`build_date="20\d\d-\d\d-\d\dT[^"]+"`).MatchString(body) {
+		t.Errorf("kubernetes_build_info names the commit but not its date:\n%s", grepLines(body, "build_info"))
+	}
 
 	configz, err := curl(t, metricsURL+"/configz")
 	if err != nil {

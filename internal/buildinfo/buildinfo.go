@@ -28,6 +28,11 @@ var version string
 // no commit is known.
 var commit string
 
+// commitDate is set by the Makefile (-ldflags -X) to the committer date of
+// that commit (RFC 3339), the build date kubernetes_build_info reports: the
+// same for every build of a commit, as the go command's vcs.time is.
+var commitDate string
+
 // Name is the proxy's name, the product in its User-Agent whatever the
 // binary is called.
 const Name = "kube-userspace-proxy"
@@ -87,6 +92,9 @@ func Info() k8sversion.Info {
 				info.BuildDate = s.Value
 			}
 		}
+	}
+	if commitDate != "" {
+		info.BuildDate = commitDate
 	}
 	if commit != "" {
 		info.GitCommit = commit
