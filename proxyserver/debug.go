@@ -1,6 +1,7 @@
 package proxyserver
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -54,12 +55,21 @@ func (d *debugView) clusterRead(ignored []error) { d.sourceRead(nil, nil, ignore
 type debugSnapshot struct {
 	snap state.Snapshot
 	at   time.Time
-	err  error // what the sync reported
+	err  error     // what the sync reported
+	good time.Time // when the last sync that worked ended; zero if none has
 }
 
 // applied records the snapshot a sync applied, and its errors.
 func (d *debugView) applied(s state.Snapshot, err error) {
-	d.last.Store(&debugSnapshot{snap: s, at: time.Now(), err: err})
+	now := time.Now()
+	last := &debugSnapshot{snap: s, at: now, err: err, good: now}
+	if err != nil {
+		last.good = time.Time{}
+		if prev := d.last.Load(); prev != nil {
+			last.good = prev.good
+		}
+	}
+	d.last.Store(last)
 }
 
 func (d *debugView) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
@@ -84,9 +94,17 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 			portals[pt.Service] = append(portals[pt.Service], pt)
 		}
 	}
-	fmt.Fprintf(w, "%d service ports, portal %s, applied %s\n", last.snap.Len(), d.mode, last.at.Format(time.RFC3339))
-	if last.err != nil {
+	var portalFailed bool
+	if last.err == nil {
+		fmt.Fprintf(w, "%d service ports, portal %s, applied %s\n", last.snap.Len(), d.mode, last.at.Format(time.RFC3339))
+	} else {
+		good := "none has yet"
+		if !last.good.IsZero() {
+			good = "the last that did ended " + last.good.Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "%d service ports, portal %s, last sync %s failed (%s)\n", last.snap.Len(), d.mode, last.at.Format(time.RFC3339), good)
 		fmt.Fprintf(w, "The last sync failed, and is retried: %v\n", last.err)
+		portalFailed = errors.As(last.err, new(kernelError))
 	}
 	if st := d.source.Load(); st != nil {
 		problems := func(errs ...error) {
@@ -211,6 +229,8 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 		}
 		if a := activity[sp.Name]; sp.Name.Protocol == state.UDP {
 			line("carried", "%s, %d open", count(a.UDPSessions, "UDP session"), a.OpenUDPSessions)
+		} else if a.GaveUp > 0 {
+			line("carried", "%s, %d open; %d reset after every dial attempt failed", count(a.Connections, "connection"), a.OpenConnections, a.GaveUp)
 		} else {
 			line("carried", "%s, %d open", count(a.Connections, "connection"), a.OpenConnections)
 		}
@@ -241,8 +261,23 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 				}
 				ps = append(ps, s)
 			}
-			line("redirects", "%s", orNone(ps))
+			if portalFailed && len(ps) > 0 {
+				line("redirects", "%s (wanted: the portal's last sync failed, so the kernel may still hold the rules of the last one that worked)", strings.Join(ps, ", "))
+			} else {
+				line("redirects", "%s", orNone(ps))
+			}
 		}
+	}
+	// Connections outlive the service port they came through (its
+	// Service deleted, a port renamed): counted here, or the open figures
+	// above would add up to less than tcp_connections_active.
+	st := d.p.Stats()
+	gone := st.TCPActive.Load() + st.SCTPActive.Load()
+	for _, a := range activity {
+		gone -= a.OpenConnections
+	}
+	if gone > 0 {
+		fmt.Fprintf(w, "\n%s of service ports no longer served still open: they go on until either side closes, as under kube-proxy\n", count(gone, "connection"))
 	}
 }
 

@@ -1,10 +1,13 @@
 package proxyserver
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
@@ -178,5 +181,104 @@ func TestDebugServicesSaysWhyHintsAreIgnored(t *testing.T) {
 		if !strings.Contains(out.String(), tc.want) {
 			t.Errorf("lacks %q:\n%s", tc.want, out.String())
 		}
+	}
+}
+
+// TestDebugServicesTellsWhatFailedAndWhatLingers: after a failed portal
+// sync the header names when the last sync that worked ended and the
+// redirects are marked as wanted, not installed; connections reset after
+// every dial attempt failed are counted beside those carried; connections
+// of a deleted Service that go on are counted (xa55: the view said the
+// failed sync "applied" its rules, and counted neither).
+func TestDebugServicesTellsWhatFailedAndWhatLingers(t *testing.T) {
+	p := userspace.New(userspace.Config{})
+	t.Cleanup(func() { p.Close() })
+	d := &debugView{p: p, mode: PortalIPTables}
+	d.portals = func(s state.Snapshot) []portal.Portal { return portal.FromSnapshot(s, p.ProxyPort, nil) }
+
+	backend, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer backend.Close()
+	go func() {
+		for {
+			c, err := backend.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	closed, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusing := netip.MustParseAddrPort(closed.Addr().String())
+	closed.Close()
+	ep := func(a netip.AddrPort) []state.Endpoint {
+		return []state.Endpoint{{Addr: a, Ready: true, Serving: true}}
+	}
+	live := state.ServicePort{Name: state.ServicePortName{Namespace: "e2e", Name: "live", Port: "http", Protocol: state.TCP}, Port: 80,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.80")}, ClusterEndpoints: ep(netip.MustParseAddrPort(backend.Addr().String()))}
+	dead := state.ServicePort{Name: state.ServicePortName{Namespace: "e2e", Name: "dead", Port: "http", Protocol: state.TCP}, Port: 80,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.81")}, ClusterEndpoints: ep(refusing)}
+	both := state.NewSnapshot([]state.ServicePort{live, dead})
+	if err := p.Apply(both); err != nil {
+		t.Fatal(err)
+	}
+	d.applied(both, nil)
+	view := func() string {
+		var b strings.Builder
+		d.write(&b, d.last.Load())
+		return b.String()
+	}
+	if v := view(); !strings.Contains(v, ", applied ") {
+		t.Errorf("a sync that worked is not said applied:\n%s", v)
+	}
+
+	// A connection through the live Service, and one the dead one gives up.
+	c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(live.Name)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Reset once every attempt failed, perhaps before Dial returns.
+	if r, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", p.ProxyPort(dead.Name))); err == nil {
+		r.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, _ = r.Read(make([]byte, 1))
+		r.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for p.Activity()[dead.Name].GaveUp == 0 || p.Activity()[live.Name].OpenConnections == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("activity %+v", p.Activity())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	d.applied(both, joinErrors(kernelError{errors.New("portal: iptables: restore: exit status 4")}))
+	v := view()
+	for _, want := range []string{
+		"last sync ", " failed (the last that did ended ",
+		"(wanted: the portal's last sync failed, so the kernel may still hold the rules of the last one that worked)",
+		"carried:      0 connections, 0 open; 1 reset after every dial attempt failed",
+	} {
+		if !strings.Contains(v, want) {
+			t.Errorf("lacks %q:\n%s", want, v)
+		}
+	}
+	if strings.Contains(v, ", applied ") {
+		t.Errorf("a failed sync is said applied:\n%s", v)
+	}
+
+	// The live Service deleted: its connection goes on, and is counted.
+	deadOnly := state.NewSnapshot([]state.ServicePort{dead})
+	if err := p.Apply(deadOnly); err != nil {
+		t.Fatal(err)
+	}
+	d.applied(deadOnly, nil)
+	if v := view(); !strings.Contains(v, "1 connection of service ports no longer served still open") {
+		t.Errorf("the deleted Service's open connection is not counted:\n%s", v)
 	}
 }

@@ -591,6 +591,7 @@ const givenUpRole = ", given up until the portal syncs"
 type Activity struct {
 	Connections     uint64 // TCP connections (SCTP associations) proxied to an endpoint
 	OpenConnections int64
+	GaveUp          uint64 // TCP connections reset after every dial attempt failed
 	UDPSessions     uint64 // UDP sessions opened
 	OpenUDPSessions int64
 }
@@ -602,7 +603,7 @@ func (p *Proxier) Activity() map[state.ServicePortName]Activity {
 	out := make(map[state.ServicePortName]Activity, len(p.services))
 	for name, sp := range p.services {
 		out[name] = Activity{
-			Connections: sp.connsProxied.Load(), OpenConnections: sp.connsActive.Load(),
+			Connections: sp.connsProxied.Load(), OpenConnections: sp.connsActive.Load(), GaveUp: sp.connsGaveUp.Load(),
 			UDPSessions: sp.udpOpened.Load(), OpenUDPSessions: sp.udpSessions.Load(),
 		}
 	}

@@ -88,6 +88,7 @@ type servicePort struct {
 	// and open now, and UDP sessions opened so far.
 	connsProxied atomic.Uint64
 	connsActive  atomic.Int64
+	connsGaveUp  atomic.Uint64 // connections reset after every dial attempt failed
 	udpOpened    atomic.Uint64
 	capLog       logThrottle // datagrams the UDP session cap dropped
 	giveUpLog    logThrottle // connections reset after every dial failed
@@ -425,6 +426,7 @@ func (sp *servicePort) capReached(max int) {
 // reset because every dial failed: the -v=2 line for each is off by
 // default, and an outage should not be silent.
 func (sp *servicePort) dialGaveUp(err error) {
+	sp.connsGaveUp.Add(1)
 	if n, ok := sp.giveUpLog.note(sayAgainAfter); ok {
 		klog.ErrorS(err, "Every dial attempt failed; connections are reset (each is logged at -v=2); said at most once a minute",
 			"service", sp.name, "resetSinceLastSaid", n)
