@@ -418,7 +418,7 @@ func (b *builder) clusterEndpoints(eps []endpointInfo) ([]state.Endpoint, string
 		if why != noHints {
 			ignored = append(ignored, why)
 		}
-		noZone := "this node's zone is not known (no " + corev1.LabelTopologyZone + " label on its Node)"
+		noZone := "this node's zone is not known (no " + corev1.LabelTopologyZone + " label on its Node; with --manifests there is no Node, so zone hints never apply there, node hints do)"
 		why = unusableHints(ready, "zone", b.zone, noZone, func(e *endpointInfo) []string { return e.zoneHints })
 		switch why {
 		case "":

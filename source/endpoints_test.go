@@ -104,7 +104,7 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			})},
 			opts:        Options{NodeName: "node-a"},
 			wantCluster: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
-			wantHints:   "zone hints ignored: this node's zone is not known (no topology.kubernetes.io/zone label on its Node)",
+			wantHints:   "zone hints ignored: this node's zone is not known (no topology.kubernetes.io/zone label on its Node; with --manifests there is no Node, so zone hints never apply there, node hints do)",
 		},
 		{
 			name: "node hints win over zone hints",
