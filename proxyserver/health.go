@@ -107,7 +107,7 @@ func (h *proxyHealth) healthyLocked(now time.Time) bool {
 // healthReport is the body of /healthz and /livez, in kube-proxy's shape.
 type healthReport struct {
 	// LastUpdated is when the proxy last applied everything it was told;
-	// now while it is healthy, as kube-proxy reports it for old clients.
+	// now in a 200 answer, as kube-proxy reports it for old clients.
 	LastUpdated time.Time `json:"lastUpdated"`
 	CurrentTime time.Time `json:"currentTime"`
 	// NodeEligible is false when this node is going away (its Node is
@@ -115,7 +115,10 @@ type healthReport struct {
 	// autoscaler). Only /healthz has it.
 	NodeEligible *bool `json:"nodeEligible,omitempty"`
 	Healthy      bool  `json:"healthy"`
-	// Status is the health of each IP family, in kube-proxy's shape.
+	// Status is the health of each IP family, in kube-proxy's shape,
+	// with the time of the last sync that applied everything (whatever
+	// the answer); as kube-proxy's, it is empty (left out) before the
+	// first.
 	Status map[string]familyHealth `json:"status,omitempty"`
 	// Reason says, when the answer is 503, why.
 	Reason string `json:"reason,omitempty"`
@@ -147,15 +150,14 @@ func (h *proxyHealth) report(withNode bool) (healthReport, int) {
 		r.Reason = "nothing applied yet: the source has not delivered Services and EndpointSlices in the " +
 			now.Sub(h.started).Round(time.Second).String() + " since the proxy started (see the log)"
 	case r.Healthy:
-		r.LastUpdated = now
 	default:
 		code = http.StatusServiceUnavailable
 		r.Reason = "a change has waited more than " + h.timeout.String() + " to be applied (see the sync errors in the log)"
 	}
-	if len(h.families) > 0 {
+	if len(h.families) > 0 && !h.lastUpdated.IsZero() {
 		r.Status = make(map[string]familyHealth, len(h.families))
 		for _, f := range h.families {
-			r.Status[f] = familyHealth{LastUpdated: r.LastUpdated, Healthy: r.Healthy}
+			r.Status[f] = familyHealth{LastUpdated: h.lastUpdated, Healthy: r.Healthy}
 		}
 	}
 	if withNode {
@@ -167,6 +169,12 @@ func (h *proxyHealth) report(withNode bool) (healthReport, int) {
 				r.Reason = h.ineligible
 			}
 		}
+	}
+	if code == http.StatusOK {
+		// As kube-proxy: old clients took lastUpdated for the last
+		// periodic sync, so a 200 says now. Only the top level: each
+		// family's says when it was really applied.
+		r.LastUpdated = now
 	}
 	return r, code
 }

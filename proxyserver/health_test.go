@@ -86,8 +86,9 @@ func TestHealthEndpoints(t *testing.T) {
 		}
 		return rec.Code, r
 	}
+	// Before the first sync, as kube-proxy, no family has a status.
 	if code, r := get("/healthz"); code != 200 || !r.Healthy || r.NodeEligible == nil || !*r.NodeEligible || !r.LastUpdated.Equal(clock.t) ||
-		len(r.Status) != 2 || !r.Status["IPv4"].Healthy || !r.Status["IPv6"].LastUpdated.Equal(clock.t) {
+		len(r.Status) != 0 {
 		t.Errorf("/healthz at start: %d %+v", code, r)
 	}
 	if code, r := get("/livez"); code != 200 || r.NodeEligible != nil {
@@ -97,27 +98,38 @@ func TestHealthEndpoints(t *testing.T) {
 		t.Errorf("/metrics: %d, want 404", code)
 	}
 
-	h.setEligible("its Node is being deleted")
-	if code, r := get("/healthz"); code != 503 || *r.NodeEligible || r.Reason != "its Node is being deleted" {
-		t.Errorf("/healthz of a node going away: %d %+v", code, r)
-	}
-	if code, _ := get("/livez"); code != 200 {
-		t.Errorf("/livez of a node going away: %d, want 200 (the proxy itself is fine)", code)
-	}
-	h.setEligible("")
-
 	// Nothing applied a minute after the start: the source has not
 	// delivered, and the portal serves nothing the node is asked for.
 	h.started = clock.t.Add(-61 * time.Second)
-	if code, r := get("/healthz"); code != 503 || r.Healthy || r.Reason == "" || r.Status["IPv4"].Healthy {
+	if code, r := get("/healthz"); code != 503 || r.Healthy || r.Reason == "" || r.Status["IPv4"].Healthy || !r.LastUpdated.IsZero() {
 		t.Errorf("/healthz with nothing applied 61s after the start: %d %+v", code, r)
 	}
 	if code, r := get("/livez"); code != 200 || !r.Healthy {
 		t.Errorf("/livez with nothing applied 61s after the start: %d %+v, want 200 (a restart would not help)", code, r)
 	}
 
+	// As kube-proxy: a 200 says now at the top level, for old clients,
+	// and each family says when it was applied; a 503 says when at the
+	// top level too, whatever the reason.
 	synced := clock.t
 	h.updated(synced, false)
+	clock.t = clock.t.Add(30 * time.Second)
+	for _, path := range []string{"/healthz", "/livez"} {
+		if code, r := get(path); code != 200 || !r.Healthy || !r.LastUpdated.Equal(clock.t) || len(r.Status) != 2 ||
+			!r.Status["IPv4"].Healthy || !r.Status["IPv4"].LastUpdated.Equal(synced) || !r.Status["IPv6"].LastUpdated.Equal(synced) {
+			t.Errorf("%s 30s after a sync: %d %+v", path, code, r)
+		}
+	}
+	h.setEligible("its Node is being deleted")
+	if code, r := get("/healthz"); code != 503 || *r.NodeEligible || r.Reason != "its Node is being deleted" ||
+		!r.LastUpdated.Equal(synced) || !r.Status["IPv4"].Healthy || !r.Status["IPv6"].LastUpdated.Equal(synced) {
+		t.Errorf("/healthz of a node going away: %d %+v", code, r)
+	}
+	if code, r := get("/livez"); code != 200 || !r.LastUpdated.Equal(clock.t) || !r.Status["IPv4"].LastUpdated.Equal(synced) {
+		t.Errorf("/livez of a node going away: %d %+v, want 200 (the proxy itself is fine)", code, r)
+	}
+	h.setEligible("")
+
 	h.queued()
 	clock.t = clock.t.Add(2 * time.Minute)
 	for _, path := range []string{"/healthz", "/livez"} {
@@ -264,6 +276,7 @@ func TestMetricsPerIPFamily(t *testing.T) {
 			m := newMetrics(&stats, tc.families)
 			h := newProxyHealth(time.Minute)
 			h.families, h.answered = tc.families, m.answered
+			h.updated(time.Now(), false) // a family has a status once a sync has applied everything
 			fresh := scrapeMetrics(t, m)
 			m.queued(state.Changes{})
 			m.synced(snap, 3*time.Millisecond, true, true, "")
