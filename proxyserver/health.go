@@ -39,6 +39,7 @@ type proxyHealth struct {
 	lastUpdated  time.Time  // the last sync that applied everything offered
 	pendingSince time.Time  // when the oldest change not yet applied came; zero if none
 	ineligible   string     // why this node should not take traffic; empty if it may
+	syncSince    time.Time  // when the sync running now started; zero if none runs
 }
 
 func newProxyHealth(timeout time.Duration) *proxyHealth {
@@ -76,6 +77,14 @@ func (h *proxyHealth) updated(started time.Time, newer bool) {
 	if newer {
 		h.pendingSince = started
 	}
+}
+
+// syncing records that a sync started at start and is running, or, with
+// the zero time, that it has ended.
+func (h *proxyHealth) syncing(start time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.syncSince = start
 }
 
 // setEligible records whether this node may take traffic from load
@@ -147,12 +156,28 @@ func (h *proxyHealth) report(withNode bool) (healthReport, int) {
 		// load balancers to go elsewhere. /livez stays 200: a restart
 		// would not help.
 		r.Healthy, code = false, http.StatusServiceUnavailable
-		r.Reason = "nothing applied yet: the source has not delivered Services and EndpointSlices in the " +
-			now.Sub(h.started).Round(time.Second).String() + " since the proxy started (see the log)"
+		switch {
+		case !h.syncSince.IsZero():
+			r.Reason = "nothing applied yet: the first sync has been running for " + roughly(now.Sub(h.syncSince)) + " and has not finished"
+		case !h.pendingSince.IsZero():
+			r.Reason = "nothing applied yet: the source delivered Services and EndpointSlices " + roughly(now.Sub(h.pendingSince)) +
+				" ago, and they wait to be applied (see the sync errors in the log)"
+		default:
+			r.Reason = "nothing applied yet: the source has not delivered Services and EndpointSlices in the " +
+				now.Sub(h.started).Round(time.Second).String() + " since the proxy started (see the log)"
+		}
 	case r.Healthy:
 	default:
 		code = http.StatusServiceUnavailable
-		r.Reason = "a change has waited more than " + h.timeout.String() + " to be applied (see the sync errors in the log)"
+		r.Reason = "a change has waited more than " + h.timeout.String() + " to be applied"
+		if !h.syncSince.IsZero() && !h.syncSince.After(h.pendingSince.Add(h.timeout)) {
+			// A sync that hangs (an iptables-restore waiting for the
+			// xtables lock) logs no error: say it runs, as the log does
+			// ("Sync still running").
+			r.Reason += ": a sync has been running for " + roughly(now.Sub(h.syncSince)) + " and has not finished"
+		} else {
+			r.Reason += " (see the sync errors in the log)"
+		}
 	}
 	if len(h.families) > 0 && !h.lastUpdated.IsZero() {
 		r.Status = make(map[string]familyHealth, len(h.families))
@@ -177,6 +202,15 @@ func (h *proxyHealth) report(withNode bool) (healthReport, int) {
 		r.LastUpdated = now
 	}
 	return r, code
+}
+
+// roughly is d rounded for people: to the second, or under a second to
+// the millisecond.
+func roughly(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
 }
 
 // ServeHTTP answers /healthz, which load balancers and node monitors ask

@@ -140,6 +140,56 @@ func TestHealthEndpoints(t *testing.T) {
 	}
 }
 
+// TestHealthReasonNamesARunningSync: a sync that hangs (an
+// iptables-restore waiting for the xtables lock) logs no error, so a 503's
+// reason says a sync has run that long, when it was already running as the
+// change became late; otherwise the reason points at the sync errors. Before
+// anything is applied, the reason tells a hanging first sync and a source
+// that delivered from one that has not.
+func TestHealthReasonNamesARunningSync(t *testing.T) {
+	clock := &fakeNow{t: time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)}
+	h := newProxyHealth(time.Minute)
+	h.now, h.started = clock.now, clock.t
+	reason := func() string {
+		t.Helper()
+		r, code := h.report(true)
+		if code != http.StatusServiceUnavailable {
+			t.Fatalf("answer %d %+v, want 503", code, r)
+		}
+		return r.Reason
+	}
+	at := func(d time.Duration) time.Time { return h.started.Add(d) }
+
+	h.queued()
+	h.syncing(at(time.Second))
+	clock.t = at(90 * time.Second)
+	if got, want := reason(), "nothing applied yet: the first sync has been running for 1m29s and has not finished"; got != want {
+		t.Errorf("a first sync hanging: reason %q, want %q", got, want)
+	}
+	h.syncing(time.Time{})
+	if got, want := reason(), "nothing applied yet: the source delivered Services and EndpointSlices 1m30s ago, and they wait to be applied (see the sync errors in the log)"; got != want {
+		t.Errorf("a first sync failing: reason %q, want %q", got, want)
+	}
+
+	h.updated(at(91*time.Second), false)
+	h.queued() // at 1m30s: late from 2m30s
+	h.syncing(at(100 * time.Second))
+	clock.t = at(200 * time.Second)
+	if got, want := reason(), "a change has waited more than 1m0s to be applied: a sync has been running for 1m40s and has not finished"; got != want {
+		t.Errorf("a sync hanging: reason %q, want %q", got, want)
+	}
+	// A sync that began once the change was late is not why: the ones
+	// before it failed.
+	h.syncing(at(160 * time.Second))
+	if got, want := reason(), "a change has waited more than 1m0s to be applied (see the sync errors in the log)"; got != want {
+		t.Errorf("a sync begun late: reason %q, want %q", got, want)
+	}
+	h.syncing(time.Time{})
+	if got, want := reason(), "a change has waited more than 1m0s to be applied (see the sync errors in the log)"; got != want {
+		t.Errorf("no sync running: reason %q, want %q", got, want)
+	}
+}
+
 // TestSyncLoopTellsHealth: offers queue; a sync whose kernel part failed,
 // or a rate limit deferred, leaves them waiting; one where only a Service
 // failed (a busy node port) counts as applied, as does a good one. Each

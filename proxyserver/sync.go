@@ -27,6 +27,10 @@ type syncLoop struct {
 	health   *proxyHealth // told of offers and of syncs that applied them; may be nil (see run)
 	metrics  *metrics     // told the same, and how long each sync took; may be nil
 
+	// stallFirst and stallEvery are when a sync that has not ended is
+	// logged: after stallFirst, then every stallEvery while it runs.
+	stallFirst, stallEvery time.Duration
+
 	kick chan struct{}
 
 	mu       sync.Mutex // guards the fields below
@@ -52,6 +56,7 @@ const maxOfferedTriggers = 10000
 
 func newSyncLoop(apply func(state.Snapshot) error, retryMin, resync time.Duration) *syncLoop {
 	return &syncLoop{apply: apply, retryMin: max(retryMin, 100*time.Millisecond), resync: resync, kick: make(chan struct{}, 1),
+		stallFirst: 10 * time.Second, stallEvery: time.Minute,
 		changedServices: make(map[state.ServiceName]uint64), changedEndpoints: make(map[state.ServiceName]uint64)}
 }
 
@@ -171,7 +176,9 @@ func (l *syncLoop) run(ctx context.Context) {
 			continue // nothing to serve until the source has synced
 		}
 		start := time.Now()
+		ended := l.watchStall(start, snap.Len(), version)
 		err := l.apply(snap)
+		ended()
 		took := time.Since(start)
 		next := l.resync
 		var deferred errDeferred
@@ -232,6 +239,41 @@ func (l *syncLoop) run(ctx context.Context) {
 			}
 		}
 		resetTimer(timer, next)
+	}
+}
+
+// watchStall watches a sync that started at start: one that runs on (an
+// iptables-restore waiting for the xtables lock) logs no error, so it is
+// logged after stallFirst and every stallEvery while it runs, and health
+// names it as the reason a change waits. The returned func, called as the
+// sync ends, stops that; no line comes after it returns.
+func (l *syncLoop) watchStall(start time.Time, servicePorts int, version uint64) (ended func()) {
+	if l.health != nil {
+		l.health.syncing(start)
+	}
+	var mu sync.Mutex // guards done and t
+	done := false
+	var t *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(l.stallFirst, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return
+		}
+		klog.InfoS("Sync still running", "runningFor", time.Since(start).Round(time.Second), "servicePorts", servicePorts, "version", version,
+			"logEvery", l.stallEvery)
+		t.Reset(l.stallEvery)
+	})
+	return func() {
+		mu.Lock()
+		done = true
+		t.Stop()
+		mu.Unlock()
+		if l.health != nil {
+			l.health.syncing(time.Time{})
+		}
 	}
 }
 

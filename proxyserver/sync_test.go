@@ -377,3 +377,95 @@ func TestSyncFailuresPastTheLineAreNamedNext(t *testing.T) {
 		t.Errorf("%d failures taken as logged at the end, want the 5 left", len(logged))
 	}
 }
+
+// lockedLog is klog's output for a test whose lines come from other
+// goroutines; wrote is poked at each write.
+type lockedLog struct {
+	mu    sync.Mutex // guards b
+	b     strings.Builder
+	wrote chan struct{}
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case l.wrote <- struct{}{}:
+	default:
+	}
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) text() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *lockedLog) count(s string) int { return strings.Count(l.text(), s) }
+
+// TestSyncLoopLogsStalledSync: a sync that hangs (an iptables-restore
+// waiting for the xtables lock) fails nothing, so nothing was logged while
+// /healthz turned 503 and pointed at the log's sync errors. It is logged
+// after stallFirst and every stallEvery while it runs, and /healthz says a
+// sync has run that long; once it ends, neither says so.
+func TestSyncLoopLogsStalledSync(t *testing.T) {
+	logs := &lockedLog{wrote: make(chan struct{}, 1)}
+	klog.LogToStderr(false)
+	klog.SetOutput(logs)
+	t.Cleanup(func() { klog.Flush(); klog.LogToStderr(true) })
+
+	entered, release := make(chan struct{}, 2), make(chan struct{})
+	calls := 0
+	l := newSyncLoop(func(state.Snapshot) error {
+		calls++
+		entered <- struct{}{}
+		if calls == 2 {
+			<-release
+		}
+		return nil
+	}, 10*time.Millisecond, time.Hour)
+	l.stallFirst, l.stallEvery = 20*time.Millisecond, 30*time.Millisecond
+	l.health = newProxyHealth(10 * time.Millisecond) // less than the wait for the lines
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	l.offer(snapOf(2))
+	<-entered // applied at once
+	l.offer(snapOf(3))
+	<-entered // hangs
+	deadline := time.After(10 * time.Second)
+	for logs.count(`"Sync still running"`) < 2 {
+		select {
+		case <-logs.wrote:
+		case <-deadline:
+			t.Fatalf("a sync hanging for seconds logged %d \"Sync still running\" lines, want 2:\n%s", logs.count(`"Sync still running"`), logs.text())
+		}
+	}
+	if r, code := l.health.report(true); code != http.StatusServiceUnavailable ||
+		!strings.Contains(r.Reason, "a change has waited more than 10ms to be applied: a sync has been running for ") ||
+		!strings.HasSuffix(r.Reason, " and has not finished") {
+		t.Errorf("/healthz while a sync hangs: %d, reason %q", code, r.Reason)
+	}
+	if text := logs.text(); !strings.Contains(text, `servicePorts=3 version=2 logEvery="30ms"`) {
+		t.Errorf("the line does not say what the sync applies:\n%s", text)
+	}
+
+	close(release)
+	l.offer(snapOf(3))
+	<-entered // the sync that hung has ended
+	lines := logs.count(`"Sync still running"`)
+	cancel()
+	<-done
+	klog.Flush()
+	if n := logs.count(`"Sync still running"`); n != lines {
+		t.Errorf("%d \"Sync still running\" lines after the sync ended", n-lines)
+	}
+	l.health.mu.Lock()
+	defer l.health.mu.Unlock()
+	if !l.health.syncSince.IsZero() {
+		t.Errorf("health still has a sync running since %v", l.health.syncSince)
+	}
+}
