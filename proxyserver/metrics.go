@@ -304,7 +304,10 @@ func counter(name, help string, value func(s *snap) uint64, labels ...string) st
 const noEndpointsNote = " by the proxy because the service port had no endpoints for them (the iptables portal refuses or drops most such traffic before it reaches the proxy; that is not counted here)."
 
 // bytesHelp is the help of kube_userspace_proxy_bytes_total.
-const bytesHelp = "Bytes proxied, by protocol and direction: TCP stream bytes, UDP datagram payloads, SCTP message payloads."
+const bytesHelp = "Bytes proxied, by protocol and direction: TCP stream bytes, UDP datagram payloads, SCTP message payloads. UDP to_endpoint counts what was sent to endpoints: a datagram sent again to another endpoint after a refusal counts again."
+
+// udpDatagramsHelp is the help of kube_userspace_proxy_udp_datagrams_total.
+const udpDatagramsHelp = "UDP datagrams proxied, by direction. to_endpoint counts what was sent to endpoints: a datagram sent again to another endpoint after a refusal (udp_refused_total) counts again."
 
 // gauge describes kube_userspace_proxy_<name>.
 func gauge(name, help string, value func(s *snap) int64) statDesc {
@@ -334,8 +337,8 @@ var statDescs = []statDesc{
 	gauge("udp_sessions_active", "UDP sessions open now.", func(s *snap) int64 { return s.UDPSessionsActive }),
 	counter("udp_sessions_rejected_total", "UDP datagrams dropped because the service port was at --udp-max-sessions.", func(s *snap) uint64 { return s.UDPSessionsRejected }),
 	counter("udp_no_endpoints_total", "UDP datagrams dropped"+noEndpointsNote, func(s *snap) uint64 { return s.UDPNoEndpoints }),
-	counter("udp_datagrams_total", "UDP datagrams proxied, by direction.", func(s *snap) uint64 { return s.UDPDatagramsIn }, "direction", "to_endpoint"),
-	counter("udp_datagrams_total", "UDP datagrams proxied, by direction.", func(s *snap) uint64 { return s.UDPDatagramsOut }, "direction", "to_client"),
+	counter("udp_datagrams_total", udpDatagramsHelp, func(s *snap) uint64 { return s.UDPDatagramsIn }, "direction", "to_endpoint"),
+	counter("udp_datagrams_total", udpDatagramsHelp, func(s *snap) uint64 { return s.UDPDatagramsOut }, "direction", "to_client"),
 	counter("udp_dropped_total", "UDP datagrams dropped on a full socket buffer or a send error.", func(s *snap) uint64 { return s.UDPDropped }),
 	counter("udp_refused_total", "UDP endpoint refusals (ICMP port unreachable): a session with no reply yet moves to another endpoint, others end.", func(s *snap) uint64 { return s.UDPRefused }),
 	counter("shed_total", "Connections and sessions refused for lack of file descriptors or buffers.", func(s *snap) uint64 { return s.Shed }),

@@ -28,11 +28,11 @@ type Stats struct {
 	UDPSessionsActive   atomic.Int64  // UDP sessions open now
 	UDPSessionsRejected atomic.Uint64 // datagrams dropped because the session cap was reached
 	UDPNoEndpoints      atomic.Uint64 // datagrams dropped because the port had no endpoints
-	UDPDatagramsIn      atomic.Uint64 // client datagrams forwarded to endpoints
+	UDPDatagramsIn      atomic.Uint64 // client datagrams sent to endpoints, each time: one sent again to another endpoint after a refusal counts twice
 	UDPDatagramsOut     atomic.Uint64 // endpoint datagrams sent back to clients
 	UDPDropped          atomic.Uint64 // datagrams dropped on a full socket buffer or send error
 	UDPRefused          atomic.Uint64 // endpoint refusals (ICMP port unreachable): the session moved (no reply yet) or ended
-	UDPBytesIn          atomic.Uint64 // bytes of the datagrams in UDPDatagramsIn
+	UDPBytesIn          atomic.Uint64 // bytes of the datagrams in UDPDatagramsIn, resends too
 	UDPBytesOut         atomic.Uint64 // bytes of the datagrams in UDPDatagramsOut
 
 	SourceRefused atomic.Uint64 // connections reset and datagrams dropped: their source is outside loadBalancerSourceRanges (the kernel's drops by a socket filter are not seen)

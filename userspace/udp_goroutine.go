@@ -267,9 +267,10 @@ func (s *udpSession) send(b []byte) {
 	if s.unanswered.Load() < maxUnanswered {
 		s.unanswered.Add(1)
 	}
+	kept := -1
 	if !s.settled.Load() {
 		s.pmu.Lock()
-		s.pending.keep(b)
+		kept = s.pending.keep(b)
 		s.settled.Store(s.pending.settled)
 		s.pmu.Unlock()
 	}
@@ -284,7 +285,16 @@ func (s *udpSession) send(b []byte) {
 	case werr == nil:
 		p.stats.UDPDatagramsIn.Add(1)
 		p.stats.UDPBytesIn.Add(uint64(len(b)))
-		s.tally.add(toEndpoint, len(b))
+		first := true
+		if kept >= 0 {
+			// A refusal may have resent it already.
+			s.pmu.Lock()
+			first = s.pending.forward(kept)
+			s.pmu.Unlock()
+		}
+		if first {
+			s.tally.add(toEndpoint, len(b))
+		}
 	case werr == unix.ECONNREFUSED:
 		s.refuse()
 	default:
@@ -342,12 +352,16 @@ func (s *udpSession) resend() bool {
 	p := s.l.sp.p
 	refused := false
 	_ = s.rc.Write(func(fd uintptr) bool {
-		for _, b := range s.pending.bufs {
+		for i, b := range s.pending.bufs {
 			switch _, err := unix.Write(int(fd), b); err {
 			case nil:
+				// Counted again here (see udpPending.forward), but not
+				// in the session's tally if it was sent before.
 				p.stats.UDPDatagramsIn.Add(1)
 				p.stats.UDPBytesIn.Add(uint64(len(b)))
-				s.tally.add(toEndpoint, len(b))
+				if s.pending.forward(i) {
+					s.tally.add(toEndpoint, len(b))
+				}
 			case unix.ECONNREFUSED:
 				refused = true
 				return true

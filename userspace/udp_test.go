@@ -371,6 +371,64 @@ func TestUDPRefusalBeforeAReplyMovesTheSession(t *testing.T) {
 	}
 }
 
+// TestUDPResendCountedOnceInTheSession: a datagram that an endpoint
+// refused and that went again to another endpoint counts in the data
+// plane's counters each time it was sent (to_endpoint is what endpoints
+// were sent), but once in the "UDP session ended" line, which counts what
+// the client sent and so credits the endpoint that answered with no more
+// than it received.
+func TestUDPResendCountedOnceInTheSession(t *testing.T) {
+	logs := captureLog(t, "4")
+	live := startUDPBackend(t, "live")
+	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t)) // nothing listens there
+	// A penalty too short to matter: every other new session starts on
+	// the dead endpoint.
+	p := newTestProxier(t, Config{EndpointPenalty: time.Nanosecond, UDPIdleTimeout: 100 * time.Millisecond, UDPReplyTimeout: 2 * time.Second})
+	name := spn("dns", "", state.UDP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(dead, live.addr())})
+	addr := proxyAddr(t, p, name)
+	const clients = 6
+	for i := range clients {
+		c := dialUDP(t, addr)
+		if got, err := udpExchangeTimeout(c, []byte("who"), 2*time.Second); err != nil || string(got) != "live" {
+			t.Fatalf("new client %d: %q, %v", i, got, err)
+		}
+		c.Close()
+	}
+	var ended []string
+	settle(t, "every session's end is logged", func() error {
+		klog.Flush()
+		ended = nil
+		logs.mu.Lock()
+		for line := range strings.Lines(logs.b.String()) {
+			if strings.Contains(line, `"UDP session ended"`) {
+				ended = append(ended, strings.TrimSpace(line))
+			}
+		}
+		logs.mu.Unlock()
+		if len(ended) < clients {
+			return fmt.Errorf("%d lines", len(ended))
+		}
+		return nil
+	})
+	// The sessions are over, and their counts with them.
+	st := p.Stats()
+	refused := st.UDPRefused.Load()
+	if refused == 0 {
+		t.Fatal("no session started on the dead endpoint")
+	}
+	if in, bytes, out := st.UDPDatagramsIn.Load(), st.UDPBytesIn.Load(), st.UDPDatagramsOut.Load(); in != clients+refused || bytes != 3*in || out != clients {
+		t.Errorf("datagrams to endpoints %d (%d bytes), to clients %d; want %d (%d bytes): each client's, and each again after a refusal, and %d",
+			in, bytes, out, clients+refused, 3*(clients+refused), clients)
+	}
+	want := fmt.Sprintf(`endpoint="%s" reason="it idled out" datagramsToEndpoint=1 bytesToEndpoint=3 datagramsToClient=1 bytesToClient=4 `, live.addr())
+	for _, line := range ended {
+		if !strings.Contains(line, want) {
+			t.Errorf("a session of one datagram, answered by the live endpoint: %s", line)
+		}
+	}
+}
+
 func udpExchangeTimeout(c *net.UDPConn, payload []byte, d time.Duration) ([]byte, error) {
 	if _, err := c.Write(payload); err != nil {
 		return nil, err
@@ -560,5 +618,30 @@ func TestUDPReplyBurst(t *testing.T) {
 		if want := append([]byte(fmt.Sprintf("%02d:", i)), payload...); !bytes.Equal(buf[:n], want) {
 			t.Fatalf("reply %d: got %d bytes starting %q", i, n, buf[:min(n, 8)])
 		}
+	}
+}
+
+// TestUDPPendingForwardsOnce: the datagrams a session holds for a failover
+// count once each in its tally, whether first sent, resent, or (goroutine
+// build) resent by a refusal before the first send's write returned and
+// the first reply settled the session.
+func TestUDPPendingForwardsOnce(t *testing.T) {
+	var p udpPending
+	a, b := p.keep([]byte("A?")), p.keep([]byte("AAAA?"))
+	if a != 0 || b != 1 {
+		t.Fatalf("kept as %d and %d, want 0 and 1", a, b)
+	}
+	if !p.forward(a) || p.forward(a) {
+		t.Error("the first datagram: want counted on its first send only")
+	}
+	if !p.forward(b) {
+		t.Error("the second datagram, sent first by a resend: want counted")
+	}
+	p.settle()
+	if p.forward(b) {
+		t.Error("the second datagram's own write, after a reply settled the session: counted again")
+	}
+	if c := p.keep([]byte("x")); c != -1 || !p.forward(c) {
+		t.Errorf("a datagram after the reply: kept as %d, want -1, and counted", c)
 	}
 }

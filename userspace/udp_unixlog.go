@@ -19,7 +19,8 @@ const (
 )
 
 // udpTally counts a session's datagrams and bytes each way for the -v=4
-// line that ends it. It counts only when -v=4 was on as the session began,
+// line that ends it; to the endpoint, each client datagram once, though a
+// refusal sent it to another endpoint again (udpPending.forward). It counts only when -v=4 was on as the session began,
 // as the line that opened it was logged then.
 type udpTally struct {
 	since     time.Time // zero: not counting

@@ -21,6 +21,10 @@ type udpPending struct {
 	size    int
 	tried   []netip.AddrPort // endpoints that refused this session
 	settled bool             // a reply came, or more was sent than is kept: nothing is held
+	// sent says which datagrams keep numbered reached an endpoint (kept
+	// when settle drops them): the session's tally counts each client
+	// datagram once, however many endpoints it was sent to (see forward).
+	sent [maxPendingDatagrams]bool
 }
 
 const (
@@ -31,17 +35,33 @@ const (
 )
 
 // keep copies a client datagram sent to the endpoint before its first
-// reply.
-func (p *udpPending) keep(b []byte) {
+// reply, and returns its number (its index in bufs), or -1 if it is not
+// kept.
+func (p *udpPending) keep(b []byte) int {
 	if p.settled {
-		return
+		return -1
 	}
 	if len(p.bufs) == maxPendingDatagrams || p.size+len(b) > maxPendingBytes {
 		p.settle()
-		return
+		return -1
 	}
 	p.bufs = append(p.bufs, slices.Clone(b))
 	p.size += len(b)
+	return len(p.bufs) - 1
+}
+
+// forward records that the datagram keep numbered i (-1: one not kept)
+// reached an endpoint, and reports whether it is the first time. The
+// data plane's counters count every datagram sent to an endpoint, a resend
+// after a refusal too; the session's tally (the "UDP session ended" line)
+// counts the client's datagrams that reached an endpoint, each once.
+func (p *udpPending) forward(i int) bool {
+	if i < 0 {
+		return true
+	}
+	first := !p.sent[i]
+	p.sent[i] = true
+	return first
 }
 
 // settle drops what is held: the endpoint answered, or the session sent

@@ -356,13 +356,15 @@ func (s *udpSession) send(b []byte) {
 	p := s.l.sp.p
 	s.lastActive = time.Now()
 	s.unanswered = min(s.unanswered+1, maxUnanswered)
-	s.pending.keep(b)
+	i := s.pending.keep(b)
 	_, err := rawWrite(s.fd, b)
 	switch err {
 	case nil:
 		p.stats.UDPDatagramsIn.Add(1)
 		p.stats.UDPBytesIn.Add(uint64(len(b)))
-		s.tally.add(toEndpoint, len(b))
+		if s.pending.forward(i) {
+			s.tally.add(toEndpoint, len(b))
+		}
 	case unix.ECONNREFUSED:
 		s.refuse() // an earlier datagram's refusal: this one goes along if the session moves
 	default:
@@ -447,12 +449,16 @@ func (s *udpSession) refuse() {
 // moves the session again.
 func (s *udpSession) resend() bool {
 	p := s.l.sp.p
-	for _, b := range s.pending.bufs {
+	for i, b := range s.pending.bufs {
 		switch _, err := rawWrite(s.fd, b); err {
 		case nil:
+			// Counted again here (see udpPending.forward), but not in
+			// the session's tally if it was sent before.
 			p.stats.UDPDatagramsIn.Add(1)
 			p.stats.UDPBytesIn.Add(uint64(len(b)))
-			s.tally.add(toEndpoint, len(b))
+			if s.pending.forward(i) {
+				s.tally.add(toEndpoint, len(b))
+			}
 		case unix.ECONNREFUSED:
 			return false
 		default:
