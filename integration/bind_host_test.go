@@ -89,7 +89,8 @@ func TestBinaryAutoPortalInAUserNamespace(t *testing.T) {
 // TestBinaryBindPortalWithIPv6Off: on a host with IPv6 turned off, a
 // dual-stack Service is served in IPv4 and the proxy stays healthy, as
 // kube-proxy runs no IPv6 proxier there; every sync failed adding the
-// IPv6 address, and /healthz said 503.
+// IPv6 address, and /healthz said 503. Then the data plane still listened
+// on the IPv6 address the portal skipped, and every sync failed.
 func TestBinaryBindPortalWithIPv6Off(t *testing.T) {
 	requireRoot(t)
 	node := newNetns(t, "v4only")
@@ -124,6 +125,66 @@ endpoints: [{addresses: ["127.0.0.1"]}]
 	}
 	if n := strings.Count(px.log(), "IPv6 is turned off on the bind interface"); n != 1 {
 		t.Errorf("said %d times that IPv6 is off, want once", n)
+	}
+	if strings.Contains(px.log(), "Sync failed") || !strings.Contains(px.log(), `"Synced"`) {
+		t.Errorf("with IPv6 off, syncs failed (or none worked):\n%s", px.log())
+	}
+}
+
+// TestBinaryBindPortalIPv6TurnedBackOn: IPv6 turned back on (or off) on a
+// host serving with the bind portal is followed at once, not at the next
+// resync (30 s here): the IPv6 service addresses the portal skipped are
+// added and served, then taken away again.
+func TestBinaryBindPortalIPv6TurnedBackOn(t *testing.T) {
+	requireRoot(t)
+	node := newNetns(t, "v6back")
+	v6 := func(off string) {
+		node.mustRun(t, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6="+off, "net.ipv6.conf.default.disable_ipv6="+off, "net.ipv6.conf.lo.disable_ipv6="+off)
+	}
+	v6("1")
+	startBackend(t, node, "8080=be1")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, `apiVersion: v1
+kind: Service
+metadata: {name: ds, namespace: e2e}
+spec:
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIPs: [198.18.0.20, "fd5e:b1b5::20"]
+  ports: [{name: http, protocol: TCP, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ds-4, namespace: e2e, labels: {kubernetes.io/service-name: ds}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["127.0.0.1"]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ds-6, namespace: e2e, labels: {kubernetes.io/service-name: ds}}
+addressType: IPv6
+ports: [{name: http, protocol: TCP, port: 8081}]
+endpoints: [{addresses: ["::1"]}]
+`)
+	px := startCommand(t, "ip", "netns", "exec", string(node), proxyBin, "--manifests", file, "--portal=bind", "-v=2",
+		"--healthz-bind-address=", "--metrics-bind-address=", "--iptables-sync-period=30s")
+	px.waitLog(0, `"IPv6 is turned off on the bind interface: IPv6 service addresses are not served"`, 1, 30*time.Second)
+	px.waitLog(0, `"Synced"`, 1, 10*time.Second)
+	expectReply(t, node, "tcp", "198.18.0.20:80", "be1:ping")
+
+	from := px.lineCount()
+	v6("0")
+	px.waitLog(from, `"Serving".*\[fd5e:b1b5::20\]:80`, 1, 5*time.Second)
+	startBackend(t, node, "8081=be6") // it listens on IPv6 too now
+	expectReply(t, node, "tcp", "[fd5e:b1b5::20]:80", "be6:ping")
+
+	from = px.lineCount()
+	v6("1")
+	px.waitLog(from, `"Stopped serving".*\[fd5e:b1b5::20\]:80`, 1, 5*time.Second)
+	expectReply(t, node, "tcp", "198.18.0.20:80", "be1:ping")
+	if strings.Contains(px.log(), "Sync failed") {
+		t.Errorf("syncs failed:\n%s", px.log())
 	}
 }
 

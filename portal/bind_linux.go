@@ -38,6 +38,8 @@ type Bind struct {
 	link      netlink.Link
 	owned     bool                // link is our dummy interface: every address on it is ours
 	saidV6Off bool                // the last Sync said IPv6 addresses are skipped
+	v6Off     bool                // IPv6 was off on link at the last Sync
+	skipped   map[netip.Addr]bool // the service addresses the last Sync left off the host
 	swept     bool                // other interfaces were swept (see sweepElsewhere)
 	node      map[netip.Addr]bool // this host's own addresses, as the last Sync read them
 }
@@ -143,7 +145,7 @@ func (b *Bind) Sync(_ context.Context, portals []Portal) error {
 	v6Off := ipv6Off(b.link.Attrs().Name)
 	want := make(map[netip.Addr]bool)
 	var errs *multierror.Error
-	skipped6 := 0
+	skipped := make(map[netip.Addr]bool)
 	for _, ip := range bindAddrs(portals) {
 		if node[ip] {
 			// One of this host's own addresses (a Service's external IP
@@ -151,7 +153,7 @@ func (b *Bind) Sync(_ context.Context, portals []Portal) error {
 			continue
 		}
 		if ip.Is6() && v6Off {
-			skipped6++
+			skipped[ip] = true
 			continue
 		}
 		want[ip] = true
@@ -190,11 +192,33 @@ func (b *Bind) Sync(_ context.Context, portals []Portal) error {
 			b.swept = true
 		}
 	}
-	if skipped6 > 0 && !b.saidV6Off {
-		klog.InfoS("IPv6 is turned off on the bind interface: IPv6 service addresses are not served", "interface", b.link.Attrs().Name, "addresses", skipped6)
+	if len(skipped) > 0 && !b.saidV6Off {
+		klog.InfoS("IPv6 is turned off on the bind interface: IPv6 service addresses are not served", "interface", b.link.Attrs().Name, "addresses", len(skipped))
 	}
-	b.saidV6Off = skipped6 > 0
+	b.saidV6Off = len(skipped) > 0
+	b.v6Off, b.skipped = v6Off, skipped
 	return errs.ErrorOrNil()
+}
+
+// Unserved returns the service addresses the last Sync left off the host
+// for want of their IP family (IPv6 turned off on the interface): the
+// data plane can listen on none of them, and leaves them out
+// (userspace.Config.UnservedFrontends). It asks right after the Sync; the
+// map is not changed later.
+func (b *Bind) Unserved() map[netip.Addr]bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.skipped
+}
+
+// Stale reports whether a Sync of the same portals would now do more than
+// the last one did: IPv6 was turned on or off on the interface since. It
+// costs one read of /proc, so a caller that skips unchanged Syncs can ask
+// at each of them and serve a family that comes back at once.
+func (b *Bind) Stale() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.link != nil && ipv6Off(b.link.Attrs().Name) != b.v6Off
 }
 
 // sweepElsewhere removes the service addresses a bind portal put on

@@ -281,7 +281,8 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	if k.dnat != nil {
 		targets = k.dnat.decide(now)
 	}
-	same := k.synced && slices.EqualFunc(portals, k.last, portal.Portal.Equal) && len(movedFamilies(k.targets, targets)) == 0
+	same := k.synced && slices.EqualFunc(portals, k.last, portal.Portal.Equal) && len(movedFamilies(k.targets, targets)) == 0 &&
+		!portalStale(k.pt)
 	if same && now.Sub(k.lastTime) < k.resync {
 		return nil
 	}
@@ -370,6 +371,18 @@ type remover interface {
 // their destinations (portal.IPTables).
 type nodePortMover interface {
 	MovedNodePorts() (from, to []portal.Portal)
+}
+
+// staler is a portal whose Sync of the same portals may do more than the
+// last one did, and that can tell cheaply (portal.Bind: IPv6 turned back
+// on, or off).
+type staler interface {
+	Stale() bool
+}
+
+func portalStale(pt portal.Interface) bool {
+	s, ok := pt.(staler)
+	return ok && s.Stale()
 }
 
 // drifter is a portal that can tell whether its rules are still as it

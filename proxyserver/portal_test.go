@@ -136,3 +136,32 @@ func TestNoPortalError(t *testing.T) {
 		})
 	}
 }
+
+// stalePortal is a portal whose Sync of the same portals would do more
+// than the last one did (portal.Bind with IPv6 turned back on).
+type stalePortal struct {
+	*portal.Fake
+	stale bool
+}
+
+func (s *stalePortal) Stale() bool { return s.stale }
+
+// TestKernelSyncStalePortal: unchanged portals are synced again before the
+// resync is due when the portal says it is stale, so a family the bind
+// portal skipped is served at the next sync, not at the resync.
+func TestKernelSyncStalePortal(t *testing.T) {
+	ctx := context.Background()
+	pt := &stalePortal{Fake: &portal.Fake{}}
+	k := &kernelSync{pt: pt, minPeriod: 0, resync: time.Hour}
+	one := []portal.Portal{udpPortal("fd5e:b1b5::10", 0)}
+	if err := k.sync(ctx, one); err != nil || pt.Syncs() != 1 {
+		t.Fatalf("first sync: err %v, %d syncs", err, pt.Syncs())
+	}
+	if err := k.sync(ctx, one); err != nil || pt.Syncs() != 1 {
+		t.Fatalf("unchanged portals: err %v, %d syncs; want none", err, pt.Syncs())
+	}
+	pt.stale = true
+	if err := k.sync(ctx, one); err != nil || pt.Syncs() != 2 {
+		t.Fatalf("unchanged portals, stale portal: err %v, %d syncs; want 2", err, pt.Syncs())
+	}
+}

@@ -163,6 +163,9 @@ func Run(ctx context.Context, cfg *Config) error {
 	}); ok && mode == PortalBind {
 		pcfg.NodeAddrs = na.NodeAddrs
 	}
+	if u, ok := pt.(interface{ Unserved() map[netip.Addr]bool }); ok && mode == PortalBind {
+		pcfg.UnservedFrontends = u.Unserved
+	}
 	var previous []portal.Portal
 	var previousTargets map[portal.Family][]netip.Addr
 	if ipt, ok := pt.(*portal.IPTables); ok {
@@ -277,6 +280,11 @@ func Run(ctx context.Context, cfg *Config) error {
 	changed := func(addrs bool) {
 		if followPorts {
 			dnat.changed()
+			loop.poke()
+		} else if addrs && portalStale(pt) {
+			// IPv6 turned back on (the kernel gives the interfaces
+			// their addresses again), or off: the bind portal's
+			// addresses of that family are added, or skipped, now.
 			loop.poke()
 		}
 		if addrs {

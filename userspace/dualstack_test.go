@@ -322,3 +322,47 @@ func TestProxyPortMovesWhenTakenInANewFamily(t *testing.T) {
 		t.Fatalf("connection across the move: %q, %v", greeting, err)
 	}
 }
+
+// TestUnservedFrontendsAreNotListenedOn: with the frontends bound (the
+// bind portal), the service addresses the portal leaves off the host (the
+// IPv6 ones where IPv6 is turned off) are not listened on, and the
+// others are served without a failure; when the portal serves them again
+// the next Apply listens on them. Every Apply failed listening on them.
+func TestUnservedFrontendsAreNotListenedOn(t *testing.T) {
+	needIPv6Loopback(t)
+	b, b6 := startTCPBackend(t, "be"), startTCPBackendOn(t, "be6", "[::1]:0")
+	v4, v6, gone := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1"), netip.MustParseAddr("fd5e:b1b5::20")
+	unserved := map[netip.Addr]bool{v6: true, gone: true}
+	p := newTestProxier(t, Config{ServeFrontends: true, DisableProxyPorts: true,
+		UnservedFrontends: func() map[netip.Addr]bool { return unserved }})
+	name := spn("ds", "", state.TCP)
+	sp := state.ServicePort{Name: name, Port: freePort(t), ClusterIPs: []netip.Addr{v4, v6}, ExternalIPs: []netip.Addr{gone},
+		ClusterEndpoints: eps(b.addr(), b6.addr())}
+	listening := func() []string {
+		var out []string
+		for _, l := range p.Listeners() {
+			out = append(out, l.Addr.String())
+		}
+		return out
+	}
+	at := func(ip netip.Addr) string { return netip.AddrPortFrom(ip, sp.Port).String() }
+
+	if err := p.Apply(state.NewSnapshot([]state.ServicePort{sp})); err != nil {
+		t.Fatalf("Apply with IPv6 frontends unserved: %v", err)
+	}
+	if got := listening(); !slices.Equal(got, []string{at(v4)}) {
+		t.Fatalf("listening on %v, want only %s", got, at(v4))
+	}
+	if got := tcpWho(t, at(v4)); got != "be" {
+		t.Fatalf("IPv4 frontend reached %q", got)
+	}
+	// The portal serves ::1 again (IPv6 turned back on).
+	unserved = map[netip.Addr]bool{gone: true}
+	mustApply(t, p, sp)
+	if got := listening(); !slices.Equal(got, []string{at(v4), at(v6)}) {
+		t.Fatalf("listening on %v, want %s and %s", got, at(v4), at(v6))
+	}
+	if got := tcpWho(t, at(v6)); got != "be6" {
+		t.Fatalf("IPv6 frontend reached %q", got)
+	}
+}

@@ -64,6 +64,11 @@ type Config struct {
 	// on those even when a Service uses one as a frontend (an external IP
 	// that is the node's). Nil counts every frontend as the portal's.
 	NodeAddrs func() (map[netip.Addr]bool, error)
+	// UnservedFrontends, with ServeFrontends, returns the service
+	// addresses the portal leaves off this host (the IPv6 ones where IPv6
+	// is turned off): nothing listens on them, as nothing could. Nil
+	// means every frontend is served.
+	UnservedFrontends func() map[netip.Addr]bool
 	// PortalRefuses says the portal turns away, before they reach the
 	// proxy, new connections to a service port with no endpoint for them,
 	// as kube-proxy's filter rules do (the iptables portal): it refuses
@@ -309,6 +314,7 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 	if sourceRanges {
 		hostAddrs = p.hostAddrList()
 	}
+	var unserved map[netip.Addr]bool // frontends the portal leaves off the host
 	if p.cfg.ServeFrontends {
 		var node map[netip.Addr]bool
 		if p.cfg.NodeAddrs != nil {
@@ -320,6 +326,12 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 		fronts := frontendsOf(snap)
 		for a := range node {
 			delete(fronts, a)
+		}
+		if p.cfg.UnservedFrontends != nil {
+			unserved = p.cfg.UnservedFrontends()
+			for a := range unserved {
+				delete(fronts, a)
+			}
 		}
 		p.frontendAddrs.Store(&fronts)
 	}
@@ -345,7 +357,7 @@ func (p *Proxier) Apply(snap state.Snapshot) error {
 			sp.sweep() // unchanged: only drop expired affinity
 		}
 		sp.setSources(spec, hostAddrs) // the host's addresses may have changed
-		todo = append(todo, work{sp, p.desiredSockets(sp, spec, localAddrs)})
+		todo = append(todo, work{sp, p.desiredSockets(sp, spec, localAddrs, unserved)})
 	}
 	// Close what every service port no longer wants before opening
 	// anything, so that a port passed from one service port to another
@@ -672,8 +684,9 @@ func (p *Proxier) Listeners() []Listener {
 }
 
 // desiredSockets lists the addresses a service port should listen on, other
-// than its proxy port, which the service port manages itself.
-func (p *Proxier) desiredSockets(sp *servicePort, spec *state.ServicePort, localAddrs []netip.Addr) []sockKey {
+// than its proxy port, which the service port manages itself; none of the
+// frontends in unserved (see Config.UnservedFrontends).
+func (p *Proxier) desiredSockets(sp *servicePort, spec *state.ServicePort, localAddrs []netip.Addr, unserved map[netip.Addr]bool) []sockKey {
 	var want []sockKey
 	fams := families(spec)
 	if p.cfg.ServeNodePorts && spec.NodePort != 0 {
@@ -696,10 +709,14 @@ func (p *Proxier) desiredSockets(sp *servicePort, spec *state.ServicePort, local
 	}
 	if p.cfg.ServeFrontends {
 		for _, ip := range spec.ClusterIPs {
-			want = append(want, sockKey{netip.AddrPortFrom(ip, spec.Port), roleFrontend})
+			if !unserved[ip.Unmap()] {
+				want = append(want, sockKey{netip.AddrPortFrom(ip, spec.Port), roleFrontend})
+			}
 		}
 		for _, ip := range slices.Concat(spec.ExternalIPs, spec.LoadBalancerIPs) {
-			want = append(want, sockKey{netip.AddrPortFrom(ip, spec.Port), roleExternalFrontend})
+			if !unserved[ip.Unmap()] {
+				want = append(want, sockKey{netip.AddrPortFrom(ip, spec.Port), roleExternalFrontend})
+			}
 		}
 	}
 	return want
