@@ -248,3 +248,36 @@ func freePortRun(t *testing.T, n int) int {
 	t.Fatal("no run of free ports")
 	return 0
 }
+
+// TestBinaryBindAddressWaitsForDAD: an IPv6 --bind-address still in
+// duplicate address detection (tentative, as at boot or right after it
+// was configured) is waited for, and its proxy ports served once DAD
+// succeeds; one whose DAD fails is refused, saying so. Both stopped the
+// proxy at start, saying the address "is not an address of this host".
+func TestBinaryBindAddressWaitsForDAD(t *testing.T) {
+	requireRoot(t)
+	node, peer := newNetns(t, "dadnode"), newNetns(t, "dadpeer")
+	node.mustRun(t, "ip", "link", "add", "to-peer", "type", "veth", "peer", "name", "eth0", "netns", string(peer))
+	node.mustRun(t, "sysctl", "-qw", "net.ipv6.conf.to-peer.accept_dad=1", "net.ipv6.conf.to-peer.dad_transmits=2")
+	node.mustRun(t, "ip", "link", "set", "to-peer", "up")
+	peer.mustRun(t, "ip", "link", "set", "eth0", "up")
+	// A duplicate: the peer holds ::77 already.
+	peer.mustRun(t, "ip", "-6", "addr", "add", "fd5e:b1b5:21::77/64", "dev", "eth0", "nodad")
+	node.mustRun(t, "ip", "-6", "addr", "add", "fd5e:b1b5:21::1/64", "dev", "to-peer")
+	node.mustRun(t, "ip", "-6", "addr", "add", "fd5e:b1b5:21::77/64", "dev", "to-peer")
+	if out := node.mustRun(t, "ip", "-6", "addr", "show", "to", "fd5e:b1b5:21::1/128"); !strings.Contains(out, "tentative") {
+		t.Fatalf("the bind address is not tentative: the test proves nothing\n%s", out)
+	}
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, proxyPortService("a", "198.18.0.70", "127.0.0.1", "8080"))
+	px := startCommand(t, "ip", "netns", "exec", string(node), proxyBin, "--manifests", file, "--portal=none",
+		"--bind-address=fd5e:b1b5:21::1", "--hostname-override=node", "--healthz-bind-address=", "--metrics-bind-address=")
+	px.waitLog(0, `"The bind address is tentative`, 1, 10*time.Second)
+	px.waitLog(0, `"Serving" service="e2e/a:http/TCP" addr="\[fd5e:b1b5:21::1\]:\d+" via="proxy-port"`, 1, 15*time.Second)
+
+	out, err := node.run(proxyBin, "--manifests", file, "--portal=none", "--bind-address=fd5e:b1b5:21::77",
+		"--hostname-override=node", "--healthz-bind-address=", "--metrics-bind-address=")
+	if err == nil || !strings.Contains(out, "--bind-address fd5e:b1b5:21::77 failed IPv6 duplicate address detection") {
+		t.Fatalf("a bind address whose DAD failed: %v\n%s\nwant a failure at start that says so", err, out)
+	}
+}

@@ -415,7 +415,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := checkBindAddress(c.bindAddr, c.where("bind-address")); err == nil || !strings.Contains(err.Error(), ": bindAddress 192.0.2.77 is not an address of this host") {
+	if err := checkBindAddress(context.Background(), c.bindAddr, c.where("bind-address")); err == nil || !strings.Contains(err.Error(), ": bindAddress 192.0.2.77 is not an address of this host") {
 		t.Errorf("bindAddress not on this host: %v", err)
 	}
 	// An unknown field, as a newer kube-proxy may write, is ignored.

@@ -124,7 +124,7 @@ func Run(ctx context.Context, cfg *Config) error {
 	}
 	switch {
 	case mode == PortalNone:
-		if err := checkBindAddress(cfg.bindAddr, cfg.where("bind-address")); err != nil {
+		if err := checkBindAddress(ctx, cfg.bindAddr, cfg.where("bind-address")); err != nil {
 			return err
 		}
 	case mode == PortalIPTables && cfg.bindAddr.IsLoopback():
@@ -135,7 +135,7 @@ func Run(ctx context.Context, cfg *Config) error {
 	case mode == PortalIPTables && !cfg.bindAddr.IsUnspecified():
 		// As in the legacy proxier, the portal DNATs to the bind address;
 		// proxy ports still listen on every address.
-		if err := checkBindAddress(cfg.bindAddr, cfg.where("bind-address")); err != nil {
+		if err := checkBindAddress(ctx, cfg.bindAddr, cfg.where("bind-address")); err != nil {
 			return err
 		}
 	}
@@ -494,20 +494,48 @@ func (r *listenerReport) report(now []userspace.Listener) {
 
 // checkBindAddress fails when --bind-address is an address this host does
 // not have. Every proxy port would fail to open, and the sync would retry
-// them for ever; saying so once, at start, is clearer.
-func checkBindAddress(addr netip.Addr, where string) error {
+// them for ever; saying so once, at start, is clearer. An IPv6 address
+// still in duplicate address detection (tentative, as at boot or right
+// after it was configured) is waited for, up to dadWait, as node-port
+// addresses are (they are served once DAD succeeds).
+func checkBindAddress(ctx context.Context, addr netip.Addr, where string) error {
 	if addr.IsUnspecified() {
 		return nil
 	}
-	l, err := net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
-	if errors.Is(err, syscall.EADDRNOTAVAIL) {
-		return fmt.Errorf("%s %s is not an address of this host, so no proxy port can listen on it", where, addr)
+	deadline := time.Now().Add(dadWait)
+	for said := false; ; said = true {
+		l, err := net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
+		if err == nil {
+			if said {
+				klog.InfoS("The bind address passed duplicate address detection", "bindAddress", addr)
+			}
+			return l.Close()
+		}
+		if !errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return fmt.Errorf("%s %s: %w", where, addr, err)
+		}
+		switch tentative, failed := addrDAD(addr); {
+		case failed:
+			return fmt.Errorf("%s %s failed IPv6 duplicate address detection (another host on its link has it), so no proxy port can listen on it", where, addr)
+		case !tentative:
+			return fmt.Errorf("%s %s is not an address of this host, so no proxy port can listen on it", where, addr)
+		case time.Now().After(deadline):
+			return fmt.Errorf("%s %s is still tentative: its IPv6 duplicate address detection has not ended after %v, and until it does no proxy port can listen on it", where, addr, dadWait)
+		case !said:
+			klog.InfoS("The bind address is tentative (IPv6 duplicate address detection runs); waiting for it", "bindAddress", addr, "setBy", where, "timeout", dadWait)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", where, addr, err)
-	}
-	return l.Close()
 }
+
+// dadWait bounds how long checkBindAddress waits for a tentative bind
+// address: the kernel's DAD takes dad_transmits (1) retransmission
+// timers (1 s) after a random delay of up to a second.
+const dadWait = 10 * time.Second
 
 // logVerbosity is klog's -v, as far as this file's calls see it.
 func logVerbosity() int {
