@@ -361,7 +361,15 @@ func (b *builder) endpoint(s *discoveryv1.EndpointSlice, ref objectRef, i int) (
 		b.report("EndpointSlice", ref, path, err)
 		return endpointInfo{}, false
 	}
-	if s.AddressType == discoveryv1.AddressTypeIPv4 && !ip.Is4() || s.AddressType == discoveryv1.AddressTypeIPv6 && !ip.Is6() {
+	// Families as the API server tells them (k8s.io/utils/net.IsIPv4String,
+	// IsIPv6String): an IPv4-mapped address is IPv4, which an IPv4 slice
+	// stored before 1.36 (StrictIPCIDRValidation) may hold, and no IPv6
+	// slice may.
+	switch {
+	case s.AddressType == discoveryv1.AddressTypeIPv6 && ip.Is4In6():
+		b.report("EndpointSlice", ref, path, fmt.Errorf("%s is an IPv4-mapped address, not an IPv6 address; endpoint ignored", ip))
+		return endpointInfo{}, false
+	case s.AddressType == discoveryv1.AddressTypeIPv4 && !ip.Unmap().Is4() || s.AddressType == discoveryv1.AddressTypeIPv6 && !ip.Is6():
 		b.report("EndpointSlice", ref, path, fmt.Errorf("%s is not an %s address", ip, s.AddressType))
 		return endpointInfo{}, false
 	}

@@ -607,11 +607,19 @@ endpoints:
 - addresses: [fd00::1]
 - addresses: []
 - addresses: [10.0.0.1/24]
+- addresses: ["::ffff:10.0.0.2"]
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: web-2, labels: {kubernetes.io/service-name: web}}
 addressType: IPv9
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-3, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+endpoints:
+- addresses: ["::ffff:10.0.0.3"]
 `,
 			want: []string{
 				"document 1 (EndpointSlice default/web-1): ports[0].port: 65536 is out of range 1-65535",
@@ -620,7 +628,9 @@ addressType: IPv9
 				"document 1 (EndpointSlice default/web-1): endpoints[0].addresses[0]: fd00::1 is not an IPv4 address",
 				"document 1 (EndpointSlice default/web-1): endpoints[1].addresses: at least one address is required",
 				`document 1 (EndpointSlice default/web-1): endpoints[2].addresses[0]: "10.0.0.1/24" is not a valid IP address`,
+				"document 1 (EndpointSlice default/web-1): endpoints[3].addresses[0]: ::ffff:10.0.0.2 is an IPv4-mapped IPv6 address, which the API server refuses (write 10.0.0.2)",
 				`demo.yaml: document 2 (EndpointSlice default/web-2): addressType: unknown address type "IPv9"`,
+				"demo.yaml: document 3 (EndpointSlice default/web-3): endpoints[0].addresses[0]: ::ffff:10.0.0.3 is an IPv4-mapped address, not an IPv6 address: the API server refuses it here (write 10.0.0.3 in an IPv4 EndpointSlice)",
 			},
 		},
 		{

@@ -78,6 +78,14 @@ func (fs *findings) ip(p *field.Path, s string, family discoveryv1.AddressType) 
 		fs.errorf(p, "%s", err)
 	case strictErr != nil: // parseIP reads leading zeros for objects stored long ago
 		fs.errorf(p, "%q has leading zeros, which the API server refuses (write %s)", s, ip)
+	case family == discoveryv1.AddressTypeIPv6 && ip.Is4In6():
+		// The API server's family check (k8s.io/utils/net.IsIPv6String)
+		// counts it as IPv4.
+		fs.errorf(p, "%s is an IPv4-mapped address, not an IPv6 address: the API server refuses it here (write %s in an IPv4 EndpointSlice)", s, ip.Unmap())
+	case family == discoveryv1.AddressTypeIPv4 && ip.Is4In6():
+		// IPv4 to the family check (IsIPv4String), but refused since
+		// 1.36 (StrictIPCIDRValidation), as leading zeros are.
+		fs.errorf(p, "%s is an IPv4-mapped IPv6 address, which the API server refuses (write %s)", s, ip.Unmap())
 	case family == discoveryv1.AddressTypeIPv4 && !ip.Is4(), family == discoveryv1.AddressTypeIPv6 && !ip.Is6():
 		fs.errorf(p, "%s is not an %s address", s, family)
 	}
