@@ -590,6 +590,22 @@ status:
 			},
 		},
 		{
+			name: "IP family policies the API server refuses",
+			data: svcHead + "spec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv6, IPv4]\n  clusterIP: fd00::10\n  ports: [{port: 80}]\n" +
+				"---\n" + strings.Replace(svcHead, "web", "web2", 1) + "spec:\n  ipFamilyPolicy: RequireDualStack\n  clusterIPs: [10.0.0.2]\n  ports: [{port: 80}]\n" +
+				"---\n" + strings.Replace(svcHead, "web", "web3", 1) + "spec:\n  ipFamilyPolicy: SingleStack\n  clusterIPs: [10.0.0.3, fd00::3]\n  ports: [{port: 80}]\n" +
+				"---\n" + strings.Replace(svcHead, "web", "web4", 1) + "spec:\n  ipFamilyPolicy: RequireDualstack\n  ports: [{port: 80}]\n" +
+				// Served as they are: headless, and both families given.
+				"---\n" + strings.Replace(svcHead, "web", "web5", 1) + "spec:\n  ipFamilyPolicy: RequireDualStack\n  clusterIP: None\n  ports: [{port: 80}]\n" +
+				"---\n" + strings.Replace(svcHead, "web", "web6", 1) + "spec:\n  ipFamilyPolicy: RequireDualStack\n  clusterIPs: [10.0.0.6, fd00::6]\n  ports: [{port: 80}]\n",
+			want: []string{
+				"document 1 (Service demo/web): spec.clusterIP: ipFamilyPolicy RequireDualStack needs a cluster IP of each family, and there is no IPv4 one",
+				"document 2 (Service demo/web2): spec.clusterIPs: ipFamilyPolicy RequireDualStack needs a cluster IP of each family, and there is no IPv6 one",
+				"document 3 (Service demo/web3): spec.ipFamilyPolicy: SingleStack allows one cluster IP, and spec.clusterIPs has two",
+				`document 4 (Service demo/web4): spec.ipFamilyPolicy: unknown policy "RequireDualstack" (want SingleStack, PreferDualStack or RequireDualStack)`,
+			},
+		},
+		{
 			name: "cluster IPs of one family",
 			data: svcHead + "spec:\n  clusterIPs: [10.0.0.1, 10.0.0.2]\n  ports: [{port: 80}]\n",
 			want: []string{"spec.clusterIPs: the two addresses must be of different IP families"},

@@ -121,6 +121,7 @@ func validateService(svc *corev1.Service) []finding {
 
 	validateClusterIPs(&fs, svc)
 	validateIPFamilies(&fs, svc)
+	validateIPFamilyPolicy(&fs, svc)
 	for i, s := range svc.Spec.ExternalIPs {
 		fs.ip(spec.Child("externalIPs").Index(i), s, "")
 	}
@@ -342,6 +343,42 @@ func validateIPFamilies(fs *findings, svc *corev1.Service) {
 			}
 			fs.errorf(p.Index(i), "%s does not match %s %s, an %s address", fams[i], at, s, want)
 		}
+	}
+}
+
+// validateIPFamilyPolicy checks spec.ipFamilyPolicy against the cluster
+// IPs, as the API server does when it stores a Service. It allocates the
+// missing cluster IP of a RequireDualStack Service, or refuses the Service
+// where it cannot (a single-stack cluster); no allocator runs for a
+// manifest, so the Service is refused: served in one family, it would
+// ignore its other family's EndpointSlices.
+func validateIPFamilyPolicy(fs *findings, svc *corev1.Service) {
+	if svc.Spec.IPFamilyPolicy == nil {
+		return
+	}
+	p := field.NewPath("spec", "ipFamilyPolicy")
+	ips, name := rawClusterIPs(svc)
+	switch policy := *svc.Spec.IPFamilyPolicy; policy {
+	case corev1.IPFamilyPolicySingleStack:
+		if len(ips) == 2 {
+			fs.errorf(p, "SingleStack allows one cluster IP, and spec.clusterIPs has two (write PreferDualStack or RequireDualStack)")
+		}
+	case corev1.IPFamilyPolicyPreferDualStack:
+	case corev1.IPFamilyPolicyRequireDualStack:
+		if len(ips) != 1 || ips[0] == corev1.ClusterIPNone {
+			return
+		}
+		ip, err := parseIP(ips[0])
+		if err != nil {
+			return // reported with the cluster IPs
+		}
+		other := corev1.IPv4Protocol
+		if ip.Unmap().Is4() {
+			other = corev1.IPv6Protocol
+		}
+		fs.errorf(field.NewPath(name), "ipFamilyPolicy RequireDualStack needs a cluster IP of each family, and there is no %s one: the API server would allocate it (or refuse the Service, in a single-stack cluster); nothing allocates one for a manifest, so add it to spec.clusterIPs", other)
+	default:
+		fs.errorf(p, "unknown policy %q (want SingleStack, PreferDualStack or RequireDualStack)", policy)
 	}
 }
 
