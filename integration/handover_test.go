@@ -166,19 +166,14 @@ func startConnLoop(t *testing.T, ns netns, tcpAddr, udpAddr string, srcPort int)
 // waitRunning waits until both loops have had an answer.
 func (l *connLoop) waitRunning() {
 	l.h.t.Helper()
-	if got := l.h.line(30 * time.Second); got != "running" {
-		l.h.t.Fatalf("connect loop in %s: %q", l.from, got)
-	}
+	l.h.waitRunning("connect loop in " + string(l.from))
 }
 
 // result ends the loop and returns what it saw.
 func (l *connLoop) result() connLoopResult {
 	l.h.t.Helper()
-	l.h.in.Close()
 	var r connLoopResult
-	if err := json.Unmarshal([]byte(l.h.line(30*time.Second)), &r); err != nil {
-		l.h.t.Fatalf("connect loop in %s: %v", l.from, err)
-	}
+	l.h.result("connect loop in "+string(l.from), &r)
 	return r
 }
 

@@ -234,6 +234,25 @@ func (h *helperProc) kill() {
 	}
 }
 
+// waitRunning waits for the "running" line a loop helper sends once its
+// clients have had an answer; what names the helper in a failure.
+func (h *helperProc) waitRunning(what string) {
+	h.t.Helper()
+	if got := h.line(30 * time.Second); got != "running" {
+		h.t.Fatalf("%s: %q", what, got)
+	}
+}
+
+// result ends a loop helper, by closing its input, and decodes into v the
+// JSON line it answers with.
+func (h *helperProc) result(what string, v any) {
+	h.t.Helper()
+	h.in.Close()
+	if err := json.Unmarshal([]byte(h.line(30*time.Second)), v); err != nil {
+		h.t.Fatalf("%s: %v", what, err)
+	}
+}
+
 // line waits for the helper's next stdout line.
 func (h *helperProc) line(timeout time.Duration) string {
 	h.t.Helper()

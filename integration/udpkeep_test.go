@@ -177,19 +177,14 @@ func startUDPClients(t *testing.T, ns netns, addr string, srcPort int) *udpClien
 // waitRunning waits until every client has had an answer.
 func (c *udpClients) waitRunning() {
 	c.h.t.Helper()
-	if got := c.h.line(30 * time.Second); got != "running" {
-		c.h.t.Fatalf("UDP clients in %s: %q", c.from, got)
-	}
+	c.h.waitRunning("UDP clients in " + string(c.from))
 }
 
 // result ends the clients and returns what they saw.
 func (c *udpClients) result() udpClientsResult {
 	c.h.t.Helper()
-	c.h.in.Close()
 	var r udpClientsResult
-	if err := json.Unmarshal([]byte(c.h.line(30*time.Second)), &r); err != nil {
-		c.h.t.Fatalf("UDP clients in %s: %v", c.from, err)
-	}
+	c.h.result("UDP clients in "+string(c.from), &r)
 	return r
 }
 
