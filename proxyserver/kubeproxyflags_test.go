@@ -2,6 +2,7 @@ package proxyserver
 
 import (
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -96,13 +97,16 @@ func TestLogFlags(t *testing.T) {
 	}
 }
 
-// captureLog sends klog's output to the returned buffer for the rest of
-// the test.
+// captureLog sends klog's output to the returned buffer, one copy of each
+// line, for the rest of the test.
 func captureLog(t *testing.T) *strings.Builder {
 	t.Helper()
 	var buf strings.Builder
 	klog.LogToStderr(false)
 	klog.SetOutput(&buf)
+	// An error line goes to the INFO and WARNING logs too: keep one copy.
+	klog.SetOutputBySeverity("WARNING", io.Discard)
+	klog.SetOutputBySeverity("ERROR", io.Discard)
 	t.Cleanup(func() { klog.LogToStderr(true) })
 	return &buf
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -250,13 +249,7 @@ func TestSyncLoopCountsChanges(t *testing.T) {
 // happens, not again beside every later one (xa52: 71 lines naming 1, 2,
 // ..., 71 failures).
 func TestSyncLoopLogsEachFailureOnce(t *testing.T) {
-	var buf bytes.Buffer
-	klog.LogToStderr(false)
-	klog.SetOutput(&buf)
-	// An error line goes to the INFO and WARNING logs too: keep one copy.
-	klog.SetOutputBySeverity("WARNING", io.Discard)
-	klog.SetOutputBySeverity("ERROR", io.Discard)
-	t.Cleanup(func() { klog.LogToStderr(true) })
+	buf := captureLog(t)
 	applied := make(chan struct{}, 10)
 	apply := func(s state.Snapshot) error {
 		defer func() { applied <- struct{}{} }()
@@ -344,12 +337,7 @@ func TestIgnoredHintsLogged(t *testing.T) {
 // taken as logged, and failures that are over while others go on are
 // counted (xa53: 15 failing, 10 fixed, and the 5 left were never named).
 func TestSyncFailuresPastTheLineAreNamedNext(t *testing.T) {
-	var buf bytes.Buffer
-	klog.LogToStderr(false)
-	klog.SetOutput(&buf)
-	klog.SetOutputBySeverity("WARNING", io.Discard)
-	klog.SetOutputBySeverity("ERROR", io.Discard)
-	t.Cleanup(func() { klog.LogToStderr(true) })
+	buf := captureLog(t)
 	failing := func(from, to int) error {
 		var errs []error
 		for i := from; i <= to; i++ {
