@@ -26,7 +26,7 @@ import (
 func TestBinaryKeepsConnectionsWithoutSpareDescriptors(t *testing.T) {
 	const (
 		conns = 20
-		size  = 4 << 20 // bytes each endpoint sends
+		size  = 16 << 20 // bytes each endpoint sends: more than the sockets' buffers hold
 	)
 	// The endpoint waits until every connection is in, so the proxy holds
 	// its two descriptors for each before any bulk data moves.
@@ -57,6 +57,13 @@ func TestBinaryKeepsConnectionsWithoutSpareDescriptors(t *testing.T) {
 			t.Fatalf("connection %d: %v", i, err)
 		}
 		defer c.Close()
+		// A small receive buffer, so the transfer cannot wait in the
+		// client's socket (where tcp_rmem allows, 32 MiB on this
+		// machine's kernel, a receive queue took all 4 MiB unread and
+		// no pipe was ever short) and must wait in a pipe.
+		if err := c.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
+			t.Fatal(err)
+		}
 		clients[i] = c
 	}
 	payload := make([]byte, size)
