@@ -214,9 +214,10 @@ func (l *syncLoop) run(ctx context.Context) {
 			l.metrics.programmed(triggers, time.Now())
 		}
 		if err != nil {
-			backoff = l.retryAfter(err, backoff)
+			fdShort := shortOfFDs(err)
+			backoff = l.retryAfter(fdShort, backoff)
 			next = backoff
-			lastErrs = logSyncFailure(err, lastErrs, l.shortOfFDs(err), "retryIn", next, "maxRetryInterval", l.resync, "servicePorts", snap.Len())
+			lastErrs = logSyncFailure(err, lastErrs, fdShort, "retryIn", next, "maxRetryInterval", l.resync, "servicePorts", snap.Len())
 		} else {
 			if lastErrs != nil {
 				klog.InfoS("Sync recovered", "servicePorts", snap.Len())
@@ -360,20 +361,20 @@ func logSyncFailure(err error, logged map[string]bool, fdShort bool, kv ...any) 
 
 // shortOfFDs reports whether err holds a failure for want of file
 // descriptors.
-func (l *syncLoop) shortOfFDs(err error) bool {
+func shortOfFDs(err error) bool {
 	return slices.ContainsFunc(splitErrors(err), func(e error) bool {
 		return errors.Is(e, syscall.EMFILE) || errors.Is(e, syscall.ENFILE)
 	})
 }
 
-// retryAfter returns the pause before a sync that failed with err is tried
-// again, the last pause having been backoff: twice that, from retryMin up
-// to resync. A sync that ran out of file descriptors (a Service added
-// while clients hold them all) is tried again every retryMin, at most a
-// second apart, instead: descriptors come back as clients leave, and
-// nothing else would say so before a pause of up to resync was over.
-func (l *syncLoop) retryAfter(err error, backoff time.Duration) time.Duration {
-	if l.shortOfFDs(err) {
+// retryAfter returns the pause before a failed sync is tried again, the
+// last pause having been backoff: twice that, from retryMin up to resync.
+// A sync that ran out of file descriptors (fdShort: a Service added while
+// clients hold them all) is tried again every retryMin, at most a second
+// apart, instead: descriptors come back as clients leave, and nothing else
+// would say so before a pause of up to resync was over.
+func (l *syncLoop) retryAfter(fdShort bool, backoff time.Duration) time.Duration {
+	if fdShort {
 		return min(l.retryMin, time.Second)
 	}
 	return min(max(2*backoff, l.retryMin), l.resync)

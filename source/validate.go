@@ -474,13 +474,12 @@ func (m *manifest) crossCheck() {
 		what string // "a UDP node port", "the health check node port"
 	}
 	numbers := make(map[int32]numberUser)
-	shared := func(at origin, ref objectRef, field string, port int32, what string) {
+	shared := func(at origin, ref objectRef, field string, port int32, what string, healthCheck bool) {
 		other, dup := numbers[port]
 		if !dup {
 			numbers[port] = numberUser{ref, what}
 			return
 		}
-		healthCheck := field == "spec.healthCheckNodePort"
 		switch {
 		case other.ref != ref:
 			m.warnings = append(m.warnings, m.problem(at, "Service", ref, field,
@@ -528,7 +527,7 @@ func (m *manifest) crossCheck() {
 				continue
 			}
 			nodePorts[key] = portUser{ref, i}
-			shared(at, ref, fmt.Sprintf("spec.ports[%d].nodePort", i), p.NodePort, "a "+string(key.proto)+" node port")
+			shared(at, ref, fmt.Sprintf("spec.ports[%d].nodePort", i), p.NodePort, "a "+string(key.proto)+" node port", false)
 		}
 		// The health check listens on TCP, whatever the Service's
 		// protocols: a UDP or SCTP node port of the same number is no
@@ -540,7 +539,7 @@ func (m *manifest) crossCheck() {
 				problem("spec.healthCheckNodePort", fmt.Errorf("health check node port %d is also %s", hc, usedBy(other)))
 			} else {
 				nodePorts[key] = portUser{ref, -1}
-				shared(at, ref, "spec.healthCheckNodePort", hc, "the health check node port")
+				shared(at, ref, "spec.healthCheckNodePort", hc, "the health check node port", true)
 			}
 		}
 	}
