@@ -389,11 +389,12 @@ func TestUDPResendCountedOnceInTheSession(t *testing.T) {
 	addr := proxyAddr(t, p, name)
 	const clients = 6
 	for i := range clients {
+		// Each client keeps its socket, so the next cannot be given its
+		// port and take over its session.
 		c := dialUDP(t, addr)
 		if got, err := udpExchangeTimeout(c, []byte("who"), 2*time.Second); err != nil || string(got) != "live" {
 			t.Fatalf("new client %d: %q, %v", i, got, err)
 		}
-		c.Close()
 	}
 	var ended []string
 	settle(t, "every session's end is logged", func() error {
@@ -407,7 +408,7 @@ func TestUDPResendCountedOnceInTheSession(t *testing.T) {
 		}
 		logs.mu.Unlock()
 		if len(ended) < clients {
-			return fmt.Errorf("%d lines", len(ended))
+			return fmt.Errorf("%d lines, %d sessions open: %q", len(ended), p.Stats().UDPSessionsActive.Load(), ended)
 		}
 		return nil
 	})
