@@ -287,7 +287,7 @@ type tcpConn struct {
 
 	dirs  [2]spliceDir // 0: client to endpoint; 1: endpoint to client
 	moved [2]uint64    // bytes each way, for the -v=4 log
-	since time.Time    // when proxying began, at -v=4
+	since time.Time    // when proxying began
 	why   string       // why it was reset, for the -v=4 line
 	// readable[i] says the source of direction i may have data: set by
 	// an EPOLLIN event, cleared by a short read. With edge-triggered epoll

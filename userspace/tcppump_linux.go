@@ -41,8 +41,10 @@ func (c *tcpConn) connected() {
 	}
 	c.active = true
 	c.l.sp.connOpened(&c.l.sp.p.stats.TCPActive)
+	// Always: the line that ends the connection is logged from another
+	// file, which --vmodule may set to another level than this one.
+	c.since = time.Now()
 	if klog.V(4).Enabled() {
-		c.since = time.Now()
 		klog.InfoS("Proxying connection", "service", c.l.sp.name, "client", c.client, "endpoint", c.endpoint)
 	}
 	c.pump()
