@@ -41,9 +41,11 @@ const refusalPersists = 10 * time.Second
 // and watches with, and says plainly when one persists what RBAC forbids,
 // what that means meanwhile and which verbs the deploy ClusterRole grants
 // (client-go's own message repeats with every retry and names no fix);
-// then, once the informer lists or watches again, that it does. A later
-// refusal that persists is reported again. The informer keeps retrying,
-// so a later grant is picked up without a restart.
+// then, once the informer lists or watches again, that it does, in one
+// line: a refusal of the other verb that came with the one reported, never
+// reported itself, is part of it, not a passing one. A later refusal that
+// persists is reported again. The informer keeps retrying, so a later
+// grant is picked up without a restart.
 type refusals struct {
 	resource, group string
 	// unread is what a forbidden list means before the informer synced
@@ -52,9 +54,11 @@ type refusals struct {
 	synced        func() bool
 	report        func(err error, msg string, kv ...any) // err is nil for good news
 
-	mu    sync.Mutex // guards the fields below
-	read  refusal    // lists (or, in client-go's watch-list mode, everything)
-	watch refusal    // watches after a list that worked
+	mu   sync.Mutex // guards the fields below
+	read refusal    // lists (or, in client-go's watch-list mode, everything)
+	// watch is of watches after a list that worked; zero while read is
+	// reported, which stands for it.
+	watch refusal
 }
 
 // refusal is a run of refusals of one kind with nothing else between.
@@ -72,6 +76,9 @@ func (r *refusals) refused(err error) {
 	defer r.mu.Unlock()
 	s := &r.read
 	if watch {
+		if r.read.reported {
+			return // reading is forbidden, watching too: said
+		}
 		s = &r.watch
 	}
 	now := time.Now()
@@ -90,6 +97,11 @@ func (r *refusals) refused(err error) {
 		r.report(err, "The API server lets the proxy list but not watch; what is served follows lists client-go repeats up to a minute apart, so changes come late and cost the API server more, until RBAC allows watch (deploy/kube-userspace-proxy.yaml has the ClusterRole)", kv...)
 		return
 	}
+	// A refused watch is part of this refusal, which it may have begun
+	// (the one an informer resumes after the API server restarted), and
+	// is lifted with it: once lists work, a watch still refused is a new
+	// refusal, of watch alone.
+	r.watch = refusal{}
 	meanwhile := r.unread
 	if r.synced != nil && r.synced() {
 		meanwhile = r.stale
@@ -113,7 +125,7 @@ func (r *refusals) failed() {
 func (r *refusals) listed() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.clear(&r.read, "list")
+	r.clear(&r.read, "list", r.told())
 }
 
 // watched notes a watch that the API server accepted; in client-go's
@@ -121,11 +133,21 @@ func (r *refusals) listed() {
 func (r *refusals) watched() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.clear(&r.read, "list")
-	r.clear(&r.watch, "watch")
+	told := r.told()
+	r.clear(&r.read, "list", told)
+	r.clear(&r.watch, "watch", told)
 }
 
-func (r *refusals) clear(s *refusal, verb string) {
+// told says whether a refusal of either verb was reported and not yet
+// lifted.
+func (r *refusals) told() bool {
+	return r.read.reported || r.watch.reported
+}
+
+// clear ends the refusal s of verb, saying so: that it is lifted if it was
+// reported; else, unless told (a refusal of the other verb was reported,
+// and s came with it), that it passed.
+func (r *refusals) clear(s *refusal, verb string, told bool) {
 	if s.since.IsZero() {
 		return
 	}
@@ -135,7 +157,7 @@ func (r *refusals) clear(s *refusal, verb string) {
 		r.report(nil, "The API server lets the proxy watch again; changes are served as they come", "resource", r.resource, "apiGroup", r.group, "after", took)
 	case s.reported:
 		r.report(nil, "The API server lets the proxy read again what it forbade", "resource", r.resource, "apiGroup", r.group, "after", took)
-	default:
+	case !told:
 		r.report(nil, "The API server refused for a moment what it allows now: a restarted API server does until it has loaded RBAC, or RBAC changed meanwhile", "resource", r.resource, "apiGroup", r.group, "verb", verb, "for", took)
 	}
 	*s = refusal{}
