@@ -7,8 +7,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -131,5 +135,133 @@ func TestBinaryConfigWatchRewriteAndReplacedDir(t *testing.T) {
 	}
 	if !regexp.MustCompile(`"Stopping: the --config file changed".*has new content`).MatchString(px.log()) {
 		t.Errorf("the log does not say why it stopped:\n%s", px.log())
+	}
+}
+
+// TestBinaryRefusesUnusableConfigFiles: a --config file or kubeconfig that
+// is a named pipe (whose read waited for a writer for ever, silent), a
+// device (/dev/zero was read until Go ran out of memory) or a file over
+// 4 MiB (read whole) is refused at start-up: the proxy exits 2 at once,
+// naming the file and why (xa59).
+func TestBinaryRefusesUnusableConfigFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	head := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\n"
+	big := filepath.Join(dir, "big.conf")
+	writeFile(t, big, head+"#"+strings.Repeat("x", 4<<20)+"\n")
+	namesFIFO := filepath.Join(dir, "names-fifo.conf")
+	writeFile(t, namesFIFO, head+"clientConnection:\n  kubeconfig: "+fifo+"\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"--config a named pipe", []string{"--config", fifo}, "--config: " + fifo + ": not a regular file (a named pipe)"},
+		{"--config the zero device", []string{"--config", "/dev/zero"}, "--config: /dev/zero: not a regular file (a character device)"},
+		{"--config over 4 MiB", []string{"--config", big}, "--config: " + big + ": larger than 4 MiB"},
+		{"--kubeconfig a named pipe", []string{"--kubeconfig", fifo}, "--kubeconfig: " + fifo + ": not a regular file (a named pipe)"},
+		{"--config naming a named pipe as kubeconfig", []string{"--config", namesFIFO},
+			"--config " + namesFIFO + ": clientConnection.kubeconfig: " + fifo + ": not a regular file (a named pipe)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			px := startProxy(t, append(tc.args, "--portal=none", "--hostname-override=node")...)
+			err := px.waitExit(5 * time.Second)
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+				t.Errorf("exit %v, want status 2", err)
+			}
+			if !strings.Contains(px.log(), tc.want) {
+				t.Errorf("the log does not say %q:\n%s", tc.want, px.log())
+			}
+		})
+	}
+}
+
+// TestBinaryConfigWatchUnusableFile: the --config file replaced, while the
+// proxy runs, by a named pipe left the watch waiting on it for ever: a
+// usable new file later did not restart the proxy, and SIGTERM did not end
+// it (xa59). Now that is said once, the proxy goes on with the options it
+// has, and a new file later ends it as any change does, as SIGTERM does at
+// once.
+func TestBinaryConfigWatchUnusableFile(t *testing.T) {
+	for _, then := range []string{"new content", "SIGTERM"} {
+		t.Run("then "+then, func(t *testing.T) {
+			dir := t.TempDir()
+			manifests := filepath.Join(dir, "services.yaml")
+			writeFile(t, manifests, "# no Services\n")
+			config := filepath.Join(dir, "config.yaml")
+			// Empty addresses in the file are kube-proxy's defaults: ports
+			// of their own keep tests side by side apart.
+			content := fmt.Sprintf("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: userspace\n"+
+				"healthzBindAddress: 127.0.0.1:%d\nmetricsBindAddress: 127.0.0.1:%d\n", freePort(t), freePort(t))
+			writeFile(t, config, content)
+			px := startProxy(t, "--config", config, "--manifests", manifests, "--portal=none", "-v=2")
+			px.waitLog(0, `"Synced"`, 1, 20*time.Second)
+
+			fifo := filepath.Join(dir, "fifo")
+			if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				// Lets go of a reader left waiting on it, as one was.
+				if f, err := os.OpenFile(config, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+					f.Close()
+				}
+			})
+			if err := os.Rename(fifo, config); err != nil {
+				t.Fatal(err)
+			}
+			refused := regexp.QuoteMeta(config + `: not a regular file (a named pipe)`)
+			if !px.logged(refused, 10*time.Second) {
+				t.Errorf("no log line matching %q within 10s", refused)
+			}
+
+			if then == "SIGTERM" {
+				// Even when that was not said: the watch has read the
+				// file by now, and once waited in that read for ever.
+				if took, ok := px.terminate(5 * time.Second); !ok {
+					t.Fatalf("still running %v after SIGTERM", took)
+				}
+				if px.err != nil {
+					t.Errorf("exit %v after SIGTERM, want 0", px.err)
+				}
+				return
+			}
+			replaceFile(t, config, content+"portRange: 40000-40100\n")
+			if err := px.waitExit(10 * time.Second); err == nil {
+				t.Fatalf("exit 0 after the --config file changed:\n%s", px.log())
+			}
+			if !regexp.MustCompile(`"Stopping: the --config file changed".*has new content`).MatchString(px.log()) {
+				t.Errorf("the log does not say why it stopped:\n%s", px.log())
+			}
+			if n := len(regexp.MustCompile(refused).FindAllString(px.log(), -1)); n != 1 {
+				t.Errorf("said %d times that the file cannot be used, want once:\n%s", n, px.log())
+			}
+		})
+	}
+}
+
+// logged waits up to timeout for a log line that matches re, and reports
+// whether one came; unlike waitLog it lets the test go on without it.
+func (p *proxyProc) logged(re string, timeout time.Duration) bool {
+	rx := regexp.MustCompile(re)
+	deadline := time.After(timeout)
+	for {
+		p.mu.Lock()
+		found := slices.ContainsFunc(p.lines, rx.MatchString)
+		ch := p.notify
+		p.mu.Unlock()
+		if found {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-p.done:
+			return false
+		case <-deadline:
+			return false
+		}
 	}
 }

@@ -68,7 +68,7 @@ func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 	if c.ConfigFile == "" {
 		return nil
 	}
-	data, err := os.ReadFile(c.ConfigFile)
+	data, err := readOptionsFile(c.ConfigFile)
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}

@@ -52,7 +52,10 @@ type configWatch struct {
 // gone) and returns an error wrapping errConfigChanged that says how; or
 // nil when ctx is done. Edits that leave the content as it was (a touch,
 // a ConfigMap update of another key, a slow rewrite of the same bytes)
-// are no change.
+// are no change. A file that readOptionsFile refuses (a named pipe, a
+// device, one too large) is no change either, as it would be refused
+// again at start-up: that is logged once, and the watch goes on, for a
+// usable file later.
 func (w *configWatch) run(ctx context.Context) error {
 	debounce := cmp.Or(w.Debounce, 100*time.Millisecond)
 	resync := cmp.Or(w.Resync, time.Minute)
@@ -109,6 +112,7 @@ func (w *configWatch) run(ctx context.Context) error {
 	var unsettled bool
 	var emptySince time.Time // when reads began to find the file empty
 	var toldSame []byte      // the content last said to differ in form only
+	var toldRefused string   // why the file was last said to be refused
 	for {
 		select {
 		case <-ctx.Done():
@@ -123,7 +127,19 @@ func (w *configWatch) run(ctx context.Context) error {
 		case <-quiet.C:
 		}
 		rewatch()
-		data, how := w.read()
+		data, how, refused := w.read()
+		if refused != nil {
+			if refused.Error() != toldRefused {
+				klog.ErrorS(refused, "A file the options were read from cannot be used: going on with the options read before, and watching it for a usable one", "file", w.Path, "what", what)
+				toldRefused = refused.Error()
+			}
+			pending, unsettled, emptySince = nil, false, time.Time{}
+			continue
+		}
+		if toldRefused != "" {
+			klog.InfoS("A file the options were read from can be used again", "file", w.Path, "what", what)
+			toldRefused = ""
+		}
 		if len(data) > 0 || how != "" {
 			emptySince = time.Time{}
 		} else if emptySince.IsZero() {
@@ -178,16 +194,19 @@ func (w *configWatch) dirs() []string {
 	return dirs
 }
 
-// read returns the file's content, or says how it is gone or unreadable.
-func (w *configWatch) read() ([]byte, string) {
-	data, err := os.ReadFile(w.Path)
+// read returns the file's content, or says how it is gone or unreadable,
+// or returns readOptionsFile's refusal of it.
+func (w *configWatch) read() ([]byte, string, error) {
+	data, err := readOptionsFile(w.Path)
 	switch {
+	case isRefusedFile(err):
+		return nil, "", err
 	case errors.Is(err, os.ErrNotExist):
-		return nil, w.Path + " is gone"
+		return nil, w.Path + " is gone", nil
 	case err != nil:
-		return nil, fmt.Sprintf("%s cannot be read: %v", w.Path, err)
+		return nil, fmt.Sprintf("%s cannot be read: %v", w.Path, err), nil
 	}
-	return data, ""
+	return data, "", nil
 }
 
 // sameYAML reports whether YAML (or JSON) documents a and b hold the same

@@ -2,7 +2,6 @@ package proxyserver
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
 	"k8s.io/client-go/kubernetes"
@@ -12,11 +11,12 @@ import (
 
 // LoadKubeconfig reads and checks the kubeconfig and --master the options
 // name, when the proxy follows a cluster through them: a file that does
-// not exist, does not parse, or gives no usable cluster, and a server URL
-// that does not parse, are errors, found before the proxy starts (and by
-// --init-only). As source.NewClient will, it builds the API client's
-// REST configuration and client (reading the TLS files they name), but it
-// does not contact the server.
+// not exist, is not a regular file of at most maxOptionsFileBytes, does
+// not parse, or gives no usable cluster, and a server URL that does not
+// parse, are errors, found before the proxy starts (and by --init-only).
+// As source.NewClient will, it builds the API client's REST configuration
+// and client (reading the TLS files they name), but it does not contact
+// the server.
 // Run watches the content read here when --config is given: a change of
 // it ends the proxy, as a change of the --config file does.
 func (c *Config) LoadKubeconfig() error {
@@ -30,7 +30,7 @@ func (c *Config) LoadKubeconfig() error {
 	var data []byte
 	if c.Kubeconfig != "" {
 		var err error
-		if data, err = os.ReadFile(c.Kubeconfig); err != nil {
+		if data, err = readOptionsFile(c.Kubeconfig); err != nil {
 			return fmt.Errorf("%s: %w", flag, err)
 		}
 		flag += " " + c.Kubeconfig
