@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/regularfile"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
@@ -401,22 +401,11 @@ func reason(err error) string {
 // regular file: opening a named pipe would wait for a writer, and even
 // SIGTERM could not end that wait.
 func readManifest(path string) ([]byte, error) {
-	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%s): it is read again after every change", path, fileKind(fi.Mode()))
+	data, err := regularfile.Read(path, maxManifestBytes)
+	if r := (*regularfile.RefusedError)(nil); errors.As(err, &r) && r.Kind != "" {
+		return nil, fmt.Errorf("%w: it is read again after every change", err)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err // "open PATH: ..."
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxManifestBytes+1))
-	if err != nil {
-		return nil, err // "read PATH: ..."
-	}
-	if len(data) > maxManifestBytes {
-		return nil, fmt.Errorf("%s: larger than %d MiB", path, maxManifestBytes>>20)
-	}
-	return data, nil
+	return data, err
 }
 
 // statPoll is how often the file and its directory are looked at, for the
@@ -455,21 +444,6 @@ func (l *loader) statChanged() bool {
 	default:
 		return !os.SameFile(fi, prev) || fi.Size() != prev.Size() || !fi.ModTime().Equal(prev.ModTime())
 	}
-}
-
-// fileKind names the type of a file that is not a regular one.
-func fileKind(m os.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m&os.ModeNamedPipe != 0:
-		return "a named pipe"
-	case m&os.ModeSocket != 0:
-		return "a socket"
-	case m&os.ModeDevice != 0:
-		return "a device"
-	}
-	return m.Type().String()
 }
 
 // follow resolves symbolic links in the path again and, when the file

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package proxyserver
+package regularfile
 
 // openNonblock is none: only unix systems have named pipes in the file
 // system.

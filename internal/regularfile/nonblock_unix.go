@@ -1,6 +1,6 @@
 //go:build unix
 
-package proxyserver
+package regularfile
 
 import "syscall"
 
