@@ -268,9 +268,19 @@ func listenHardFail(what, where, addr, hardFail string) (net.Listener, error) {
 // port it cannot take is logged, naming where (the flag or the --config
 // file's field that set addr), and tried again every retry,
 // so what serves comes up once the port is free; the proxy serves traffic
-// meanwhile. ln, if not nil, is addr already open (listenHardFail).
+// meanwhile. ln, if not nil, is addr already open (listenHardFail). The
+// server is under the limits of what (limitsOf).
 func serveHTTP(ctx context.Context, what, where, addr string, ln net.Listener, h http.Handler, retry time.Duration) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
+	serveLimited(ctx, what, where, addr, ln, h, retry, limitsOf(what))
+}
+
+// serveLimited is serveHTTP under limits.
+func serveLimited(ctx context.Context, what, where, addr string, ln net.Listener, h http.Handler, retry time.Duration, limits httpLimits) {
+	var cl *connLimit
+	if limits.maxConns > 0 {
+		cl = newConnLimit(what, limits.maxConns)
+	}
+	srv := limits.server(h, cl)
 	said := false
 	for {
 		var err error

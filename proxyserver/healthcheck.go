@@ -53,9 +53,16 @@ type healthChecks struct {
 	// service address; userspace.Proxier.NodePortAddrRefused): a
 	// health-check node port is a node port. Nil refuses none.
 	refused func(dst netip.Addr) bool
+	// limits bound the ports' connections, timeouts and, all ports
+	// together, their number (see httpLimits). If zero, healthCheckLimits.
+	limits httpLimits
 
-	mu      sync.Mutex // guards servers; held for a whole sync
+	mu      sync.Mutex // guards servers and conns; held for a whole sync
 	servers map[uint16]*healthServer
+	// conns bounds the connections of every port together, so that
+	// Services with health-check ports cannot add up to more than the
+	// reserve of descriptors spares them; made at the first port.
+	conns *connLimit
 }
 
 // healthServer answers on one health-check node port.
@@ -150,7 +157,10 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		if err != nil || listen != nil && len(listen) == 0 {
 			continue // no addresses to listen on (yet)
 		}
-		srv, serr := startHealthServer(port, listenOn(listen, port), st, h.proxyHealthy, h.countListener, h.refused)
+		if h.conns == nil && h.limitsOrDefault().maxConns > 0 {
+			h.conns = newConnLimit("health check node ports", h.limitsOrDefault().maxConns)
+		}
+		srv, serr := startHealthServer(port, listenOn(listen, port), st, h.proxyHealthy, h.countListener, h.refused, h.limitsOrDefault().server(nil, h.conns))
 		if serr != nil {
 			errs = append(errs, fmt.Errorf("health check node port %d of Service %s/%s: %w", port, st.namespace, st.name, serr))
 			continue
@@ -163,6 +173,14 @@ func (h *healthChecks) sync(s state.Snapshot) error {
 		klog.V(1).InfoS("Serving health check node port", "service", st.namespace+"/"+st.name, "port", port, "on", on)
 	}
 	return errors.Join(errs...)
+}
+
+// limitsOrDefault is h.limits, or healthCheckLimits if they are zero.
+func (h *healthChecks) limitsOrDefault() httpLimits {
+	if h.limits == (httpLimits{}) {
+		return healthCheckLimits
+	}
+	return h.limits
 }
 
 // listenAddrs is where health-check ports listen: the host's addresses in
@@ -215,10 +233,13 @@ func listenOn(addrs []netip.Addr, port uint16) []netip.AddrPort {
 	return out
 }
 
-func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, healthy func() bool, count func(net.Listener) (net.Listener, error), refused func(netip.Addr) bool) (*healthServer, error) {
+// startHealthServer serves port on addrs (nil: the wildcard) with srv,
+// whose handler it sets.
+func startHealthServer(port uint16, addrs []netip.AddrPort, st *healthService, healthy func() bool, count func(net.Listener) (net.Listener, error), refused func(netip.Addr) bool, srv *http.Server) (*healthServer, error) {
 	s := &healthServer{port: port, healthy: healthy, addrs: addrs, done: make(chan struct{})}
 	s.status.Store(st)
-	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
+	srv.Handler = s
+	s.srv = srv
 	var lns []net.Listener
 	listen := func(network, addr string) error {
 		ln, err := net.Listen(network, addr)
