@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,10 +48,13 @@ next:
 // TestLoadBalancerSourceRanges: with the frontends bound (the bind
 // portal), a load-balancer IP admits only the sources of its
 // loadBalancerSourceRanges: other TCP clients' SYNs and UDP clients'
-// datagrams are dropped by the socket's filter, or, in the build without
-// one, TCP clients are reset before any dial and datagrams dropped. The Service's other frontends
-// admit everyone, and a change of the ranges applies to the next
-// connection without touching the listeners.
+// datagrams are dropped by the socket's filter. Where there is none (the
+// build without one, or a kernel that refuses this process a filter on a
+// TCP socket: see socketFilterAllowed), the proxy says so in its log and
+// refuses those sources itself: a TCP client is reset before any dial, a
+// datagram dropped. The Service's other frontends admit everyone, and a
+// change of the ranges applies to the next connection without touching
+// the listeners.
 func TestLoadBalancerSourceRanges(t *testing.T) {
 	const (
 		clusterIP = "127.0.0.3"
@@ -58,6 +62,10 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 		allowed   = "127.0.0.10"
 		other     = "127.0.0.11"
 	)
+	// Whether the kernel drops the refused sources' packets, by protocol.
+	kernelTCP := kernelSourceFilter && socketFilterAllowed(t, "tcp")
+	kernelUDP := kernelSourceFilter && socketFilterAllowed(t, "udp")
+	logs := captureLog(t, "0")
 	tb := startTCPBackend(t, "be-tcp")
 	ub := startUDPBackend(t, "be-udp")
 	port := freePort(t, lbIP, clusterIP)
@@ -108,27 +116,45 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	// With a socket filter the kernel drops the SYNs: no handshake, no
 	// reset, and the proxy never sees the client. Without one the proxy
 	// resets the connection it accepted.
+	want := "dropped by the kernel's socket filter (no handshake, the dial times out)"
+	if !kernelTCP {
+		want = "reset by the proxy (no socket filter on the TCP listener, see the log)"
+	}
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(other)}, Timeout: time.Second}
 	if c, err := d.Dial("tcp4", at(lbIP)); err == nil {
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		_, err = c.Read(make([]byte, 16))
 		c.Close()
-		if kernelSourceFilter || !isReset(err) {
-			t.Fatalf("TCP from %s to the load-balancer IP connected, then %v; want it dropped by the kernel (%v) or reset", other, err, kernelSourceFilter)
+		if kernelTCP || !isReset(err) {
+			t.Fatalf("TCP from %s to the load-balancer IP connected, then %v; want it %s", other, err, want)
 		}
-	} else if ne, ok := err.(net.Error); kernelSourceFilter && !(ok && ne.Timeout()) || !kernelSourceFilter && !isReset(err) {
-		t.Fatalf("TCP from %s to the load-balancer IP: %v; want it dropped by the kernel (%v) or reset", other, err, kernelSourceFilter)
+	} else if ne, ok := err.(net.Error); kernelTCP && !(ok && ne.Timeout()) || !kernelTCP && !isReset(err) {
+		t.Fatalf("TCP from %s to the load-balancer IP: %v; want it %s", other, err, want)
 	}
 	if reply, err := udpFrom(other, at(lbIP), 300*time.Millisecond); err == nil {
 		t.Fatalf("UDP from %s to the load-balancer IP got %q; want no answer", other, reply)
 	}
 	after := p.Stats().Snapshot()
-	want := uint64(2) // one connection, one datagram
-	if kernelSourceFilter {
-		want = 0
+	// The proxy counts what it refused itself: the connection, the
+	// datagram, each unless the kernel dropped it.
+	wantRefused := uint64(0)
+	if !kernelTCP {
+		wantRefused++
 	}
-	if got := after.SourceRefused - before.SourceRefused; got != want {
-		t.Errorf("SourceRefused went up by %d, want %d", got, want)
+	if !kernelUDP {
+		wantRefused++
+	}
+	if got := after.SourceRefused - before.SourceRefused; got != wantRefused {
+		t.Errorf("SourceRefused went up by %d, want %d (the kernel drops TCP: %v, UDP: %v)", got, wantRefused, kernelTCP, kernelUDP)
+	}
+	// A filter the kernel refused is said in the log, with why.
+	const cannot = "Cannot have the kernel drop the traffic of sources outside loadBalancerSourceRanges"
+	line := logs.lineWith(cannot)
+	switch {
+	case kernelSourceFilter && (!kernelTCP || !kernelUDP) && !strings.Contains(line, "operation not permitted"):
+		t.Errorf("the kernel refused a socket filter, and the log says %q; want a line %q with its error (operation not permitted)", line, cannot)
+	case (kernelTCP && kernelUDP || !kernelSourceFilter) && line != "":
+		t.Errorf("the log says %q; want no such line: there was no filter to refuse", line)
 	}
 	if after.TCPDialFailures != before.TCPDialFailures || after.UDPSessionsOpened != before.UDPSessionsOpened {
 		t.Errorf("a refused source was dialled for: %+v, then %+v", before, after)
