@@ -5,20 +5,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Its HTTP client is curl (the UDP one is bin/demo's own).
+if ! command -v curl >/dev/null 2>&1; then
+  echo "$0: make demo sends its HTTP requests with curl, which is not installed (apt-get install curl, or make deps as root)" >&2
+  exit 1
+fi
+
 . hack/demo-lib.sh
 
-pids=()
-log=$(mktemp)
-blog=$(mktemp)
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -f "$log" "$blog"
-}
-trap cleanup EXIT
-
-start_backends "$blog"
-start_proxy "$log"
+demo_start_tmp
+start_backends
+start_proxy
+# From here a Ctrl-C ends the tour at once; demo_stop still waits for the
+# proxy and the backends, and removes the logs.
+trap 'interrupted=1; exit 130' INT TERM HUP
+log=$(proxy_log)
 grep 'Serving' "$log" | sed 's/^.*\] /proxy: /'
 
 echo
@@ -40,12 +41,7 @@ echo "== the proxy's health (/healthz, as kube-proxy answers it)"
 # Ask only when the proxy's log says it serves there: another program on
 # the port (a kube-proxy on 0.0.0.0:10256) would answer in its place, and
 # one that never answers would hold the demo for curl's timeout.
-said=
-for _ in $(seq 1 30); do
-  said=$(grep -E '"(Cannot serve|Serving) /healthz' "$log" | tail -1 || true)
-  [ -n "$said" ] && break
-  sleep 0.1
-done
+said=$(proxy_serves /healthz) || true
 if [[ $said == *'"Serving /healthz'* ]] &&
   answer=$(curl -sS --max-time 5 -w ' (HTTP %{http_code})' http://127.0.0.1:10256/healthz 2>&1); then
   echo "  $answer"
