@@ -534,8 +534,9 @@ func TestBinaryIPTablesPortalRewrittenByAnotherProxy(t *testing.T) {
 	if r := dial(t, w.pod, "udp", "198.18.0.53:53", "ping", srcPort); !strings.HasPrefix(r.Reply, "be1:") {
 		t.Fatalf("the fixed-port client after the first proxy took its rules back: reply %q, err %q", r.Reply, r.Err)
 	}
-	// The next resync finds its own rules, and says nothing.
-	a.waitLog(a.lineCount(), `"Synced iptables portals"`, 1, 15*time.Second)
+	// The next resync finds its own rules, writes nothing and says
+	// nothing.
+	a.waitLog(a.lineCount(), `"Portals in place; nothing written"`, 1, 15*time.Second)
 	if n := strings.Count(a.log(), "rewritten by something else"); n != 1 {
 		t.Errorf("said %d times that the rules were rewritten, want once (they are its own again)", n)
 	}

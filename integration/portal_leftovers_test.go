@@ -178,7 +178,7 @@ func TestBinaryIPTablesKubeProxyLeftovers(t *testing.T) {
 	from = px.lineCount()
 	restore("*nat\n-I PREROUTING 1 -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n")
 	i := px.waitLog(from, warned+` jumps=\["PREROUTING -j KUBE-SERVICES"\]`, 1, 10*time.Second)
-	px.waitLog(i, `"Synced iptables portals"`, 4, 10*time.Second) // two syncs later
+	px.waitLog(i, resynced, 2, 10*time.Second) // two resyncs later
 	if n := strings.Count(strings.Join(logLines(px, from), "\n"), "kube-proxy's iptables rules are in effect"); n != 1 {
 		t.Errorf("the warning was given %d times after kube-proxy's jump came back, want once", n)
 	}

@@ -26,7 +26,9 @@
 //     chains with one iptables-restore --noflush per table and family, so
 //     stale rules disappear atomically and nothing else is touched; nothing
 //     is flushed at start, so a restarted proxy keeps serving until its
-//     first Sync. Traffic from the node itself is REDIRECTed as well and
+//     first Sync. InSync reads the rules back and tells whether a Sync
+//     would change anything, so that a periodic resync of unchanged
+//     portals can write nothing. Traffic from the node itself is REDIRECTed as well and
 //     lands on 127.0.0.1 or ::1 (REDIRECT needs no route_localnet); the
 //     data plane answers UDP from the address the client sent to.
 //     ExternalIPs are caught from every source, like ClusterIPs, as

@@ -41,3 +41,8 @@ func (*IPTables) Removed() []Portal { return nil }
 func (*IPTables) ExistingTargets(context.Context) ([]Portal, map[Family][]netip.Addr, error) {
 	return nil, nil, fmt.Errorf("portal: iptables: %w", ErrNotSupported)
 }
+
+// InSync fails: iptables is Linux only.
+func (*IPTables) InSync(context.Context, []Portal) (bool, error) {
+	return false, fmt.Errorf("portal: iptables: %w", ErrNotSupported)
+}

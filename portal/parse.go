@@ -361,3 +361,46 @@ func movedNodePorts(before, after []byte, fam Family) (from, to []Portal) {
 	slices.SortFunc(to, Portal.Compare)
 	return from, to
 }
+
+// ruleWords reads one rule of family fam as iptables-save prints it (the
+// arguments after "-A CHAIN ") into words comparable with render's: the
+// quoting undone (iptables-save quotes a comment only when it must), and
+// a REJECT with the default reply read as render writes it
+// (iptables-save adds "--reject-with icmp-port-unreachable", or
+// icmp6-port-unreachable in IPv6, to the "-j REJECT" iptables-restore
+// took). Nothing else is read as equal.
+func ruleWords(args string, fam Family) ([]string, error) {
+	words, err := splitArgs(args)
+	if err != nil {
+		return nil, err
+	}
+	def := "icmp-port-unreachable"
+	if fam == IPv6 {
+		def = "icmp6-port-unreachable"
+	}
+	if n := len(words); n >= 4 && words[n-4] == "-j" && words[n-3] == "REJECT" && words[n-2] == "--reject-with" && words[n-1] == def {
+		words = words[:n-2]
+	}
+	return words, nil
+}
+
+// chainDiff compares the rules of one chain of family fam, as
+// iptables-save printed them (got) and as render wrote them (want), each
+// the arguments after "-A CHAIN ", in order. It returns "" when they are
+// the same rules, else what differs first, for the log.
+func chainDiff(got, want []string, fam Family) string {
+	for i := range max(len(got), len(want)) {
+		if i >= len(got) {
+			return fmt.Sprintf("rule %d missing: %s", i+1, want[i])
+		}
+		if i >= len(want) {
+			return fmt.Sprintf("rule %d extra: %s", i+1, got[i])
+		}
+		g, gerr := ruleWords(got[i], fam)
+		w, werr := ruleWords(want[i], fam)
+		if gerr != nil || werr != nil || !slices.Equal(g, w) {
+			return fmt.Sprintf("rule %d is %s, not %s", i+1, got[i], want[i])
+		}
+	}
+	return ""
+}

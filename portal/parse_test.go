@@ -317,3 +317,41 @@ func TestNodePortDestinationsReadBack(t *testing.T) {
 		t.Errorf("nothing before: moved %v -> %v", from, to)
 	}
 }
+
+// TestChainDiff: a chain as iptables-save prints it is the chain render
+// wrote when its rules are the same words in the same order; quoting
+// aside, only a REJECT's default reply of the family is read as the
+// "-j REJECT" render writes.
+func TestChainDiff(t *testing.T) {
+	const (
+		redirect = `-d 198.18.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j REDIRECT --to-ports 41234`
+		reject   = `-p sctp -m comment --comment "tel/sig has no endpoints" -m conntrack --ctstate NEW -m sctp --dport 41236 -j REJECT`
+	)
+	tests := []struct {
+		name      string
+		fam       Family
+		got, want []string
+		diff      string // what the difference says; "" for none
+	}{
+		{"same", IPv4, []string{redirect, reject}, []string{redirect, reject}, ""},
+		{"both empty", IPv6, nil, nil, ""},
+		{"a comment unquoted", IPv4, []string{`-m comment --comment default/web -j RETURN`}, []string{`-m comment --comment "default/web" -j RETURN`}, ""},
+		{"the default reject reply", IPv4, []string{reject + " --reject-with icmp-port-unreachable"}, []string{reject}, ""},
+		{"the default IPv6 reject reply", IPv6, []string{reject + " --reject-with icmp6-port-unreachable"}, []string{reject}, ""},
+		{"the other family's reject reply", IPv6, []string{reject + " --reject-with icmp-port-unreachable"}, []string{reject}, "rule 1 is"},
+		{"another reject reply", IPv4, []string{reject + " --reject-with tcp-reset"}, []string{reject}, "rule 1 is"},
+		{"another proxy port", IPv4, []string{strings.Replace(redirect, "41234", "41235", 1)}, []string{redirect}, "rule 1 is"},
+		{"order", IPv4, []string{reject, redirect}, []string{redirect, reject}, "rule 1 is"},
+		{"missing", IPv4, []string{redirect}, []string{redirect, reject}, "rule 2 missing"},
+		{"extra", IPv4, []string{redirect, reject}, []string{redirect}, "rule 2 extra"},
+		{"unreadable", IPv4, []string{`-m comment --comment "default/web -j RETURN`}, []string{`-m comment --comment "default/web" -j RETURN`}, "rule 1 is"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := chainDiff(tc.got, tc.want, tc.fam)
+			if (d == "") != (tc.diff == "") || !strings.HasPrefix(d, tc.diff) {
+				t.Errorf("chainDiff = %q, want %q", d, tc.diff)
+			}
+		})
+	}
+}

@@ -254,9 +254,10 @@ func (e errDeferred) Error() string { return fmt.Sprintf("kernel sync deferred %
 
 // kernelSync rate-limits portal syncs: the rules are rewritten only when the
 // portals changed (endpoint changes never touch the kernel) or a full
-// resync is due, and never more often than minPeriod. After a sync that
-// removed or moved UDP portals it deletes the conntrack entries that would
-// keep clients on the dead mapping.
+// resync is due and finds them otherwise than a sync would write them, and
+// never more often than minPeriod. After a sync that removed or moved UDP
+// portals it deletes the conntrack entries that would keep clients on the
+// dead mapping.
 type kernelSync struct {
 	pt        portal.Interface
 	ct        conntrack.Interface // nil: no conntrack cleanup
@@ -285,6 +286,23 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 		!portalStale(k.pt)
 	if same && now.Sub(k.lastTime) < k.resync {
 		return nil
+	}
+	if c, ok := k.pt.(checker); ok && same {
+		// A full resync: when the kernel holds just what a Sync would
+		// write, write nothing (thousands of rules replaced every period
+		// for nothing, and with nft a new generation of the whole
+		// ruleset). Anything else, or rules that cannot be read back,
+		// is written as before.
+		start := time.Now()
+		in, err := c.InSync(ctx, portals)
+		if err != nil {
+			klog.V(2).InfoS("Cannot read the portal's rules back; writing them again", "err", err)
+		}
+		if err == nil && in {
+			k.lastTime = now
+			klog.V(2).InfoS("Portals in place; nothing written", "portals", len(portals), "took", time.Since(start))
+			return k.clearStale(ctx)
+		}
 	}
 	var held []portal.Portal // what the rules held, when something else rewrote them
 	if d, ok := k.pt.(drifter); ok && same {
@@ -383,6 +401,12 @@ type staler interface {
 func portalStale(pt portal.Interface) bool {
 	s, ok := pt.(staler)
 	return ok && s.Stale()
+}
+
+// checker is a portal that can tell, by reading the kernel, whether a
+// Sync of portals would change anything (portal.IPTables).
+type checker interface {
+	InSync(ctx context.Context, portals []portal.Portal) (bool, error)
 }
 
 // drifter is a portal that can tell whether its rules are still as it

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/conntrack"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
@@ -163,5 +165,71 @@ func TestKernelSyncStalePortal(t *testing.T) {
 	pt.stale = true
 	if err := k.sync(ctx, one); err != nil || pt.Syncs() != 2 {
 		t.Fatalf("unchanged portals, stale portal: err %v, %d syncs; want 2", err, pt.Syncs())
+	}
+}
+
+// checkingPortal is a portal that reads its rules back, as
+// portal.IPTables does: InSync answers in and err, Drift drifted.
+type checkingPortal struct {
+	*portal.Fake
+	in      bool
+	err     error
+	drifted bool
+	checks  int
+	drifts  int
+}
+
+func (c *checkingPortal) InSync(context.Context, []portal.Portal) (bool, error) {
+	c.checks++
+	return c.in, c.err
+}
+
+func (c *checkingPortal) Drift(context.Context) ([]portal.Portal, bool, error) {
+	c.drifts++
+	return nil, c.drifted, nil
+}
+
+// TestKernelSyncResyncInPlace: a full resync that finds the rules as a
+// Sync would write them writes nothing and waits for the next resync;
+// rules otherwise, or unreadable, are written as before, and rules that
+// something else rewrote are said to be. A change is written without a
+// look.
+func TestKernelSyncResyncInPlace(t *testing.T) {
+	ctx := context.Background()
+	buf := captureLog(t)
+	pt := &checkingPortal{Fake: &portal.Fake{}, in: true}
+	k := &kernelSync{pt: pt, minPeriod: 0, resync: time.Hour}
+	one := []portal.Portal{udpPortal("198.18.0.10", 40000)}
+	due := func() { k.lastTime = time.Now().Add(-2 * time.Hour) }
+	step := func(what string, ps []portal.Portal, syncs, checks, drifts int) {
+		t.Helper()
+		if err := k.sync(ctx, ps); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if pt.Syncs() != syncs || pt.checks != checks || pt.drifts != drifts {
+			t.Fatalf("%s: %d syncs, %d checks, %d drift checks; want %d, %d, %d", what, pt.Syncs(), pt.checks, pt.drifts, syncs, checks, drifts)
+		}
+	}
+	step("first sync", one, 1, 0, 0)
+	due()
+	step("resync, rules in place", one, 1, 1, 0)
+	step("just after that resync", one, 1, 1, 0) // the next is a period away
+	step("a change", []portal.Portal{udpPortal("198.18.0.10", 40001)}, 2, 1, 0)
+	pt.in = false
+	due()
+	step("resync, rules not in place", []portal.Portal{udpPortal("198.18.0.10", 40001)}, 3, 2, 1)
+	pt.in, pt.err = true, errors.New("iptables-save: exit status 4")
+	due()
+	step("resync, rules unreadable", []portal.Portal{udpPortal("198.18.0.10", 40001)}, 4, 3, 2)
+	klog.Flush()
+	if strings.Contains(buf.String(), "rewritten by something else") {
+		t.Errorf("said the rules were rewritten, though Drift says they were not:\n%s", buf)
+	}
+	pt.in, pt.err, pt.drifted = false, nil, true
+	due()
+	step("resync, rules rewritten", []portal.Portal{udpPortal("198.18.0.10", 40001)}, 5, 4, 3)
+	klog.Flush()
+	if !strings.Contains(buf.String(), "The portal's rules were rewritten by something else since the last sync") {
+		t.Errorf("rules rewritten by something else are not said to be:\n%s", buf)
 	}
 }

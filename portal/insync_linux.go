@@ -1,0 +1,104 @@
+package portal
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"k8s.io/klog/v2"
+)
+
+// InSync reads our chains back, in every family and table, with the
+// built-in chains that jump into them, and reports whether the kernel
+// holds exactly what Sync(portals) would write: each of our chains with
+// the rules render gives, in order, and each jump into them. Then a Sync
+// would change nothing, and a periodic resync can skip it, as
+// kube-proxy's iptables mode skips an unchanged one, rather than replace
+// thousands of rules every period (with nft, a new generation of the
+// whole ruleset).
+//
+// Anything else is false: a rule missing, extra or edited, a chain or
+// jump gone, an invalid portal (Sync reports it), a family whose last
+// Sync failed, our chains still to remove from the other backend. The
+// error is a failure to read or parse the rules back, also to be taken
+// as "write them". It reports kube-proxy's jumps and tables as Sync does,
+// when they appear or go.
+func (p *IPTables) InSync(ctx context.Context, portals []Portal) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.leftover) > 0 {
+		return false, nil // Sync removes them
+	}
+	for _, pt := range portals {
+		if pt.validate() != nil {
+			return false, nil
+		}
+	}
+	for _, ft := range p.fams {
+		if ft.wrote == nil || !ft.jumped {
+			return false, nil // not (all) written by a Sync that worked
+		}
+		r := render(portals, ft.fam, p.cfg)
+		var nat *savedTable
+		for _, tbl := range []struct {
+			name string
+			data []byte
+		}{{tableNAT, r.nat}, {tableFilter, r.filter}} {
+			save, err := p.run(ctx, nil, ft.save, "-t", tbl.name)
+			if err != nil {
+				return false, fmt.Errorf("portal: iptables: read %s table (%s): %w", tbl.name, ft.fam, err)
+			}
+			got, err := parseSave(string(save))
+			if err != nil {
+				return false, fmt.Errorf("portal: iptables: parse %s -t %s: %w", ft.save, tbl.name, err)
+			}
+			want, err := parseSave(string(tbl.data))
+			if err != nil {
+				return false, fmt.Errorf("portal: iptables: parse the %s rules (%s): %w", tbl.name, ft.fam, err)
+			}
+			if d := tableDiff(tbl.name, got[tbl.name], want[tbl.name], ft.fam); d != "" {
+				klog.V(2).InfoS("The portal's rules are not as this proxy writes them; writing them again", "command", ft.save, "family", ft.fam, "table", tbl.name, "difference", d)
+				return false, nil
+			}
+			if tbl.name == tableNAT {
+				nat = got[tableNAT]
+			}
+		}
+		noteKubeProxy(ft, kubeProxyJumps(nat.rules))
+	}
+	p.noteKubeProxyNFT()
+	return true, nil
+}
+
+// tableDiff compares one table of iptables-save output (got, nil when the
+// save had none) with what render writes there (want), in family fam: our
+// chains of the table, rule by rule (chainDiff), and the jumps into them
+// from the built-in chains, which must be there as ensureJumps looks for
+// them (where they are is left as it is: Sync leaves it too). It returns
+// "" when they are the same, else what differs first, for the log.
+func tableDiff(table string, got, want *savedTable, fam Family) string {
+	if got == nil {
+		return "no " + table + " table"
+	}
+	for _, c := range ownedChains[table] {
+		if !slices.Contains(got.chains, c) {
+			return "chain " + c + " missing"
+		}
+		if d := chainDiff(got.rules[c], want.rules[c], fam); d != "" {
+			return c + " " + d
+		}
+	}
+	for _, j := range jumps {
+		if j.table != table {
+			continue
+		}
+		lines := make([]string, 0, len(got.rules[j.from]))
+		for _, args := range got.rules[j.from] {
+			lines = append(lines, "-A "+j.from+" "+args)
+		}
+		if !hasRule(lines, j.from, j.spec()) {
+			return "jump " + j.from + " -j " + j.to + " missing"
+		}
+	}
+	return ""
+}
