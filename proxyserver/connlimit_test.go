@@ -33,6 +33,26 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 	}
 }
 
+// startHealthz serves /healthz on a loopback port under its limits until
+// the test ends; cc counts the connections the server holds.
+func startHealthz(t *testing.T) (addr string, cc *connCounter) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc = &connCounter{}
+	addr = ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serveHTTP(ctx, healthWhat, "--healthz-bind-address", addr, cc.wrap(ln), newProxyHealth(time.Minute), time.Hour)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return addr, cc
+}
+
 // connCounter wraps listeners to count, on the server's side, the
 // connections they accepted that are open, and the most open at once.
 type connCounter struct {
@@ -213,19 +233,7 @@ func probe(t *testing.T, c *http.Client, url string, code int) {
 // until its ReadHeaderTimeout, which under RLIMIT_NOFILE took the data
 // plane's descriptors (and made /healthz answer in 2 s).
 func TestHealthzUnderSlowloris(t *testing.T) {
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cc connCounter
-	addr := ln.Addr().String()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		serveHTTP(ctx, healthWhat, "--healthz-bind-address", addr, cc.wrap(ln), newProxyHealth(time.Minute), time.Hour)
-	}()
-	defer func() { cancel(); <-done }()
+	addr, cc := startHealthz(t)
 
 	// A monitor from another address keeps its connection alive.
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
@@ -281,19 +289,7 @@ func TestHealthzUnderSlowloris(t *testing.T) {
 // client of /healthz keeps its connection for request after request, as
 // before the limit.
 func TestHealthzKeepsWellBehavedClients(t *testing.T) {
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cc connCounter
-	addr := ln.Addr().String()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		serveHTTP(ctx, healthWhat, "--healthz-bind-address", addr, cc.wrap(ln), newProxyHealth(time.Minute), time.Hour)
-	}()
-	defer func() { cancel(); <-done }()
+	addr, cc := startHealthz(t)
 	var clients []*http.Client
 	for range healthLimits.maxConns {
 		clients = append(clients, &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{}})
