@@ -439,6 +439,17 @@ func answers(url string) error {
 	return nil
 }
 
+// waitAnswers waits, up to 10 s, until url answers 200 (see answers);
+// else the test fails with p's log.
+func waitAnswers(t *testing.T, p *proxyProc, url string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); answers(url) != nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never answered:\n%s", url, p.log())
+		}
+	}
+}
+
 // echoes says whether c, a connection through the proxy to an echo
 // backend, echoes a line.
 func echoes(c net.Conn) error {
@@ -483,13 +494,7 @@ func healthWhileClientsHoldDescriptors(t *testing.T, bin string) {
 	livez := fmt.Sprintf("http://127.0.0.1:%d/livez", hp)
 	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", hp)
 	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", mp)
-	deadline := time.Now().Add(10 * time.Second)
-	for answers(healthz) != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("/healthz never answered:\n%s", p.log())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitAnswers(t, p, healthz)
 
 	// As many idle clients as the limit: two descriptors each would take
 	// twice what the proxy has.

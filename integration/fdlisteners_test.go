@@ -132,11 +132,7 @@ func healthAfterManyLocalLBs(t *testing.T, bin string) {
 		fmt.Sprintf("http://127.0.0.1:%d/healthz", hp),
 		fmt.Sprintf("http://127.0.0.1:%d/metrics", mp),
 	}
-	for deadline := time.Now().Add(10 * time.Second); answers(urls[1]) != nil; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("/healthz never answered:\n%s", p.log())
-		}
-	}
+	waitAnswers(t, p, urls[1])
 	addr := fmt.Sprintf("127.0.0.1:%d", np)
 	held := holdThrough(t, p, addr, clients)
 	t.Logf("%d clients hold the proxy's descriptors up to %d (connections' ceiling %d)", clients, proxyFDs(t, p.cmd.Process.Pid), conns)

@@ -38,13 +38,7 @@ func TestBinaryHealthzSlowlorisLeavesTheDataPlaneItsDescriptors(t *testing.T) {
 	p := startWithFDLimit(t, proxyBin, limit, append(proxyArgs(file), fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hp))...)
 	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
 	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", hp)
-	deadline := time.Now().Add(10 * time.Second)
-	for answers(healthz) != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("/healthz never answered:\n%s", p.log())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitAnswers(t, p, healthz)
 	fds := func() int {
 		entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid))
 		if err != nil {
@@ -78,7 +72,7 @@ func TestBinaryHealthzSlowlorisLeavesTheDataPlaneItsDescriptors(t *testing.T) {
 	}
 	// Until the proxy has dealt with them: it closed most, or it holds
 	// every descriptor the data plane leaves.
-	deadline = time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for closed.Load() < slow/2 && fds() < limit-reserve {
 		if time.Now().After(deadline) {
 			t.Fatalf("after 10 s, %d slow connections closed and %d descriptors open", closed.Load(), fds())
