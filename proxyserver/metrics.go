@@ -339,7 +339,7 @@ var statDescs = []statDesc{
 	counter("udp_no_endpoints_total", "UDP datagrams dropped"+noEndpointsNote, func(s *snap) uint64 { return s.UDPNoEndpoints }),
 	counter("udp_datagrams_total", udpDatagramsHelp, func(s *snap) uint64 { return s.UDPDatagramsIn }, "direction", "to_endpoint"),
 	counter("udp_datagrams_total", udpDatagramsHelp, func(s *snap) uint64 { return s.UDPDatagramsOut }, "direction", "to_client"),
-	counter("udp_dropped_total", "UDP datagrams dropped on a full socket buffer or a send error.", func(s *snap) uint64 { return s.UDPDropped }),
+	counter("udp_dropped_total", "UDP datagrams the proxy could not send on: a full send buffer or a send error. Those the kernel drops before the proxy reads them (a full receive buffer) are counted in the kernel's UdpRcvbufErrors, not here.", func(s *snap) uint64 { return s.UDPDropped }),
 	counter("udp_refused_total", "UDP endpoint refusals (ICMP port unreachable): a session with no reply yet moves to another endpoint, others end.", func(s *snap) uint64 { return s.UDPRefused }),
 	counter("shed_total", "Connections and sessions refused for lack of file descriptors or buffers.", func(s *snap) uint64 { return s.Shed }),
 	counter("accept_errors_total", "Other accept errors.", func(s *snap) uint64 { return s.AcceptErrors }),
