@@ -321,12 +321,25 @@ func TestNodePortDestinationsReadBack(t *testing.T) {
 // TestChainDiff: a chain as iptables-save prints it is the chain render
 // wrote when its rules are the same words in the same order; quoting
 // aside, only a REJECT's default reply of the family is read as the
-// "-j REJECT" render writes.
+// "-j REJECT" render writes. A TCP reset is printed back as written, in
+// both families (iptables-save of nft and legacy, iptables v1.8.9); a
+// TCP REJECT left by an older proxy, with the default reply, is not the
+// reset and is written again.
 func TestChainDiff(t *testing.T) {
 	const (
 		redirect = `-d 198.18.0.10/32 -p tcp -m comment --comment "default/web:http" -m tcp --dport 80 -j REDIRECT --to-ports 41234`
 		reject   = `-p sctp -m comment --comment "tel/sig has no endpoints" -m conntrack --ctstate NEW -m sctp --dport 41236 -j REJECT`
+		tcpOld   = `-p tcp -m comment --comment "default/web:http has no endpoints" -m conntrack --ctstate NEW -m tcp --dport 41234 -j REJECT`
+		tcpSaved = tcpOld + ` --reject-with tcp-reset` // as iptables-save prints it
 	)
+	tcpRendered := func(fam Family) []string {
+		p := Portal{Service: webHTTP, Kind: NodePort, Family: fam, Port: 30080, ProxyPort: 41234, Reject: true}
+		tables, err := parseSave(string(render([]Portal{p}, fam, IPTablesConfig{}).filter))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tables[tableFilter].rules[ChainNodePortNonLocal]
+	}
 	tests := []struct {
 		name      string
 		fam       Family
@@ -340,6 +353,10 @@ func TestChainDiff(t *testing.T) {
 		{"the default IPv6 reject reply", IPv6, []string{reject + " --reject-with icmp6-port-unreachable"}, []string{reject}, ""},
 		{"the other family's reject reply", IPv6, []string{reject + " --reject-with icmp-port-unreachable"}, []string{reject}, "rule 1 is"},
 		{"another reject reply", IPv4, []string{reject + " --reject-with tcp-reset"}, []string{reject}, "rule 1 is"},
+		{"a TCP reset", IPv4, []string{tcpSaved}, tcpRendered(IPv4), ""},
+		{"an IPv6 TCP reset", IPv6, []string{tcpSaved}, tcpRendered(IPv6), ""},
+		{"a TCP REJECT with the default reply", IPv4, []string{tcpOld + " --reject-with icmp-port-unreachable"}, tcpRendered(IPv4), "rule 1 is"},
+		{"an IPv6 TCP REJECT with the default reply", IPv6, []string{tcpOld + " --reject-with icmp6-port-unreachable"}, tcpRendered(IPv6), "rule 1 is"},
 		{"another proxy port", IPv4, []string{strings.Replace(redirect, "41234", "41235", 1)}, []string{redirect}, "rule 1 is"},
 		{"order", IPv4, []string{reject, redirect}, []string{redirect, reject}, "rule 1 is"},
 		{"missing", IPv4, []string{redirect}, []string{redirect, reject}, "rule 2 missing"},

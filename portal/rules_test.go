@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -182,5 +184,59 @@ func TestRenderUnredirectedNodePortKeepsItsFilter(t *testing.T) {
 		if !accept || !drop {
 			t.Errorf("%s: external proxy port :%d has accept=%v drop=%v in %s, want both:\n%s", fam, external, accept, drop, ChainNodePortNonLocal, text)
 		}
+	}
+}
+
+// TestRenderRejectReply: a service port without endpoints refuses new TCP
+// connections with a reset, in both families, and UDP and SCTP ones with
+// the default ICMP port unreachable ("-j REJECT", which iptables-save
+// prints with the family's reply): the kernel rate-limits ICMP errors per
+// client, so a busy TCP client had most of its SYNs go unanswered and
+// timed out instead of being refused (xa57); a reset is not limited, and
+// tcp-reset is valid only with -p tcp. Every frontend of the port shares
+// the one rule on its proxy port.
+func TestRenderRejectReply(t *testing.T) {
+	tests := []struct {
+		name   string
+		svc    state.ServicePortName
+		fam    Family
+		target string
+	}{
+		{"TCP IPv4", webHTTP, IPv4, "-j REJECT --reject-with tcp-reset"},
+		{"TCP IPv6", webHTTP, IPv6, "-j REJECT --reject-with tcp-reset"},
+		{"UDP IPv4", dnsUDP, IPv4, "-j REJECT"},
+		{"UDP IPv6", dnsUDP, IPv6, "-j REJECT"},
+		{"SCTP IPv4", sigSCTP, IPv4, "-j REJECT"},
+		{"SCTP IPv6", sigSCTP, IPv6, "-j REJECT"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ip, np := netip.MustParseAddr("198.18.0.10"), netip.MustParseAddr("198.18.1.1")
+			if tc.fam == IPv6 {
+				ip, np = netip.MustParseAddr("fd5e:b1b5::10"), netip.MustParseAddr("fd5e:b1b5:1::1")
+			}
+			portals := []Portal{
+				{Service: tc.svc, Kind: ClusterIP, Family: tc.fam, IP: ip, Port: 80, ProxyPort: 41234, Reject: true},
+				{Service: tc.svc, Kind: LoadBalancerIP, Family: tc.fam, IP: np, Port: 80, ProxyPort: 41234, Reject: true},
+				{Service: tc.svc, Kind: NodePort, Family: tc.fam, Port: 30080, ProxyPort: 41234, Reject: true},
+			}
+			proto := strings.ToLower(string(tc.svc.Protocol))
+			want := "-A KUBE-NODEPORT-NON-LOCAL -p " + proto + ` -m comment --comment "` + tc.svc.Comment() + ` has no endpoints"` +
+				" -m conntrack --ctstate NEW -m " + proto + " --dport 41234 " + tc.target + "\n"
+			r := render(portals, tc.fam, IPTablesConfig{})
+			filter := string(r.filter)
+			if got := strings.Count(filter, want); got != 1 {
+				t.Errorf("the refusing rule is written %d times, want once: %q in\n%s", got, want, filter)
+			}
+			if n := strings.Count(filter, "REJECT"); n != 1 {
+				t.Errorf("%d REJECT rules, want the one:\n%s", n, filter)
+			}
+			if tc.svc.Protocol != state.TCP && strings.Contains(filter, "tcp-reset") {
+				t.Errorf("tcp-reset for %s:\n%s", tc.svc.Protocol, filter)
+			}
+			if strings.Contains(string(r.nat), "REJECT") {
+				t.Errorf("a REJECT in the nat table:\n%s", r.nat)
+			}
+		})
 	}
 }
