@@ -29,6 +29,11 @@ const resetDrain = 2 * time.Second
 // says when a socket's send queue is empty.
 const drainPoll = 5 * time.Millisecond
 
+// slowDrainPoll is how often a drain without a deadline (a side that
+// failed after its FIN, whose data a slow reader is still taking) looks
+// once resetDrain has passed.
+const slowDrainPoll = 250 * time.Millisecond
+
 // logConnEnded logs, at -v=4, how a proxied connection ended: the bytes it
 // carried each way, how long it lasted, and whether it ended with a reset,
 // and if so why (resetWhy).

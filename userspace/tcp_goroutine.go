@@ -207,6 +207,9 @@ type tcpConn struct {
 	// passed[i] is set once direction i has passed on all its source sent:
 	// its FIN, or what it sent before it failed.
 	passed [2]atomic.Bool
+	// finFirst is set when the side that failed had sent its FIN first
+	// (see fail).
+	finFirst atomic.Bool
 	// finSent[i] is set before side i is sent a FIN (CloseWrite): an EOF
 	// it says after that may be a normal close, not a reset.
 	finSent   [2]atomic.Bool
@@ -264,7 +267,7 @@ func (t *tcpConn) copyToClient() {
 // does, and nothing more.
 func (t *tcpConn) awaitReset(i int) {
 	if err := awaitSocketError(t.side(i)); err != nil {
-		t.fail(i, sideFailed(sideNames[i], true, err))
+		t.fail(i, sideFailed(sideNames[i], true, err), true) // after its FIN
 	}
 }
 
@@ -302,7 +305,7 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 			_ = src.SetReadDeadline(time.Now().Add(t.p.cfg.TCPHalfCloseTimeout))
 		}
 	}
-	srcFailed := func(err error) { t.fail(i, sideFailed(from, true, err)) }
+	srcFailed := func(err error) { t.fail(i, sideFailed(from, true, err), false) }
 	var ne net.Error
 	err := copyStream(dst, src, progress, srcFailed)
 	for errors.As(err, &ne) && ne.Timeout() && t.failed.Load() == 0 && (unsent(src) || unsent(dst)) {
@@ -317,24 +320,49 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 	case errors.Is(err, net.ErrClosed):
 		return false // the other direction or Close ended the connection
 	case err != nil && errors.As(err, &oe) && oe.Op == "write":
-		t.fail(1-i, sideFailed(to, false, err))
+		// EPIPE: dst's kernel reset it after dst's FIN (tcp_reset leaves
+		// EPIPE in CLOSE_WAIT); a reset before it says ECONNRESET.
+		t.fail(1-i, sideFailed(to, false, err), errors.Is(err, syscall.EPIPE))
 		return false
 	case t.failed.Load() == int32(2-i):
 		// dst failed: what was on its way to it is dropped; a failure of
 		// src, which this direction found reading it, ends the connection
 		// at once (fail), since nobody is left to deliver to.
 		if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
-			t.fail(i, sideFailed(from, true, err))
+			t.fail(i, sideFailed(from, true, err), false)
 		}
 		return false
 	case t.failed.Load() == int32(1+i):
 		// src had failed: all it sent before has been read, and written.
+		if err == nil && t.finFirst.Load() {
+			// Its FIN came before the failure: pass it on (see fail).
+			t.finSent[1-i].Store(true)
+			if cerr := dst.CloseWrite(); cerr != nil {
+				t.fail(1-i, sideFailed(to, false, cerr), false)
+			}
+		}
 		t.passed[i].Store(true)
 		return false
 	case err == nil && !t.halfClosed.Load() && !t.finSent[i].Load() && closedUnder(src):
+		if serr := socketError(src); serr != nil {
+			// Its error is still there to take, so the read said EOF
+			// for src's FIN, which Linux's tcp_recvmsg reports before
+			// an error: src failed after its FIN (a reset from its
+			// expired orphan, most often). Pass the FIN on, then the
+			// failure (see fail). Asked only of a socket already found
+			// closed, so an ordinary EOF costs nothing more.
+			t.finSent[1-i].Store(true)
+			if cerr := dst.CloseWrite(); cerr != nil {
+				t.fail(1-i, sideFailed(to, false, cerr), false)
+				return false
+			}
+			t.passed[i].Store(true)
+			t.fail(i, sideFailed(from, true, serr), true)
+			return false
+		}
 		// An EOF from a socket that was reset, whose error a write to it
 		// took first (before that write's fail): not a FIN to pass on.
-		t.fail(i, sideFailed(from, true, syscall.ECONNRESET))
+		t.fail(i, sideFailed(from, true, syscall.ECONNRESET), false)
 		t.passed[i].Store(true)
 		return false
 	case err == nil:
@@ -347,7 +375,7 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 		// src sent FIN: pass it on and bound the other direction.
 		t.finSent[1-i].Store(true)
 		if cerr := dst.CloseWrite(); cerr != nil {
-			t.fail(1-i, sideFailed(to, false, cerr))
+			t.fail(1-i, sideFailed(to, false, cerr), false)
 			return false
 		}
 		t.passed[i].Store(true)
@@ -363,7 +391,7 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			err = nil
 		}
-		t.fail(i, sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset, after what src sent
+		t.fail(i, sideFailed(from, true, err), false) // e.g. a reset: pass it on as a reset, after what src sent
 		t.passed[i].Store(true)
 	}
 	return false
@@ -381,7 +409,19 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 // was sent, since closing with SO_LINGER 0 discards the socket's send
 // queue, or after resetDrain (see drain). A failure of the other side
 // meanwhile aborts at once.
-func (t *tcpConn) fail(x int, why string) {
+//
+// finFirst says x had sent its FIN before it failed: a reset from its
+// kernel once its closed socket was gone (a keep-alive probe, or more
+// data, reaching an orphan that tcp_fin_timeout expired), or a keep-alive
+// timeout. All x sent is then in this proxy's hands, as it would be in
+// the other side's kernel on a direct connection, so x's FIN is passed on
+// after it and the drain has no deadline: the other side reads all of it
+// and its EOF, and is reset once it has acknowledged both. A vanished
+// reader is found by its own keep-alive (drain looks at its socket).
+func (t *tcpConn) fail(x int, why string, finFirst bool) {
+	if finFirst && t.failed.Load() == 0 {
+		t.finFirst.Store(true) // before failed: pipe reads it after
+	}
 	if !t.failed.CompareAndSwap(0, int32(1+x)) {
 		if t.failed.Load() != int32(1+x) {
 			t.abortBecause(why) // both have failed: nobody is left to deliver to
@@ -393,7 +433,7 @@ func (t *tcpConn) fail(x int, why string) {
 	}
 	t.why.CompareAndSwap(nil, &why)
 	t.p.wg.Add(1) // the caller's own keeps the count above zero
-	go t.drain(x)
+	go t.drain(x, finFirst)
 }
 
 // hold counts one more goroutine at work on the connection, unless the
@@ -414,12 +454,15 @@ func (t *tcpConn) hold() bool {
 // been passed on and acknowledged by the other side, then resets the
 // connection. Where the acknowledgement cannot be seen (unacked), it
 // resets once all has been written.
-func (t *tcpConn) drain(x int) {
+func (t *tcpConn) drain(x int, finFirst bool) {
 	defer t.p.wg.Done()
 	defer t.directionDone()
 	other := t.side(1 - x)
 	deadline := time.Now().Add(resetDrain)
-	for n := 0; n < int(resetDrain/drainPoll)+1 && !t.aborted.Load() && time.Now().Before(deadline); n++ {
+	for n := 0; finFirst || n < int(resetDrain/drainPoll)+1 && time.Now().Before(deadline); n++ {
+		if t.aborted.Load() {
+			break
+		}
 		if t.passed[x].Load() {
 			if q, ok := unacked(other); !ok || q == 0 {
 				break
@@ -428,6 +471,10 @@ func (t *tcpConn) drain(x int) {
 		if err := socketError(other); err != nil {
 			t.abortBecause(sideFailed(sideNames[1-x], true, err)) // it failed too
 			return
+		}
+		if finFirst && !time.Now().Before(deadline) {
+			time.Sleep(slowDrainPoll) // a slow reader may take minutes
+			continue
 		}
 		time.Sleep(drainPoll)
 	}

@@ -306,6 +306,7 @@ type tcpConn struct {
 	// direction it is the source of). What it sent before is still
 	// passed on; then the other side is reset (see fail).
 	failing    bool
+	finFirst   bool // the failed side had sent its FIN: no drain deadline (beside failing: no bigger struct)
 	failedSide int
 	// header is the PROXY protocol header, which goes to the endpoint
 	// before any byte of the client's; nil without one, or once sent. A
@@ -333,6 +334,7 @@ func (s *connSide) event(ev uint32) {
 	if s.backend {
 		i = 1
 	}
+	finFirst := c.hup[i] // its FIN came in an earlier event
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		c.readable[i] = true
 	}
@@ -364,7 +366,12 @@ func (s *connSide) event(ev uint32) {
 		if s.backend {
 			from = "endpoint"
 		}
-		c.fail(i, sideFailed(from, true, err))
+		// A socket whose peer had sent its FIN is left EPIPE by a reset,
+		// ECONNRESET otherwise (tcp_reset); a FIN reported in an earlier
+		// event came first whatever the error (a keep-alive timeout, or a
+		// reset once this side had sent its FIN too). Either way all the
+		// side sent is here: its failure must not cut that short (fail).
+		c.fail(i, sideFailed(from, true, err), finFirst || err == unix.EPIPE)
 		c.pump()
 	}
 }
@@ -449,7 +456,7 @@ func (c *tcpConn) sendHeader() bool {
 		case unix.EAGAIN:
 			return false
 		default:
-			c.fail(1, sideFailed("endpoint", false, err))
+			c.failWriting(1, "endpoint", err)
 			return false
 		}
 		h.sent += n
@@ -477,12 +484,15 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 		}
 		return time.Time{}
 	case c.failing:
-		if !now.Before(c.deadline) || c.delivered() {
+		if !c.finFirst && !now.Before(c.deadline) || c.delivered() {
 			c.abort()
 			return time.Time{}
 		}
-		if next := now.Add(drainPoll); c.dirs[c.failedSide].shut && next.Before(c.deadline) {
+		if next := c.nextDrainPoll(now); c.dirs[c.failedSide].shut && !next.IsZero() {
 			return next // waiting for the acknowledgement
+		}
+		if c.finFirst {
+			return time.Time{} // waiting for the other side to take more (EPOLLOUT)
 		}
 		return c.deadline // waiting for the other side to take more (EPOLLOUT)
 	case c.halfClosed:

@@ -79,7 +79,17 @@ func (c *tcpConn) pump() {
 // it has acknowledged all it was sent, since closing with SO_LINGER 0
 // discards the socket's send queue, or after resetDrain (see drain).
 // A failure of the other side meanwhile aborts at once.
-func (c *tcpConn) fail(x int, why string) {
+//
+// finFirst says x had sent its FIN before it failed: a reset from its
+// kernel once its closed socket was gone (a keep-alive probe, or more
+// data, reaching an orphan that tcp_fin_timeout expired), or a keep-alive
+// timeout. All x sent is then in this proxy's hands, as it would be in
+// the other side's kernel on a direct connection, so the drain passes
+// x's FIN on after it and has no deadline: the other side reads all of
+// it and its EOF, and is reset once it has acknowledged both. A slow
+// reader keeps the connection as long as it keeps a half-closed one
+// (see expired); a vanished one is found by its own keep-alive.
+func (c *tcpConn) fail(x int, why string, finFirst bool) {
 	if c.why == "" {
 		c.why = why
 	}
@@ -90,7 +100,7 @@ func (c *tcpConn) fail(x int, why string) {
 		c.abort() // both have failed: nobody is left to deliver to
 		return
 	}
-	c.failing, c.failedSide = true, x
+	c.failing, c.failedSide, c.finFirst = true, x, finFirst
 	c.halfClosed = false
 	d := &c.dirs[1-x] // what was on its way to x
 	if d.p != nil {
@@ -118,10 +128,35 @@ func (c *tcpConn) drain() {
 		c.abort()
 	case c.dirs[c.failedSide].shut:
 		// All written, not all acknowledged: look again soon.
-		if next := time.Now().Add(drainPoll); next.Before(c.deadline) {
+		if next := c.nextDrainPoll(time.Now()); !next.IsZero() {
 			c.lp.schedule(&c.timer, next)
 		}
 	}
+}
+
+// nextDrainPoll returns when a draining connection that has written all
+// the failed side sent looks again whether it was acknowledged, or zero
+// when the drain's deadline comes first. Without a deadline (finFirst),
+// it looks every drainPoll for resetDrain, then every slowDrainPoll: a
+// slow reader may take minutes.
+func (c *tcpConn) nextDrainPoll(now time.Time) time.Time {
+	next := now.Add(drainPoll)
+	switch {
+	case next.Before(c.deadline):
+		return next
+	case c.finFirst:
+		return now.Add(slowDrainPoll)
+	}
+	return time.Time{}
+}
+
+// failWriting handles an error writing to (or shutting down) side x,
+// named to. EPIPE there says x's kernel reset the connection after x
+// had sent its FIN (tcp_reset leaves EPIPE for a socket in CLOSE_WAIT):
+// errors a reset leaves otherwise, or that a read takes, say ECONNRESET,
+// and a read or SO_ERROR that takes one fails the side itself.
+func (c *tcpConn) failWriting(x int, to string, err error) {
+	c.fail(x, sideFailed(to, false, err), err == unix.EPIPE)
 }
 
 // delivered reports whether the failed side's EOF has been reached and
@@ -170,7 +205,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			case unix.EAGAIN:
 				return true // dst is full: EPOLLOUT will bring us back
 			default:
-				c.fail(1-i, sideFailed(to, false, err))
+				c.failWriting(1-i, to, err)
 				return false
 			}
 			d.buf = d.buf[n:]
@@ -187,7 +222,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			case unix.EAGAIN:
 				return true // dst is full: EPOLLOUT will bring us back
 			default:
-				c.fail(1-i, sideFailed(to, false, err))
+				c.failWriting(1-i, to, err)
 				return false
 			}
 			d.pending -= int(n)
@@ -201,12 +236,19 @@ func (c *tcpConn) pumpDir(i int) bool {
 		if d.eof {
 			if !d.shut {
 				d.shut = true
-				if !c.dirs[1-i].shut {
+				if failed && c.finFirst {
+					// The source sent its FIN before it failed: pass
+					// it on after all it sent (see fail).
+					if err := rawShutdown(dst, unix.SHUT_WR); err != nil {
+						c.failWriting(1-i, to, err)
+						return false
+					}
+				} else if !c.dirs[1-i].shut {
 					// Pass the FIN on and bound the other direction. When
 					// both sides are done, finish closes both sockets
 					// instead, which sends the FIN without a shutdown.
 					if err := rawShutdown(dst, unix.SHUT_WR); err != nil {
-						c.fail(1-i, sideFailed(to, false, err))
+						c.failWriting(1-i, to, err)
 						return false
 					}
 					c.halfClosed = true
@@ -233,7 +275,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 				return true
 			case err != nil:
 				d.eof = true
-				c.fail(i, sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset, after what it sent
+				c.fail(i, sideFailed(from, true, err), false) // e.g. a reset: pass it on as a reset, after what it sent
 				return false
 			case n == 0:
 				d.eof = true
@@ -249,7 +291,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			case unix.EAGAIN, unix.EINTR:
 				m = 0
 			default:
-				c.fail(1-i, sideFailed(to, false, err))
+				c.failWriting(1-i, to, err)
 				return false
 			}
 			progress(m)
@@ -286,7 +328,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			putPipe(d.p)
 			d.p = nil
 			d.eof = true
-			c.fail(i, sideFailed(from, true, err)) // e.g. a reset: pass it on as a reset, after what it sent
+			c.fail(i, sideFailed(from, true, err), false) // e.g. a reset: pass it on as a reset, after what it sent
 			return false
 		case n == 0:
 			d.eof = true
