@@ -196,6 +196,8 @@ func TestBinarySwitchingPortals(t *testing.T) {
 	if len(left) > 0 {
 		t.Errorf("service addresses left on %s under no portal 10s after their removal began: %v", dev, left)
 	}
+	// The removal comes before the node ports are served.
+	px.waitLog(0, `"Serving".*via="node-port"`, 2, 30*time.Second)
 	expectReply(t, w.outside, "tcp", nodeOutSide+":30080", "be1:ping")
 }
 
