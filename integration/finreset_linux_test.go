@@ -145,11 +145,19 @@ func keepAliveAfterFIN(t *testing.T, bin, sender string) {
 	p.waitLog(0, `"Connection ended".*bytesTo`+map[string]string{"endpoint": "Client", "client": "Endpoint"}[sender]+fmt.Sprintf("=%d", size), 1, 10*time.Second)
 }
 
-// inNetns runs f on a thread of its own moved into ns, so the sockets f
-// makes are ns's; the thread is moved back after, or ends with its
-// goroutine if it cannot be.
+// inNetns runs f in ns (see runInNetns); the test fails on its error.
 func inNetns(t *testing.T, ns netns, f func() error) {
 	t.Helper()
+	if err := runInNetns(ns, f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runInNetns runs f on a thread of its own moved into ns, so the sockets
+// f makes are ns's (a socket stays in the namespace it was made in); the
+// thread is moved back after, or, if it cannot be, stays locked and ends
+// with its goroutine.
+func runInNetns(ns netns, f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -177,9 +185,7 @@ func inNetns(t *testing.T, ns netns, f func() error) {
 		runtime.UnlockOSThread()
 		errc <- err
 	}()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	return <-errc
 }
 
 // waitAcked waits, bounded by d, until the peer has acknowledged

@@ -5,11 +5,8 @@ package integration
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -236,36 +233,7 @@ func TestBinaryIPTablesJumpsRestored(t *testing.T) {
 // nftables table name of family in ns, with one netlink batch, as nft
 // would: the nft command may not be installed.
 func nftTable(ns netns, op uint16, family byte, name string) error {
-	errc := make(chan error, 1)
-	go func() {
-		// A thread of its own, moved into ns; if it cannot be moved back
-		// it stays locked and ends with this goroutine.
-		runtime.LockOSThread()
-		self, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer self.Close()
-		target, err := os.Open("/run/netns/" + string(ns))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		err = nftBatch(op, family, name)
-		if serr := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); serr != nil {
-			errc <- errors.Join(err, serr)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	return <-errc
+	return runInNetns(ns, func() error { return nftBatch(op, family, name) })
 }
 
 func nftBatch(op uint16, family byte, name string) error {

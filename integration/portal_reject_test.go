@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -164,33 +163,12 @@ func connectAll(t *testing.T, ns netns, dst netip.AddrPort, n int, within time.D
 			unix.Close(c.fd)
 		}
 	}()
-	errc := make(chan error, 1)
-	go func() {
-		// A thread of its own, moved into ns for the sockets (a socket
-		// stays in the namespace it was made in); if it cannot be moved
-		// back it stays locked and ends with this goroutine.
-		runtime.LockOSThread()
-		self, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer self.Close()
-		target, err := os.Open("/run/netns/" + string(ns))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
+	// On a thread in ns: a socket stays in the namespace it was made in.
+	err := runInNetns(ns, func() error {
 		for range n {
 			fd, serr := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 			if serr != nil {
-				err = serr
-				break
+				return serr
 			}
 			c := conn{fd: fd, started: time.Now()}
 			switch cerr := unix.Connect(fd, sa); {
@@ -200,14 +178,9 @@ func connectAll(t *testing.T, ns netns, dst netip.AddrPort, n int, within time.D
 			}
 			conns = append(conns, c)
 		}
-		if serr := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); serr != nil {
-			errc <- errors.Join(err, serr)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
+		return nil
+	})
+	if err != nil {
 		t.Fatalf("%d connections from %s to %s: %v", n, ns, dst, err)
 	}
 	end := conns[len(conns)-1].started.Add(within * 3 / 2)
