@@ -421,9 +421,32 @@ func runBackend(specs []string) error {
 
 // runClient does one exchange and prints a clientResult.
 func runClient() {
-	proto, addr, payload := os.Getenv("KUPT_PROTO"), os.Getenv("KUPT_ADDR"), os.Getenv("KUPT_PAYLOAD")
+	var srcPort int
+	fmt.Sscan(os.Getenv("KUPT_SRCPORT"), &srcPort)
+	r := exchange(os.Getenv("KUPT_PROTO"), os.Getenv("KUPT_ADDR"), os.Getenv("KUPT_PAYLOAD"), srcPort)
+	json.NewEncoder(os.Stdout).Encode(r)
+}
+
+// dialHere is dial from a thread of the test process moved into ns
+// (runInNetns), for an exchange whose time is measured: dial returns when
+// its client helper, a new process of the test binary, has exited, and
+// under the race detector that is a second after the exchange (the race
+// runtime sleeps GORACE's atexit_sleep_ms, 1000 by default, at exit).
+func dialHere(t *testing.T, ns netns, proto, addr, payload string, srcPort int) clientResult {
+	t.Helper()
 	var r clientResult
-	defer func() { json.NewEncoder(os.Stdout).Encode(r) }()
+	if err := runInNetns(ns, func() error {
+		r = exchange(proto, addr, payload, srcPort)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// exchange is one client exchange (see dial), in the caller's network
+// namespace.
+func exchange(proto, addr, payload string, srcPort int) (r clientResult) {
 	deadline := time.Now().Add(2 * time.Second)
 	if proto == "tcp" {
 		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
@@ -452,9 +475,7 @@ func runClient() {
 	if proto == "udp-connected" {
 		// Connected, as resolvers are, so an ICMP error comes back as
 		// "connection refused".
-		var src net.UDPAddr
-		fmt.Sscan(os.Getenv("KUPT_SRCPORT"), &src.Port)
-		c, err := net.DialUDP("udp", &src, dst)
+		c, err := net.DialUDP("udp", &net.UDPAddr{Port: srcPort}, dst)
 		if err != nil {
 			r.Err = err.Error()
 			return
@@ -478,9 +499,7 @@ func runClient() {
 	if dst.IP.To4() == nil {
 		network = "udp6"
 	}
-	var src net.UDPAddr
-	fmt.Sscan(os.Getenv("KUPT_SRCPORT"), &src.Port)
-	c, err := net.ListenUDP(network, &src)
+	c, err := net.ListenUDP(network, &net.UDPAddr{Port: srcPort})
 	if err != nil {
 		r.Err = err.Error()
 		return
@@ -500,6 +519,7 @@ func runClient() {
 	r.Reply = strings.TrimSpace(string(buf[:n]))
 	ap := from.(*net.UDPAddr).AddrPort()
 	r.From = strings.Replace(ap.String(), "::ffff:", "", 1)
+	return r
 }
 
 // TestNetnsCleanup: the namespaces a test makes are gone when it ends,

@@ -249,8 +249,10 @@ func TestPortalIPTablesKillRestart(t *testing.T) {
 	if r.Cleared == 0 {
 		t.Errorf("the restart's first sync cleared no conntrack entries")
 	}
-	udp := dial(t, w.pod, "udp", "198.18.0.53:53", "b", clientPort)
-	tcp := dial(t, w.pod, "tcp", "198.18.0.10:80", "c", 0)
+	// From this process: a client helper's exit would count (a second
+	// under the race detector, see dialHere).
+	udp := dialHere(t, w.pod, "udp", "198.18.0.53:53", "b", clientPort)
+	tcp := dialHere(t, w.pod, "tcp", "198.18.0.10:80", "c", 0)
 	took := time.Since(killed)
 	t.Logf("served again %v after SIGKILL (helper start, one apply and sync, two exchanges)", took.Round(time.Millisecond))
 	if udp.Reply != "be1:b" || tcp.Reply != "be1:c" {
