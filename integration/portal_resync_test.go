@@ -68,26 +68,46 @@ endpoints: [{addresses: ["fd5e:b1b5:12::2"], nodeName: elsewhere}]
 // function that counts the runs so far.
 func restoreCounter(t *testing.T) (dir string, runs func() int) {
 	t.Helper()
+	dir, count := iptablesCounter(t)
+	return dir, func() int {
+		t.Helper()
+		return count("-restore")
+	}
+}
+
+// iptablesCounter is restoreCounter for the iptables-restore and
+// iptables-save commands: runs counts those whose name ends with kind
+// ("-restore", "-save").
+func iptablesCounter(t *testing.T) (dir string, runs func(kind string) int) {
+	t.Helper()
 	dir = t.TempDir()
 	log := filepath.Join(dir, "runs")
 	writeFile(t, log, "")
-	for _, name := range []string{"iptables-restore", "ip6tables-restore", "iptables-nft-restore", "ip6tables-nft-restore", "iptables-legacy-restore", "ip6tables-legacy-restore"} {
-		real, err := exec.LookPath(name)
-		if err != nil {
-			continue
-		}
-		script := fmt.Sprintf("#!/bin/sh\necho %s >>%s\nexec %s \"$@\"\n", name, log, real)
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
+	for _, base := range []string{"iptables", "ip6tables", "iptables-nft", "ip6tables-nft", "iptables-legacy", "ip6tables-legacy"} {
+		for _, name := range []string{base + "-restore", base + "-save"} {
+			real, err := exec.LookPath(name)
+			if err != nil {
+				continue
+			}
+			script := fmt.Sprintf("#!/bin/sh\necho %s >>%s\nexec %s \"$@\"\n", name, log, real)
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	return dir, func() int {
+	return dir, func(kind string) int {
 		t.Helper()
 		b, err := os.ReadFile(log)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return strings.Count(string(b), "\n")
+		n := 0
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasSuffix(l, kind) {
+				n++
+			}
+		}
+		return n
 	}
 }
 
@@ -119,7 +139,8 @@ func testResyncWritesNothingUnchanged(t *testing.T, backend string) {
 	startBackend(t, w.backend, "8080=be1", "8081=be6")
 	file := filepath.Join(t.TempDir(), "services.yaml")
 	writeFile(t, file, resyncManifest)
-	wrappers, restores := restoreCounter(t)
+	wrappers, runs := iptablesCounter(t)
+	restores := func() int { t.Helper(); return runs("-restore") }
 	px := startCommand(t, "ip", "netns", "exec", string(w.node), "env", "PATH="+wrappers+":"+os.Getenv("PATH"),
 		proxyBin, "--manifests", file, "--hostname-override=node", "-v=2", "--portal=iptables", "--iptables-sync-period=2s",
 		"--cluster-cidr=198.18.10.0/24,fd5e:b1b5:10::/64")
@@ -137,9 +158,16 @@ func testResyncWritesNothingUnchanged(t *testing.T, backend string) {
 		}
 	}
 
-	// Two resyncs with nothing changed: read back, nothing written.
-	from := px.lineCount()
-	px.waitLog(from, resynced, 2, 20*time.Second)
+	// Two resyncs with nothing changed: read back, nothing written. Each
+	// reads every table of a family with one iptables-save (it ran one
+	// per table) and runs nothing else: the other backend is looked at
+	// without a process when it has no tables of ours.
+	i := px.waitLog(px.lineCount(), resynced, 1, 20*time.Second)
+	saves := runs("-save")
+	px.waitLog(i, `"Portals in place; nothing written"`, 1, 20*time.Second)
+	if n := runs("-save") - saves; n != 2 {
+		t.Errorf("an unchanged resync ran iptables-save %d times, want 2 (one per family)", n)
+	}
 	if n := restores(); n != written {
 		t.Errorf("unchanged resyncs ran iptables-restore %d times, want none", n-written)
 	}

@@ -118,7 +118,7 @@ func (f *fakeIPT) ClearAndDeleteChain(table, chain string) error {
 
 // restoreLog records iptables-restore input and writes the declared
 // chains, with their rules, into the family's fakeIPT, as the real one
-// does; iptables-save ("-t table") reads them back.
+// does; iptables-save ("-t table", or every table) reads them back.
 type restoreLog struct {
 	mu     sync.Mutex
 	inputs map[string][]string // binary -> inputs
@@ -135,10 +135,14 @@ func (r *restoreLog) run(_ context.Context, stdin []byte, name string, args ...s
 	}
 	if restore, ok := strings.CutSuffix(name, "-save"); ok && r.byBin[restore+"-restore"] != nil {
 		r.saves++
-		if len(args) != 2 || args[0] != "-t" {
-			return nil, fmt.Errorf("save without -t table: %v", args)
+		ipt := r.byBin[restore+"-restore"]
+		if len(args) == 0 { // every table
+			return []byte(ipt.save(tableFilter) + ipt.save(tableNAT)), nil
 		}
-		return []byte(r.byBin[restore+"-restore"].save(args[1])), nil
+		if len(args) != 2 || args[0] != "-t" {
+			return nil, fmt.Errorf("save with %v", args)
+		}
+		return []byte(ipt.save(args[1])), nil
 	}
 	if !slices.Contains(args, "--noflush") {
 		return nil, fmt.Errorf("restore without --noflush: %v", args)
