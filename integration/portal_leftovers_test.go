@@ -299,3 +299,75 @@ func nftBatch(op uint16, family byte, name string) error {
 		}
 	}
 }
+
+// TestBinaryIPTablesOursAppearInTheOtherBackend: our chains put into the
+// other backend while the proxy runs (an older proxy build, or a restore
+// by hand) redirect traffic beside the proxy's rules, since the kernel
+// runs both backends'; a resync finds them, says so, and removes them, as
+// the start does with those an earlier run left. Before, only the start
+// looked: the resync said its portals were in place, and the stale rule
+// went on catching its address. Both backends, so each is looked at as
+// the other: legacy through its tables in use, nft through its chains.
+func TestBinaryIPTablesOursAppearInTheOtherBackend(t *testing.T) {
+	for _, backend := range []string{"nft", "legacy"} {
+		t.Run(backend, func(t *testing.T) { testOursAppearInTheOtherBackend(t, backend) })
+	}
+}
+
+func testOursAppearInTheOtherBackend(t *testing.T, backend string) {
+	other := map[string]string{"nft": "legacy", "legacy": "nft"}[backend]
+	w := newWorld(t)
+	if backend == "legacy" {
+		// The host's rules are there: the portal writes there too.
+		w.node.mustRun(t, "iptables-legacy", "-A", "INPUT", "-s", "198.18.250.0/24", "-j", "ACCEPT")
+		w.node.mustRun(t, "iptables-legacy", "-A", "INPUT", "-s", "198.18.251.0/24", "-j", "ACCEPT")
+	}
+	startBackend(t, w.backend, "8080=be1", "8081=be6")
+	file := filepath.Join(t.TempDir(), "services.yaml")
+	writeFile(t, file, netnsManifest)
+	px := startNodeProxy(t, w, file, "--portal=iptables", "--iptables-sync-period=2s")
+	px.waitLog(0, `"Using iptables portal" backend="`+backend+`"`, 1, 30*time.Second)
+	i := px.waitLog(0, `"Portals synced"`, 1, 30*time.Second)
+	px.waitLog(i, `"Portals in place; nothing written"`, 1, 10*time.Second)
+	if left := ourRules(t, w.node, other); len(left) > 0 {
+		t.Fatalf("ours in %s before the test put them there:\n%s", other, strings.Join(left, "\n"))
+	}
+	const stale = "198.18.0.77:80" // no Service of the proxy's
+	if r := dialHere(t, w.pod, "tcp", stale, "ping", 0); strings.Contains(r.Err, "connection refused") {
+		t.Fatalf("%s is refused before the stale rule: %+v", stale, r)
+	}
+
+	// An older proxy's rules, in the other backend: a portal to a proxy
+	// port nobody serves now.
+	from := px.lineCount()
+	cmd := exec.Command("ip", "netns", "exec", string(w.node), "iptables-"+other+"-restore", "--noflush")
+	cmd.Stdin = strings.NewReader(`*nat
+:KUBE-PORTALS-CONTAINER - [0:0]
+-I PREROUTING 1 -m comment --comment "kube-userspace-proxy service portals" -j KUBE-PORTALS-CONTAINER
+-A KUBE-PORTALS-CONTAINER -d 198.18.0.77/32 -p tcp -m comment --comment "e2e/gone:http" -m tcp --dport 80 -j REDIRECT --to-ports 40077
+COMMIT
+`)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("iptables-%s-restore: %v\n%s", other, err, out)
+	}
+	if r := dialHere(t, w.pod, "tcp", stale, "ping", 0); !strings.Contains(r.Err, "connection refused") {
+		t.Errorf("%s with our chains in %s: %+v, want refused at the stale rule's proxy port", stale, other, r)
+	}
+	i = px.waitLog(from, `"Found the portal's chains in the other iptables backend since the proxy started.*" command="iptables-`+other+`" family="IPv4"`, 1, 10*time.Second)
+	if line := logLines(px, i-1)[0]; !strings.HasPrefix(line, "E") {
+		t.Errorf("not a warning: %s", line)
+	}
+	i = px.waitLog(i, `"Removed the portal's chains from the other iptables backend" command="iptables-`+other+`" jumps=1 chains=1`, 1, 10*time.Second)
+	if left := ourRules(t, w.node, other); len(left) > 0 {
+		t.Errorf("ours still in %s:\n%s", other, strings.Join(left, "\n"))
+	}
+	if r := dialHere(t, w.pod, "tcp", stale, "ping", 0); strings.Contains(r.Err, "connection refused") {
+		t.Errorf("%s after the removal: %+v, still refused", stale, r)
+	}
+	checkServed(t, w, true)
+	// Then the resyncs find nothing to do again, and say it once.
+	px.waitLog(i, `"Portals in place; nothing written"`, 2, 10*time.Second)
+	if n := strings.Count(strings.Join(logLines(px, from), "\n"), "Found the portal's chains in the other iptables backend"); n != 1 {
+		t.Errorf("the other backend's chains were reported %d times, want once", n)
+	}
+}

@@ -28,7 +28,10 @@
 //     is flushed at start, so a restarted proxy keeps serving until its
 //     first Sync. InSync reads the rules back and tells whether a Sync
 //     would change anything, so that a periodic resync of unchanged
-//     portals can write nothing. Traffic from the node itself is REDIRECTed as well and
+//     portals can write nothing; it looks for our chains in the other
+//     backend too (put there while the proxy runs, by an older build or
+//     by hand), without a program where that backend is unused, and finds
+//     them not in sync, for the Sync to remove. Traffic from the node itself is REDIRECTed as well and
 //     lands on 127.0.0.1 or ::1 (REDIRECT needs no route_localnet); the
 //     data plane answers UDP from the address the client sent to.
 //     ExternalIPs are caught from every source, like ClusterIPs, as

@@ -19,14 +19,16 @@ import (
 //
 // Anything else is false: a rule missing, extra or edited, a chain or
 // jump gone, an invalid portal (Sync reports it), a family whose last
-// Sync failed, our chains still to remove from the other backend. The
+// Sync failed, our chains still to remove from the other backend, or
+// found there now (otherHolds: an older proxy build, or rules restored by
+// hand, may put them there while the proxy runs). The
 // error is a failure to read or parse the rules back, also to be taken
 // as "write them". It reports kube-proxy's jumps and tables as Sync does,
 // when they appear or go.
 func (p *IPTables) InSync(ctx context.Context, portals []Portal) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.leftover) > 0 {
+	if len(p.leftover) > 0 || p.otherHolds(ctx) {
 		return false, nil // Sync removes them
 	}
 	for _, pt := range portals {
@@ -103,4 +105,44 @@ func tableDiff(table string, got, want *savedTable, fam Family) string {
 		}
 	}
 	return ""
+}
+
+// otherHolds looks for our chains in the other backend, as NewIPTables
+// does at start, and reports whether it found some, which are then
+// leftovers for Sync to remove. Both backends' rules run in the kernel:
+// a chain of ours there that a built-in chain jumps to redirects (or
+// drops) traffic whatever this proxy writes, to proxy ports it may not
+// serve, while the resync would say its portals are in place. It reads
+// a family only where peek says our chains may be (no program runs on a
+// host whose other backend is unused), and says at -v=4 why it could not.
+func (p *IPTables) otherHolds(ctx context.Context) bool {
+	if p.peek == nil {
+		return false
+	}
+	found := false
+	for _, ot := range p.others {
+		if slices.Contains(p.leftover, ot) {
+			continue
+		}
+		may, err := p.peek(ot)
+		if err != nil {
+			klog.V(4).InfoS("Cannot tell whether the other iptables backend holds the portal's chains", "command", ot.bin, "err", err)
+			continue
+		}
+		if !may {
+			continue
+		}
+		save, err := p.run(ctx, nil, ot.save)
+		if err != nil {
+			klog.V(4).InfoS("Cannot read the rules of the other iptables backend", "command", ot.save, "err", err)
+			continue
+		}
+		if !ownsAnything(string(save)) {
+			continue
+		}
+		klog.ErrorS(nil, "Found the portal's chains in the other iptables backend since the proxy started (an older proxy build, or rules restored by hand?): the kernel runs them beside this proxy's rules, and they may redirect traffic to ports it does not serve; this sync removes them", "command", ot.bin, "family", ot.fam)
+		p.leftover = append(p.leftover, ot)
+		found = true
+	}
+	return found
 }

@@ -185,3 +185,82 @@ func TestIPTablesInSyncReportsKubeProxy(t *testing.T) {
 		t.Errorf("kube-proxy's table said %d times, want once:\n%s", n, buf)
 	}
 }
+
+// TestIPTablesInSyncFindsOursInTheOtherBackend: a resync looks for our
+// chains in the other backend, reading it only where peek says they may
+// be; found there (put there after the start), they make the rules not in
+// sync, are said once, and the Sync removes them, handing on what they
+// held, as it does with those the start found.
+func TestIPTablesInSyncFindsOursInTheOtherBackend(t *testing.T) {
+	ctx := t.Context()
+	p, _, _ := newTestIPTables(IPTablesConfig{})
+	legacy := map[Family]*fakeIPT{IPv4: newFakeIPT(), IPv6: newFakeIPT()}
+	may := map[Family]bool{}
+	peeked := 0
+	p.peek = func(ot *famTables) (bool, error) {
+		peeked++
+		return may[ot.fam], nil
+	}
+	legacySaves := 0
+	run := p.run
+	p.run = func(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+		for fam, bin := range map[Family]string{IPv4: "iptables-legacy-save", IPv6: "ip6tables-legacy-save"} {
+			if name != bin {
+				continue
+			}
+			legacySaves++
+			if len(args) == 2 && args[0] == "-t" {
+				return []byte(legacy[fam].save(args[1])), nil
+			}
+			return []byte(legacy[fam].save(tableFilter) + legacy[fam].save(tableNAT)), nil
+		}
+		return run(ctx, stdin, name, args...)
+	}
+	for _, fam := range []Family{IPv4, IPv6} {
+		bin := map[Family]string{IPv4: "iptables-legacy", IPv6: "ip6tables-legacy"}[fam]
+		p.others = append(p.others, &famTables{fam: fam, backend: BackendLegacy, ipt: legacy[fam], bin: bin, save: bin + "-save"})
+	}
+	ps := fixedPortals()
+	if err := p.Sync(ctx, ps); err != nil {
+		t.Fatal(err)
+	}
+	inSync := func(want bool) {
+		t.Helper()
+		if in, err := p.InSync(ctx, ps); in != want || err != nil {
+			t.Fatalf("InSync = %v, %v; want %v", in, err, want)
+		}
+	}
+
+	// No legacy table in use: nothing read.
+	inSync(true)
+	if peeked != 2 || legacySaves != 0 {
+		t.Errorf("peeked %d times and read legacy %d times, want 2 and none", peeked, legacySaves)
+	}
+	// In use, with nothing of ours: read, and in sync.
+	may[IPv4] = true
+	inSync(true)
+	if legacySaves != 1 {
+		t.Errorf("legacy read %d times, want once (IPv4)", legacySaves)
+	}
+
+	// An older proxy's portal appears in legacy IPv4.
+	buf := captureLog(t)
+	legacy[IPv4].chains["nat/"+ChainPortalsContainer] = []string{`-d 198.18.0.77/32 -p tcp -m comment --comment "e2e/gone:http" -m tcp --dport 80 -j REDIRECT --to-ports 40077`}
+	legacy[IPv4].Insert(tableNAT, "PREROUTING", 1, jumps[0].spec()...)
+	inSync(false)
+	inSync(false) // still there: not said again
+	klog.Flush()
+	if n := strings.Count(buf.String(), "Found the portal's chains in the other iptables backend since the proxy started"); n != 1 || !strings.Contains(buf.String(), `command="iptables-legacy" family="IPv4"`) {
+		t.Errorf("said %d times, want once for iptables-legacy IPv4:\n%s", n, buf)
+	}
+	if err := p.Sync(ctx, ps); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := legacy[IPv4].chains["nat/"+ChainPortalsContainer]; ok || len(legacy[IPv4].chains["nat/PREROUTING"]) > 0 {
+		t.Errorf("legacy IPv4 keeps ours after the Sync: %q", legacy[IPv4].chains)
+	}
+	if got := p.Removed(); len(got) != 1 || got[0].Port != 80 || got[0].ProxyPort != 40077 {
+		t.Errorf("Removed = %v, want the stale portal", got)
+	}
+	inSync(true)
+}

@@ -71,6 +71,13 @@ type IPTables struct {
 	mu       sync.Mutex   // serializes Sync and Cleanup; guards the fields below
 	fams     []*famTables // the chosen backend, one per family
 	leftover []*famTables // the other backend, where our chains are still to remove
+	// others are the other backend's families that could be read at
+	// start, where its tools are installed: a resync looks there for our
+	// chains appearing later (otherHolds), when peek says they may.
+	others []*famTables
+	// peek tells, without running a program, whether a family of the
+	// other backend may hold our chains (mayHoldOurs); nil looks for none.
+	peek func(*famTables) (bool, error)
 	// unreadable are the families of the other backend whose rules could
 	// not be read (iptables-legacy without CAP_NET_RAW): whether our
 	// chains are there is unknown, so Cleanup cannot call them removed.
@@ -105,7 +112,7 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 			klog.InfoS("IPv6 is not available; programming IPv4 portals only")
 		}
 	}
-	p := &IPTables{cfg: cfg, run: execRun, lookPath: exec.LookPath, nftTables: nftTables}
+	p := &IPTables{cfg: cfg, run: execRun, lookPath: exec.LookPath, nftTables: nftTables, peek: mayHoldOurs}
 	d := p.detect(ctx)
 	backend := d.backend
 	p.backend = backend
@@ -114,18 +121,23 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 	var families []Family
 	var noIPv6 error // said only once IPv4 is known to work
 	for _, fam := range cfg.Families {
-		if d.leftovers[fam] {
+		rerr := d.unreadable[other][fam]
+		var ot *famTables // the other backend's, where its tools are installed
+		if bin, _, _ := p.binaries(other, fam); strings.HasSuffix(bin, "-"+string(other)) && (d.leftovers[fam] || rerr != nil || !cfg.ForCleanup) {
+			ot, _ = p.newFamTables(other, fam)
+		}
+		switch {
+		case ot == nil:
+		case d.leftovers[fam]:
 			// Even where this family of the chosen backend is unusable:
 			// the kernel still runs the other's rules.
-			if ot, err := p.newFamTables(other, fam); err == nil && strings.HasSuffix(ot.bin, "-"+string(other)) {
-				p.leftover = append(p.leftover, ot)
-			}
+			p.leftover = append(p.leftover, ot)
+		case rerr != nil:
+			ot.readErr = rerr
+			p.unreadable = append(p.unreadable, ot)
 		}
-		if rerr := d.unreadable[other][fam]; rerr != nil {
-			if ot, err := p.newFamTables(other, fam); err == nil && strings.HasSuffix(ot.bin, "-"+string(other)) {
-				ot.readErr = rerr
-				p.unreadable = append(p.unreadable, ot)
-			}
+		if ot != nil && rerr == nil && !cfg.ForCleanup {
+			p.others = append(p.others, ot)
 		}
 		ft, err := p.newFamTables(backend, fam)
 		if err == nil {
