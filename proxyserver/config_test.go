@@ -23,6 +23,9 @@ func TestValidate(t *testing.T) {
 		{name: "two sources", args: []string{"--manifests", "x", "--kubeconfig", "k"}, want: "give one"},
 		{name: "bind address", args: []string{"--manifests", "x", "--bind-address", "0.0.0.0:1"}, want: "--bind-address"},
 		{name: "port range", args: []string{"--manifests", "x", "--proxy-port-range", "1-2-3"}, want: "--proxy-port-range"},
+		// As kube-proxy's: spaces around the dash are refused, named.
+		{name: "port range with spaces", args: []string{"--manifests", "x", "--proxy-port-range", "30000 - 30100"},
+			want: `--proxy-port-range: invalid port range "30000 - 30100": no spaces are allowed within it`},
 		{name: "cidr", args: []string{"--manifests", "x", "--nodeport-addresses", "10.0.0.0/33"}, want: "--nodeport-addresses"},
 		{name: "portal", args: []string{"--manifests", "x", "--portal", "magic"}, want: `"magic" is not a portal mode`},
 		{name: "udp sessions", args: []string{"--manifests", "x", "--udp-max-sessions", "0"}, want: "--udp-max-sessions"},

@@ -349,6 +349,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"primary with CIDRs", head + "nodePortAddresses: [primary, 10.0.0.0/8]\n", `: nodePortAddresses: "primary" cannot be combined with CIDRs`},
 		{"not a mode", head + "mode: Userspace\n", `mode: "Userspace" is not a mode`},
 		{"bad field named", head + "portRange: 40010-40000\nnodePortAddresses: [10.0.0.0/33]\n", ": portRange: "},
+		{"port range with spaces", head + "portRange: 30000 - 30100\n", `: portRange: invalid port range "30000 - 30100": no spaces are allowed within it`},
 		{"bad CIDR named", head + "nodePortAddresses: [10.0.0.0/33]\n", `: nodePortAddresses: "10.0.0.0/33" is not a CIDR`},
 		{"legacy UDP timeout", head + "udpIdleTimeout: -1s\n", "udpIdleTimeout: -1s is not a positive duration"},
 		{"one address for both servers", head + "healthzBindAddress: 127.0.0.1:10300\nmetricsBindAddress: 127.0.0.1:10300\n", "127.0.0.1:10300 is the health address too"},

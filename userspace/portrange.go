@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 )
 
 // PortRange is an inclusive range of proxy ports. The zero value means "let
@@ -20,6 +21,8 @@ type PortRange struct {
 // ParsePortRange parses the --proxy-port-range syntax of kube-proxy's
 // userspace mode: "begin-end", "begin+offset" (begin to begin+offset
 // inclusive), or a single "port". "", "0" and "0-0" mean kernel-chosen.
+// Spaces around the value are taken off, and any within it are refused,
+// as kube-proxy refuses them.
 func ParsePortRange(s string) (PortRange, error) {
 	s = strings.TrimSpace(s)
 	if s == "" || s == "0" || s == "0-0" {
@@ -28,9 +31,14 @@ func ParsePortRange(s string) (PortRange, error) {
 	bad := func(why string) (PortRange, error) {
 		return PortRange{}, fmt.Errorf("invalid port range %q: %s (want begin-end, begin+offset or port)", s, why)
 	}
+	// As kube-proxy's (utilnet.PortRange.Set): the value is trimmed,
+	// its parts are not, so "30000 - 30100" is refused there as here.
 	num := func(t string) (int, bool) {
-		n, err := strconv.Atoi(strings.TrimSpace(t))
+		n, err := strconv.Atoi(t)
 		return n, err == nil && n >= 0 && n <= 65535
+	}
+	if strings.ContainsFunc(s, unicode.IsSpace) {
+		return bad("no spaces are allowed within it, around '-' or '+' or elsewhere (kube-proxy refuses them)")
 	}
 	var begin, end int
 	var ok bool

@@ -32,6 +32,14 @@ func TestParsePortRange(t *testing.T) {
 		{in: "-5", wantErr: true},
 		{in: "70000", wantErr: true},
 		{in: "1+x", wantErr: true},
+		// As kube-proxy's utilnet.ParsePortRange: only the whole value
+		// is trimmed.
+		{in: "30000 - 30100", wantErr: true},
+		{in: "30000 -30100", wantErr: true},
+		{in: "30000- 30100", wantErr: true},
+		{in: "30000 + 9", wantErr: true},
+		{in: "30000\t-30100", wantErr: true},
+		{in: "\t30000-30100\n", want: PortRange{Base: 30000, Size: 101}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.in, func(t *testing.T) {
