@@ -45,3 +45,38 @@ func TestBinaryProxyPortRangeSpacesRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestBinaryInitOnlyWithoutSource: --init-only with no source of services
+// (no --manifests, kubeconfig or --master, and not in a cluster) fails as
+// a start does, with its exit status (1) and its error, as kube-proxy's
+// --init-only, which builds its API client first; it said the options
+// were valid and exited 0.
+func TestBinaryInitOnlyWithoutSource(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	const want = "kube-userspace-proxy: no source of services: give --manifests FILE or --kubeconfig/--master, or run inside a cluster (api client: unable to load in-cluster configuration"
+	args := []string{"--portal=none", "--hostname-override=node", "--healthz-bind-address=", "--metrics-bind-address="}
+	px := startProxy(t, append([]string{"--init-only"}, args...)...)
+	if code := exitCode(px.waitExit(10 * time.Second)); code != 1 {
+		t.Fatalf("--init-only: exit status %d, want 1:\n%s", code, px.log())
+	}
+	if !strings.Contains(px.log(), want) {
+		t.Errorf("--init-only: the error does not say %s:\n%s", want, px.log())
+	}
+	if strings.Contains(px.log(), "Options are valid") {
+		t.Errorf("--init-only says the options are valid:\n%s", px.log())
+	}
+	// A start, in a namespace of its own (--portal=none still removes
+	// what an earlier proxy left): the same status and error.
+	t.Run("start", func(t *testing.T) {
+		requireRoot(t)
+		ns := newNetns(t, "nosource")
+		start := startCommand(t, "ip", append([]string{"netns", "exec", string(ns), proxyBin}, args...)...)
+		if code := exitCode(start.waitExit(20 * time.Second)); code != 1 {
+			t.Fatalf("start: exit status %d, want 1:\n%s", code, start.log())
+		}
+		if !strings.Contains(start.log(), want) {
+			t.Errorf("start: the error does not say %s:\n%s", want, start.log())
+		}
+	})
+}

@@ -76,7 +76,8 @@ type Config struct {
 	Cleanup bool
 	// InitOnly is kube-proxy's --init-only: do the privileged set-up, then
 	// exit. A userspace proxy has none to do, so Run returns at once once
-	// the options are valid (a hardened DaemonSet runs it as an init
+	// the options are valid and name a source of services, as a start
+	// would find them (a hardened DaemonSet runs it as an init
 	// container).
 	InitOnly bool
 	// BindAddress is where proxy ports listen (kube-proxy's legacy
@@ -184,7 +185,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Portal, "portal", c.Portal, "How service traffic reaches the proxy: 'iptables' (nat REDIRECT rules to the proxy ports), 'bind' (no netfilter: service addresses are added to an interface and served directly), 'none' (clients use the proxy ports and node ports directly) or 'auto' (iptables when usable, else bind when addresses may be changed, else none).")
 	fs.StringVar(&c.BindInterface, "bind-interface", c.BindInterface, "With --portal=bind: the interface service addresses are added to. Empty means a dummy interface the proxy creates (kube-ups0), or lo where the kernel has no dummy driver.")
 	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "Remove every iptables rule and chain and every service address the proxy owns, in both IP families, then exit.")
-	fs.BoolVar(&c.InitOnly, "init-only", c.InitOnly, "As kube-proxy's: do the set-up that needs privileges, then exit. This proxy needs none, so it checks its options and exits 0 (for an init container).")
+	fs.BoolVar(&c.InitOnly, "init-only", c.InitOnly, "As kube-proxy's: do the set-up that needs privileges, then exit. This proxy needs none, so it checks its options and its source of services as a start would (without contacting the API server), and exits 0 (for an init container).")
 	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "The IP address proxy ports listen on; 0.0.0.0 or :: listen on every address of each IP family a service uses. With --portal=iptables proxy ports listen on every address, and the rules DNAT to this address (when it is one of this host's) instead of REDIRECTing.")
 	fs.StringVar(&c.ProxyPortRange, "proxy-port-range", c.ProxyPortRange, "Host ports for proxy ports: 'begin-end', 'begin+offset' or a single port. Empty, 0 or 0-0 lets the kernel choose.")
 	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses, "Comma-separated CIDRs of the node addresses that serve NodePorts, e.g. 127.0.0.0/8,10.0.0.0/8, or 'primary' for the node's primary IPs (the Node's InternalIPs; with --manifests, the addresses of the default route's interface). Empty means every address; an IP family none of them is in serves NodePorts on every address of that family.")

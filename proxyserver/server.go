@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-multierror"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/conntrack"
@@ -40,7 +41,16 @@ func Run(ctx context.Context, cfg *Config) error {
 	if cfg.InitOnly {
 		// kube-proxy's --init-only sets sysctls as root and exits, so the
 		// proxy itself can run with fewer privileges; a userspace proxy
-		// sets none.
+		// sets none. As kube-proxy's, which builds its API client first,
+		// it fails as a start would without a source of services.
+		if _, err := nodeName(cfg.HostnameOverride); err != nil {
+			return err
+		}
+		if cfg.Manifests == "" {
+			if _, err := clusterClient(cfg); err != nil {
+				return err
+			}
+		}
 		klog.InfoS("Options are valid; --init-only: nothing needs privileged set-up in a userspace proxy, exiting")
 		return nil
 	}
@@ -315,12 +325,9 @@ func Run(ctx context.Context, cfg *Config) error {
 			return err // says "manifests:" itself
 		}
 	} else {
-		client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType, cfg.KubeAPIAcceptContentTypes)
-		if err != nil && cfg.Kubeconfig == "" && cfg.Master == "" {
-			return fmt.Errorf("no source of services: give --manifests FILE or --kubeconfig/--master, or run inside a cluster (%w)", err)
-		}
+		client, err := clusterClient(cfg)
 		if err != nil {
-			return fmt.Errorf("connect to the cluster: %w", err)
+			return err
 		}
 		dv.cluster = true
 		src := &source.Cluster{Client: client, NodeName: node, ConfigSyncPeriod: cfg.ConfigSyncPeriod, NodeGoingAway: health.setEligible, Ignored: dv.clusterRead,
@@ -336,6 +343,21 @@ func Run(ctx context.Context, cfg *Config) error {
 		return err
 	}
 	return nil
+}
+
+// clusterClient builds the API client of the cluster the options name
+// (without contacting it): without a kubeconfig or --master, the
+// in-cluster configuration, whose absence means no source of services at
+// all.
+func clusterClient(cfg *Config) (kubernetes.Interface, error) {
+	client, err := source.NewClient(cfg.Kubeconfig, cfg.Master, cfg.KubeAPIQPS, cfg.KubeAPIBurst, cfg.KubeAPIContentType, cfg.KubeAPIAcceptContentTypes)
+	if err != nil && cfg.Kubeconfig == "" && cfg.Master == "" {
+		return nil, fmt.Errorf("no source of services: give --manifests FILE or --kubeconfig/--master, or run inside a cluster (%w)", err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("connect to the cluster: %w", err)
+	}
+	return client, nil
 }
 
 // redirectPortals lists the portals of s pointing at p's proxy ports: node

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,6 +159,42 @@ func TestPreferredPorts(t *testing.T) {
 			f := preferredPorts(tc.previous)
 			if in, ex := f(tc.sp, false), f(tc.sp, true); in != tc.internal || ex != tc.external {
 				t.Errorf("internal %d, external %d; want %d and %d", in, ex, tc.internal, tc.external)
+			}
+		})
+	}
+}
+
+// TestInitOnlyChecksTheSource: --init-only fails as a start would
+// without a source of services (no --manifests, kubeconfig or --master,
+// and not in a cluster), with the same error, as kube-proxy's, which
+// builds its API client first; with one it exits cleanly. It said the
+// options were valid and exited 0.
+func TestInitOnlyChecksTheSource(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	for _, tc := range []struct {
+		name string
+		set  func(c *Config)
+		want string // substring of Run's error; "" for none
+	}{
+		{"no source", func(*Config) {}, "no source of services: give --manifests FILE or --kubeconfig/--master, or run inside a cluster"},
+		{"manifests", func(c *Config) { c.Manifests = "services.yaml" }, ""},
+		{"master", func(c *Config) { c.Master = "http://127.0.0.1:9" }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewConfig()
+			c.InitOnly, c.Portal = true, PortalNone
+			c.HealthzBindAddress, c.MetricsBindAddress = "", ""
+			tc.set(c)
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			err := Run(context.Background(), c)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Run: %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Run: %v, want an error saying %s", err, tc.want)
 			}
 		})
 	}
