@@ -3,6 +3,9 @@
 package integration
 
 import (
+	"fmt"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -79,4 +82,48 @@ func TestBinaryInitOnlyWithoutSource(t *testing.T) {
 			t.Errorf("start: the error does not say %s:\n%s", want, start.log())
 		}
 	})
+}
+
+// TestBinaryDeprecatedPortFlags: --healthz-port and --metrics-port are
+// applied where kube-proxy applies them: a start serves /healthz on the
+// port joined to an IP-only --healthz-bind-address, and /metrics not at
+// all for --metrics-port=0; --write-config-to writes the address flags as
+// given, without the ports, as kube-proxy's does, and says so. It wrote
+// the addresses the ports led to.
+func TestBinaryDeprecatedPortFlags(t *testing.T) {
+	dir := t.TempDir()
+	manifests := filepath.Join(dir, "services.yaml")
+	writeFile(t, manifests, "apiVersion: v1\nkind: List\nitems: []\n")
+	hp := freePort(t)
+	args := []string{"--manifests", manifests, "--portal=none", "--bind-address=127.0.0.1",
+		"--healthz-bind-address=127.0.0.1", fmt.Sprintf("--healthz-port=%d", hp), "--metrics-bind-address=127.0.0.1:1", "--metrics-port=0"}
+
+	written := filepath.Join(dir, "written.yaml")
+	w := startProxy(t, append(args, "--write-config-to", written)...)
+	if code := exitCode(w.waitExit(10 * time.Second)); code != 0 {
+		t.Fatalf("--write-config-to: exit status %d:\n%s", code, w.log())
+	}
+	data, err := os.ReadFile(written)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"healthzBindAddress: 127.0.0.1\n", "metricsBindAddress: 127.0.0.1:1\n"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("the file does not hold %s:\n%s", strings.TrimSpace(want), data)
+		}
+	}
+	if !strings.Contains(w.log(), "--write-config-to does not write it") {
+		t.Errorf("the log does not say the port flags are not written:\n%s", w.log())
+	}
+
+	px := startProxy(t, args...)
+	px.waitLog(0, fmt.Sprintf(`"Serving /healthz and /livez" addr="127.0.0.1:%d"`, hp), 1, 20*time.Second)
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", hp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if strings.Contains(px.log(), "Serving /metrics") {
+		t.Errorf("/metrics is served despite --metrics-port=0:\n%s", px.log())
+	}
 }

@@ -97,7 +97,8 @@ type Config struct {
 	// loopback address. Traffic from other hosts never reaches them there.
 	LocalhostNodePorts bool
 	// HostnameOverride names this node; empty means the host name.
-	// Validate trims it and makes it lower case, as kube-proxy does.
+	// LoadConfigFile trims it and makes it lower case, as kube-proxy
+	// does.
 	HostnameOverride string
 	// ClusterCIDR is the pods' CIDRs, comma-separated (one per IP family):
 	// their traffic to a Service with externalTrafficPolicy: Local is not
@@ -214,14 +215,15 @@ func (c *Config) where(flag string) string {
 }
 
 // Validate checks every option and parses the ones that need it. The
-// error names each bad flag.
+// error names each bad flag. It changes no option (the exported fields):
+// what kube-proxy applies to them before it validates (the deprecated
+// --healthz-port and --metrics-port, the host name's case) LoadConfigFile
+// applies.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(flag, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", c.where(flag), fmt.Sprintf(format, args...)))
 	}
-	// --healthz-port and --metrics-port, before the addresses are read.
-	errs = append(errs, c.applyDeprecatedPortFlags()...)
 	if c.ConfigFile == "" { // else the file's mode and detectLocalMode replace them
 		if err := checkMode("--proxy-mode", c.ProxyMode); err != nil {
 			errs = append(errs, err)
@@ -257,12 +259,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HostnameOverride != "" && strings.TrimSpace(c.HostnameOverride) == "" {
 		// kube-proxy trims it and refuses what is left empty: taken as
-		// is, it would name a node no endpoint is ever on.
+		// is, it would name a node no endpoint is ever on. (LoadConfigFile
+		// trims and lower-cases one that is not blank.)
 		bad("hostname-override", "%q is blank: give this node's name, or leave it out to use the host name", c.HostnameOverride)
-	} else {
-		// As kube-proxy stores it (processHostnameOverrideFlag): what
-		// /configz shows and --write-config-to writes is the node name.
-		c.HostnameOverride = strings.ToLower(strings.TrimSpace(c.HostnameOverride))
 	}
 	var err error
 	if c.bindAddr, err = netip.ParseAddr(strings.TrimSpace(c.BindAddress)); err != nil {

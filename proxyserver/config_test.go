@@ -3,6 +3,7 @@ package proxyserver
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -221,4 +222,51 @@ func TestClusterCIDRSloppy(t *testing.T) {
 	if len(c.podCIDRs) != 1 || c.podCIDRs[0] != netip.MustParsePrefix("10.0.0.0/8") {
 		t.Errorf("pod CIDRs %v, want [10.0.0.0/8]", c.podCIDRs)
 	}
+}
+
+// TestValidateChangesNoOption: Validate only checks and parses; what
+// kube-proxy applies to the options before it validates them (the
+// deprecated --healthz-port and --metrics-port, the host name's case)
+// LoadConfigFile has applied, as kube-proxy's Complete does. Validate
+// joined the ports to the addresses and lower-cased the host name itself.
+func TestValidateChangesNoOption(t *testing.T) {
+	for _, tc := range []struct {
+		name, file string
+		args       []string
+	}{
+		{name: "port joined", args: []string{"--healthz-bind-address=127.0.0.1", "--healthz-port=46120", "--metrics-bind-address=::1", "--metrics-port=46121"}},
+		{name: "port 0", args: []string{"--healthz-port=0", "--metrics-port=0"}},
+		{name: "host name", args: []string{"--hostname-override= Node-1 "}},
+		{name: "with --write-config-to", args: []string{"--write-config-to=/nonexistent/x.yaml", "--metrics-port=0", "--hostname-override=Node-1"}},
+		{name: "with --config", file: kubeadmConfig, args: []string{"--healthz-port=0", "--hostname-override=Node-1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(t, tc.file, append([]string{"--manifests=x.yaml"}, tc.args...)...)
+			if tc.file != "" {
+				c.Manifests = "" // the file names a kubeconfig
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := exportedFields(c)
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			if after := exportedFields(c); after != before {
+				t.Errorf("Validate changed the options:\nbefore %s\nafter  %s", before, after)
+			}
+		})
+	}
+}
+
+// exportedFields prints c's exported fields, the options.
+func exportedFields(c *Config) string {
+	var b strings.Builder
+	v := reflect.ValueOf(c).Elem()
+	for i := range v.NumField() {
+		if f := v.Type().Field(i); f.IsExported() {
+			fmt.Fprintf(&b, "%s=%#v ", f.Name, v.Field(i).Interface())
+		}
+	}
+	return b.String()
 }

@@ -61,10 +61,32 @@ var overriddenModeFlags = []string{"proxy-mode", "detect-local-mode"}
 // and -v given on the command line win over the file, as in kube-proxy.
 // The file's fields that mean nothing to a userspace proxy are ignored,
 // and the ones set are named in the log.
+//
+// It is kube-proxy's Complete: without a file too, it applies what
+// kube-proxy applies to the options before it validates them, which
+// Validate does not: the deprecated --healthz-port and --metrics-port
+// (applyDeprecatedPortFlags), and a host name trimmed and lower-cased.
 func (c *Config) LoadConfigFile(fs *pflag.FlagSet) error {
 	if f := fs.Lookup("vmodule"); f != nil && f.Changed {
 		c.LogVModule = f.Value.String() // shown in /configz and written by --write-config-to
 	}
+	if err := c.applyDeprecatedPortFlags(); err != nil {
+		return err
+	}
+	if err := c.readConfigFile(fs); err != nil {
+		return err
+	}
+	// As kube-proxy stores it (processHostnameOverrideFlag): what
+	// /configz shows and --write-config-to writes is the node name. A
+	// blank one is left for Validate to refuse, naming it.
+	if h := strings.TrimSpace(c.HostnameOverride); h != "" {
+		c.HostnameOverride = strings.ToLower(h)
+	}
+	return nil
+}
+
+// readConfigFile is LoadConfigFile's reading of the --config file.
+func (c *Config) readConfigFile(fs *pflag.FlagSet) error {
 	if c.ConfigFile == "" {
 		return nil
 	}

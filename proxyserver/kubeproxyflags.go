@@ -1,6 +1,7 @@
 package proxyserver
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -76,7 +77,8 @@ func addDuration(def time.Duration) func(*pflag.FlagSet, string) {
 
 // deprecatedPortFlags are kube-proxy's deprecated --healthz-port and
 // --metrics-port, which kube-proxy still applies (and so does this proxy;
-// see applyDeprecatedPortFlags) to the address flag named.
+// see applyDeprecatedPortFlags, which LoadConfigFile calls) to the address
+// flag named.
 var deprecatedPortFlags = []struct{ name, addrFlag string }{
 	{"healthz-port", "healthz-bind-address"},
 	{"metrics-port", "metrics-bind-address"},
@@ -126,16 +128,18 @@ func isDeprecatedPortFlag(name string) bool {
 }
 
 // applyDeprecatedPortFlags applies --healthz-port and --metrics-port, when
-// given, as kube-proxy does (cmd/kube-proxy/app/options.go, Complete):
-// without --config, port 0 turns the server off, and another port is
+// given, where kube-proxy does (cmd/kube-proxy/app/options.go, Complete,
+// before it reads the --config file; here LoadConfigFile, before
+// Validate, which changes no option): without --config and
+// --write-config-to, port 0 turns the server off, and another port is
 // joined to an address flag that gives an IP alone (an address with a
 // port keeps its own, and an empty one stays off). Like kube-proxy, which
 // prints that the flag is deprecated, it logs so, with the address that
-// results. With --config the file's address stands, and the log says the
-// flag is ignored. Unlike kube-proxy's, --write-config-to applies them
-// too: the file it writes holds the address the proxy would serve.
-// Validate calls it first.
-func (c *Config) applyDeprecatedPortFlags() []error {
+// results. With --config the file's address stands, and with
+// --write-config-to the file written holds the address flag as given, as
+// kube-proxy writes it; the log says the flag is ignored, or not
+// written.
+func (c *Config) applyDeprecatedPortFlags() error {
 	if c.flags == nil {
 		return nil
 	}
@@ -150,8 +154,12 @@ func (c *Config) applyDeprecatedPortFlags() []error {
 			addr = &c.MetricsBindAddress
 		}
 		msg := fmt.Sprintf("Flag --%s has been deprecated, as in kube-proxy: use --%s instead", d.name, d.addrFlag)
-		if c.ConfigFile != "" {
+		switch {
+		case c.ConfigFile != "":
 			klog.InfoS(msg+"; with --config it is ignored: the file's "+configFileFields[d.addrFlag]+" sets the address", "port", port, "address", *addr)
+			continue
+		case c.WriteConfigTo != "":
+			klog.InfoS(msg+"; --write-config-to does not write it, as kube-proxy's does not: the file holds --"+d.addrFlag+" as given", "port", port, "address", *addr)
 			continue
 		}
 		ip, hasPort, ok := splitServerAddr(*addr)
@@ -174,7 +182,7 @@ func (c *Config) applyDeprecatedPortFlags() []error {
 		}
 		klog.InfoS(msg, "port", port, "applied", applied, "address", *addr)
 	}
-	return errs
+	return errors.Join(errs...)
 }
 
 // splitServerAddr reads an address flag as serverAddr does: ip is the

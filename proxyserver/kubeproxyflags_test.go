@@ -146,7 +146,12 @@ func TestDeprecatedPortFlags(t *testing.T) {
 			if err := fs.Parse(append([]string{"--manifests=x"}, tc.args...)); err != nil {
 				t.Fatal(err)
 			}
-			err := c.Validate()
+			// As main: LoadConfigFile applies them (kube-proxy's
+			// Complete), and Validate checks the result.
+			err := c.LoadConfigFile(fs)
+			if err == nil {
+				err = c.Validate()
+			}
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("Validate: %v, want an error saying %s", err, tc.err)
@@ -196,26 +201,39 @@ func TestDeprecatedPortFlagsWithConfig(t *testing.T) {
 	}
 }
 
-// TestDeprecatedPortFlagsWritten: --write-config-to writes the address the
-// port leads to, and does not ask for the flag again beside --config.
+// TestDeprecatedPortFlagsWritten: --write-config-to writes the address
+// flags as given, without --healthz-port and --metrics-port, as
+// kube-proxy's does (it applies them only without --config and
+// --write-config-to), and says so; it does not ask for them beside
+// --config, which ignores them. It wrote the address the port led to.
 func TestDeprecatedPortFlagsWritten(t *testing.T) {
-	c, err := loadConfig(t, "", "--metrics-bind-address=127.0.0.1", "--metrics-port=46121")
+	buf := captureLog(t)
+	path := filepath.Join(t.TempDir(), "written.yaml")
+	c, err := loadConfig(t, "", "--write-config-to="+path, "--metrics-bind-address=127.0.0.1", "--metrics-port=46121", "--healthz-port=0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	c.WriteConfigTo = filepath.Join(t.TempDir(), "written.yaml")
 	keep, err := c.WriteConfigFile(0)
 	if err != nil || len(keep) > 0 {
 		t.Fatalf("flags to keep %q, %v; want none", keep, err)
 	}
-	data, err := os.ReadFile(c.WriteConfigTo)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(data), "metricsBindAddress: 127.0.0.1:46121\n") {
-		t.Errorf("the file does not hold metricsBindAddress: 127.0.0.1:46121:\n%s", data)
+	for _, want := range []string{"metricsBindAddress: 127.0.0.1\n", "healthzBindAddress: 0.0.0.0:10256\n"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("the file does not hold %s:\n%s", strings.TrimSpace(want), data)
+		}
+	}
+	klog.Flush()
+	for _, name := range []string{"healthz", "metrics"} {
+		want := `"Flag --` + name + `-port has been deprecated, as in kube-proxy: use --` + name + `-bind-address instead; --write-config-to does not write it, as kube-proxy's does not: the file holds --` + name + `-bind-address as given"`
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("the log does not say %s:\n%s", want, buf.String())
+		}
 	}
 }
