@@ -25,7 +25,9 @@ import (
 // three together 32, half the reserve: the other half is the API server's
 // connections, iptables-restore's pipes, conntrack's netlink socket, the
 // manifest file's inotify, these servers' listening sockets and the
-// shedder's spare.
+// shedder's spare. Under a limit below 256, where the reserve is a
+// quarter of it (16 at 64), the bounds shrink with it (scaled), so that
+// they stay half of it, but never below minConns each.
 type httpLimits struct {
 	// maxConns bounds the connections open at once (see connLimit). If
 	// zero, there is no bound.
@@ -46,22 +48,26 @@ type httpLimits struct {
 	idleTimeout time.Duration
 }
 
+// The servers' limits, their bounds scaled to the RLIMIT_NOFILE the
+// process started with (the one the data plane reads; Go's runtime
+// raised the soft limit to the hard one before this package's variables
+// are set).
 var (
 	// healthLimits are /healthz's and /livez's: a kubelet probes liveness
 	// and readiness (a connection each, not kept alive), load balancers
 	// and node monitors ask now and then. Answers are a few hundred bytes
 	// and immediate, so 10 s to write one is generous.
-	healthLimits = httpLimits{maxConns: 12, readHeaderTimeout: 5 * time.Second, writeTimeout: 10 * time.Second, idleTimeout: 30 * time.Second}
+	healthLimits = httpLimits{maxConns: 12, readHeaderTimeout: 5 * time.Second, writeTimeout: 10 * time.Second, idleTimeout: 30 * time.Second}.scaled(openFilesLimit())
 	// metricsLimits are /metrics's and /debug/services's: a Prometheus
 	// scrape or two and people. /debug/services runs to megabytes with
 	// thousands of service ports (2.8 MB in a tester's run), so an answer
 	// may take two minutes: 10 MB at 1 Mbit/s, or a slow kubectl
 	// port-forward.
-	metricsLimits = httpLimits{maxConns: 8, readHeaderTimeout: 5 * time.Second, writeTimeout: 2 * time.Minute, idleTimeout: 30 * time.Second}
+	metricsLimits = httpLimits{maxConns: 8, readHeaderTimeout: 5 * time.Second, writeTimeout: 2 * time.Minute, idleTimeout: 30 * time.Second}.scaled(openFilesLimit())
 	// healthCheckLimits are the health-check node ports', every port's
 	// connections together: cloud load balancers' probes, short and
 	// small.
-	healthCheckLimits = httpLimits{maxConns: 12, readHeaderTimeout: 5 * time.Second, writeTimeout: 10 * time.Second, idleTimeout: 30 * time.Second}
+	healthCheckLimits = httpLimits{maxConns: 12, readHeaderTimeout: 5 * time.Second, writeTimeout: 10 * time.Second, idleTimeout: 30 * time.Second}.scaled(openFilesLimit())
 )
 
 // limitsOf returns the limits of the server that serves what.
@@ -70,6 +76,31 @@ func limitsOf(what string) httpLimits {
 		return metricsLimits
 	}
 	return healthLimits
+}
+
+const (
+	// dataPlaneReserve is the data plane's reserve of descriptors at a
+	// RLIMIT_NOFILE of 256 or more (userspace's fdReserveMax); below, a
+	// quarter of the limit. The bounds above are for this reserve.
+	dataPlaneReserve = 64
+	// minConns is the least a bound is scaled down to: a kubelet's
+	// liveness and readiness probes at once, or a load balancer's probes
+	// from two addresses.
+	minConns = 2
+)
+
+// scaled returns l with maxConns scaled to a RLIMIT_NOFILE of limit (0:
+// not known, l as it is): under 256, where the data plane's reserve is a
+// quarter of the limit rather than dataPlaneReserve, the bound shrinks in
+// proportion, to no fewer than minConns. At 64 the three servers hold 3,
+// 2 and 3 (8, half the reserve of 16) where 12, 8 and 12 took twice the
+// reserve and left the data plane's connections the rest.
+func (l httpLimits) scaled(limit uint64) httpLimits {
+	if l.maxConns == 0 || limit == 0 || limit/4 >= dataPlaneReserve {
+		return l
+	}
+	l.maxConns = max(minConns, l.maxConns*int(limit/4)/dataPlaneReserve)
+	return l
 }
 
 // server returns an HTTP server of h under l, whose connections cl (if

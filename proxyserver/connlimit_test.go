@@ -330,6 +330,7 @@ func TestMetricsServerWriteTimeout(t *testing.T) {
 	})
 	limits := metricsLimits
 	limits.writeTimeout = 500 * time.Millisecond
+	limits.maxConns = 8 // its bound at any RLIMIT_NOFILE from 256 up: room for the clients below
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -413,5 +414,45 @@ func TestHealthCheckPortsBoundConnections(t *testing.T) {
 	lb := probeClient("127.0.0.2")
 	for _, port := range ports {
 		probe(t, lb, fmt.Sprintf("http://127.0.0.1:%d/", port), http.StatusOK)
+	}
+}
+
+// TestLimitsScaledToOpenFiles: under a RLIMIT_NOFILE below 256, where the
+// data plane's reserve is a quarter of the limit, the servers' bounds
+// shrink with it, all three together half the reserve, and never below
+// minConns each; from 256 up (or with no limit known) they are as set.
+// They were 12, 8 and 12 at any limit: 32, twice the reserve of 16 at 64.
+func TestLimitsScaledToOpenFiles(t *testing.T) {
+	for _, tc := range []struct {
+		limit                    uint64
+		health, metrics, hcPorts int
+	}{
+		{0, 12, 8, 12},
+		{1 << 20, 12, 8, 12},
+		{256, 12, 8, 12},
+		{200, 9, 6, 9},
+		{128, 6, 4, 6},
+		{64, 3, 2, 3},
+		{32, 2, 2, 2},
+		{8, 2, 2, 2},
+	} {
+		t.Run(fmt.Sprint(tc.limit), func(t *testing.T) {
+			base := func(n int) httpLimits { return httpLimits{maxConns: n, writeTimeout: time.Second} }
+			h, m, hc := base(12).scaled(tc.limit), base(8).scaled(tc.limit), base(12).scaled(tc.limit)
+			if h.maxConns != tc.health || m.maxConns != tc.metrics || hc.maxConns != tc.hcPorts {
+				t.Errorf("bounds %d, %d, %d; want %d, %d, %d", h.maxConns, m.maxConns, hc.maxConns, tc.health, tc.metrics, tc.hcPorts)
+			}
+			if h.writeTimeout != time.Second {
+				t.Errorf("the timeouts changed: %+v", h)
+			}
+			if reserve := min(dataPlaneReserve, int(tc.limit/4)); tc.limit != 0 && reserve/2 >= 3*minConns {
+				if sum := h.maxConns + m.maxConns + hc.maxConns; sum > reserve/2 {
+					t.Errorf("%d connections in all, over half the reserve of %d", sum, reserve)
+				}
+			}
+		})
+	}
+	if got := (httpLimits{}).scaled(64); got.maxConns != 0 {
+		t.Errorf("no bound became %d", got.maxConns)
 	}
 }
