@@ -1,6 +1,7 @@
 package proxyserver
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"net/netip"
@@ -104,8 +105,12 @@ func (l httpLimits) scaled(limit uint64) httpLimits {
 }
 
 // server returns an HTTP server of h under l, whose connections cl (if
-// not nil) bounds; cl may be shared by several servers.
+// not nil) bounds; cl may be shared by several servers. h's requests
+// have contexts that end at the write timeout (see withDeadline).
 func (l httpLimits) server(h http.Handler, cl *connLimit) *http.Server {
+	if h != nil && l.writeTimeout > 0 {
+		h = withDeadline(h, l.writeTimeout)
+	}
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: l.readHeaderTimeout,
@@ -117,6 +122,20 @@ func (l httpLimits) server(h http.Handler, cl *connLimit) *http.Server {
 		srv.ConnState = cl.track
 	}
 	return srv
+}
+
+// withDeadline gives each request of h a context that ends after d, the
+// server's write timeout, when its answer can no longer be sent: net/http
+// ends a request's context only when its client goes away or the handler
+// returns (the connection's deadline fails writes, and no more), so work
+// that follows the context (a large /debug/services page) went on until
+// it was done, for nobody.
+func withDeadline(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // connLimit bounds the connections one or more HTTP servers hold open

@@ -456,3 +456,44 @@ func TestLimitsScaledToOpenFiles(t *testing.T) {
 		t.Errorf("no bound became %d", got.maxConns)
 	}
 }
+
+// TestRequestContextEndsAtTheWriteTimeout: a request's context ends when
+// the server's write timeout does, while its client still waits: net/http
+// ended it only when the client went away or the handler returned, so a
+// handler that follows it worked on, for nobody.
+func TestRequestContextEndsAtTheWriteTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan time.Duration, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		select {
+		case <-r.Context().Done():
+			ended <- time.Since(start)
+		case <-time.After(10 * time.Second):
+			ended <- -1
+		}
+	})
+	limits := metricsLimits
+	limits.writeTimeout = 300 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serveLimited(ctx, metricsWhat, "--metrics-bind-address", ln.Addr().String(), ln, h, time.Hour, limits)
+	}()
+	defer func() { cancel(); <-done }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /debug/services HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if d := <-ended; d < 0 || d > 5*time.Second {
+		t.Fatalf("the request's context ended after %v (-1: not in 10 s), want at the write timeout, %v", d, limits.writeTimeout)
+	}
+}
