@@ -107,7 +107,10 @@ func (l *sctpListener) serve(client *sctp.Conn) {
 	}
 	b := l.sp.balancer(l.role, client.RemoteAddr().Addr())
 	backend, ep, err := dialWithFailover(p, b, l.role, client.RemoteAddr(), l.sp, p.stats.sctpDialCounters(), nil,
-		func(ctx context.Context, ep netip.AddrPort) (*sctp.Conn, error) {
+		func(ctx context.Context, ep netip.AddrPort, clock *dialClock) (*sctp.Conn, error) {
+			// sctp.Dial offers no socket before its connect: the time
+			// counts from here, and is up at the deadline whatever.
+			clock.start(nil)
 			return sctp.Dial(ctx, ep, sctp.Options{OutStreams: in, SendBuffer: maxSCTPMessage / 2})
 		})
 	if err != nil {

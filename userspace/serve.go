@@ -88,7 +88,11 @@ type dialCounters struct {
 // wins; the others are closed. Attempts run on the caller's goroutine
 // until one's time is up; then the race takes over (see failover.run),
 // and ends when watch (nil: none) says the client has failed.
-func dialWithFailover[C io.Closer](p *Proxier, b *balancer, role socketRole, client netip.AddrPort, sp *servicePort, n dialCounters, watch clientWatch, dial func(context.Context, netip.AddrPort) (C, error)) (C, netip.AddrPort, error) {
+//
+// An attempt's time counts from its connect, and is up only if the
+// kernel has not finished the connect by then (see dialClock): dial must
+// call clock.start just before it connects.
+func dialWithFailover[C io.Closer](p *Proxier, b *balancer, role socketRole, client netip.AddrPort, sp *servicePort, n dialCounters, watch clientWatch, dial func(ctx context.Context, ep netip.AddrPort, clock *dialClock) (C, error)) (C, netip.AddrPort, error) {
 	f := &failover[C]{p: p, b: b, role: role, client: client, sp: sp, n: n, watch: watch, dial: dial}
 	var zero C
 	for {
@@ -102,17 +106,14 @@ func dialWithFailover[C io.Closer](p *Proxier, b *balancer, role socketRole, cli
 		}
 		ctx, cancel := context.WithCancel(p.ctx)
 		f.ep, f.cancel = ep, cancel
-		f.ready.Add(1)
-		t := time.AfterFunc(p.cfg.DialTimeouts[f.attempt], f.timedOut)
-		conn, err := dial(ctx, ep)
-		if !t.Stop() {
+		f.clock = newDialClock(p.cfg.DialTimeouts[f.attempt], f.timedOut)
+		conn, err := dial(ctx, ep, f.clock)
+		if f.clock.stop() {
 			// Its time was up: it has joined the race, which decides.
-			f.ready.Wait()
 			f.results <- dialResult[C]{conn: conn, err: err}
 			w := <-f.won
 			return w.conn, w.ep, w.err
 		}
-		f.ready.Done()
 		cancel()
 		if err == nil {
 			return conn, ep, nil
@@ -144,19 +145,20 @@ type failover[C io.Closer] struct {
 	sp     *servicePort
 	n      dialCounters
 	watch  clientWatch
-	dial   func(context.Context, netip.AddrPort) (C, error)
+	dial   func(context.Context, netip.AddrPort, *dialClock) (C, error)
 
 	attempt int              // the current attempt, from 0
 	tried   []netip.AddrPort // the endpoints of the attempts before it
 	lastErr error
 	ep      netip.AddrPort     // the current attempt's endpoint
 	cancel  context.CancelFunc // ends the current attempt
+	clock   *dialClock         // times the current attempt
 
 	// Made once an attempt on the caller's goroutine is out of time (see
-	// timedOut); ready says they are.
-	ready   sync.WaitGroup
+	// timedOut), before its clock.stop returns.
 	results chan dialResult[C] // every racing attempt's outcome, one each
 	won     chan dialResult[C] // the race's outcome, for the caller
+	expired chan int           // the racing attempts whose time is up
 }
 
 // clientWatch tells a dial race when its client has failed (reset), so
@@ -222,23 +224,23 @@ func (f *failover[C]) giveUp() error {
 }
 
 // timedOut runs when the time of the attempt on the caller's goroutine is
-// up: that attempt goes on, and the race starts beside it (the one
-// allocation racing adds, with its goroutines).
+// up (its clock's up): that attempt goes on, and the race starts beside
+// it (the allocations racing adds, with its goroutines).
 func (f *failover[C]) timedOut() {
 	f.results = make(chan dialResult[C], len(f.p.cfg.DialTimeouts))
 	f.won = make(chan dialResult[C], 1)
+	f.expired = make(chan int, len(f.p.cfg.DialTimeouts))
 	f.p.wg.Add(1) // the caller's goroutine holds the proxier's count
 	go f.run()
-	f.ready.Done()
 }
 
 // raceAttempt is one attempt of a race.
 type raceAttempt struct {
 	ep       netip.AddrPort
 	cancel   context.CancelFunc
-	deadline time.Time // when its time is up
-	timedOut bool      // its time is up: it races the later ones
-	done     bool      // its outcome has come
+	clock    *dialClock
+	timedOut bool // its time is up: it races the later ones
+	done     bool // its outcome has come
 }
 
 // run is the race, from the end of the first racing attempt's time (that
@@ -252,15 +254,18 @@ type raceAttempt struct {
 // penalized). When the last attempt's time is up, or none is left, the
 // connection is given up. The proxier stopping, or the client failing,
 // ends every attempt. run returns once every attempt has ended, so
-// nothing it started outlives it.
+// nothing it started outlives it. Each attempt's time is its clock's
+// (see dialClock); the timer is for the time that attempts not made
+// leave to those running.
 func (f *failover[C]) run() {
 	defer f.p.wg.Done()
 	p := f.p
 	timeouts := p.cfg.DialTimeouts
 	attempts := make([]raceAttempt, 1, len(timeouts)-f.attempt)
-	attempts[0] = raceAttempt{ep: f.ep, cancel: f.cancel, deadline: time.Now()}
+	attempts[0] = raceAttempt{ep: f.ep, cancel: f.cancel, clock: f.clock}
 	running, current := 1, 0
 	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	defer timer.Stop()
 	var gone chan error // the client's failure, while it is watched
 	if f.watch != nil {
@@ -312,14 +317,15 @@ func (f *failover[C]) run() {
 			if err == nil && ep.IsValid() {
 				ctx, cancel := context.WithCancel(p.ctx)
 				i := len(attempts)
-				attempts = append(attempts, raceAttempt{ep: ep, cancel: cancel, deadline: time.Now().Add(timeouts[f.attempt])})
+				clock := newDialClock(timeouts[f.attempt], func() { f.expired <- i })
+				attempts = append(attempts, raceAttempt{ep: ep, cancel: cancel, clock: clock})
 				current = i
 				running++
-				timer.Reset(timeouts[f.attempt])
 				p.wg.Add(1)
 				go func() {
 					defer p.wg.Done()
-					conn, err := f.dial(ctx, ep)
+					conn, err := f.dial(ctx, ep, clock)
+					clock.stop() // its time, if up, is in f.expired
 					f.results <- dialResult[C]{conn: conn, ep: ep, err: err, i: i}
 				}()
 				return
@@ -331,7 +337,7 @@ func (f *failover[C]) run() {
 		}
 		if !last {
 			last = true
-			timer.Reset(time.Until(attempts[current].deadline) + rest)
+			timer.Reset(time.Until(attempts[current].clock.when()) + rest)
 		}
 	}
 	// timeUp handles the end of the current attempt's time.
@@ -391,6 +397,14 @@ func (f *failover[C]) run() {
 				} else if running == 0 && attempts[current].done {
 					giveUp()
 				}
+			}
+		case i := <-f.expired:
+			// The time of attempt i is up. One that is no longer the
+			// current one, or whose outcome came first, has nothing
+			// left to time; with no attempt to start any more (last),
+			// the timer has the time.
+			if !decided && i == current && !attempts[i].done && !last {
+				timeUp()
 			}
 		case <-timer.C:
 			if !decided {

@@ -93,8 +93,14 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 		header = l.proxyHeader(v, c, client)
 	}
 	backend, ep, err := dialWithFailover(p, b, l.role, client, l.sp, p.stats.tcpDialCounters(), tcpClientWatch{c},
-		func(ctx context.Context, ep netip.AddrPort) (*net.TCPConn, error) {
-			d := net.Dialer{KeepAliveConfig: keepAlive}
+		func(ctx context.Context, ep netip.AddrPort, clock *dialClock) (*net.TCPConn, error) {
+			d := net.Dialer{KeepAliveConfig: keepAlive,
+				// Runs just before the connect: the attempt's time
+				// starts there (see dialClock).
+				ControlContext: func(_ context.Context, _, _ string, rc syscall.RawConn) error {
+					clock.start(rc)
+					return nil
+				}}
 			c, err := d.DialContext(ctx, "tcp", ep.String())
 			if err != nil {
 				return nil, err
