@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -312,9 +313,13 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 		}
 	}
 	srcFailed := func(err error) { t.fail(i, sideFailed(from, true, err), false) }
-	var ne net.Error
+	// A deadline that passed is the half-close bound's. net.Error's
+	// Timeout would also take a side whose connection timed out
+	// (ETIMEDOUT: its peer vanished, found by the keep-alive or by data
+	// it never acknowledged) for it: that is the side's failure, said as
+	// such, as the event loops say it.
 	err := copyStream(dst, src, progress, srcFailed)
-	for errors.As(err, &ne) && ne.Timeout() && t.failed.Load() == 0 && (unsent(src) || unsent(dst)) {
+	for errors.Is(err, os.ErrDeadlineExceeded) && t.failed.Load() == 0 && (unsent(src) || unsent(dst)) {
 		// Not silent: what was handed on waits in a send queue for a
 		// reader that has paused, as it waits in a write when the
 		// queue is full. The timeout counts again from now.
@@ -334,7 +339,7 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 		// dst failed: what was on its way to it is dropped; a failure of
 		// src, which this direction found reading it, ends the connection
 		// at once (fail), since nobody is left to deliver to.
-		if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.fail(i, sideFailed(from, true, err), false)
 		}
 		return false
@@ -390,7 +395,7 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 		}
 		_ = dst.SetReadDeadline(time.Now().Add(t.p.cfg.TCPHalfCloseTimeout))
 		return true
-	case errors.As(err, &ne) && ne.Timeout():
+	case errors.Is(err, os.ErrDeadlineExceeded):
 		t.p.stats.HalfCloseTimeouts.Add(1)
 		t.abortBecause(whyHalfCloseSilent)
 	default:
