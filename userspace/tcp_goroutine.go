@@ -312,7 +312,10 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 			_ = src.SetReadDeadline(time.Now().Add(t.p.cfg.TCPHalfCloseTimeout))
 		}
 	}
-	srcFailed := func(err error) { t.fail(i, sideFailed(from, true, err), false) }
+	// A failure of src found while a write to dst waits (progressWriter):
+	// EPIPE is a reset that came after src's FIN (tcp_reset leaves EPIPE
+	// in CLOSE_WAIT), so all src sent is in the proxy's hands (see fail).
+	srcFailed := func(err error) { t.fail(i, sideFailed(from, true, err), errors.Is(err, syscall.EPIPE)) }
 	// A deadline that passed is the half-close bound's. net.Error's
 	// Timeout would also take a side whose connection timed out
 	// (ETIMEDOUT: its peer vanished, found by the keep-alive or by data
