@@ -34,6 +34,34 @@ const drainPoll = 5 * time.Millisecond
 // once resetDrain has passed.
 const slowDrainPoll = 250 * time.Millisecond
 
+// finDrainStall bounds how long a drain without a deadline (a side that
+// failed after its FIN, whose data the other side is still taking: see
+// fail, in both builds) waits for the other side to make progress: to
+// take more, or acknowledge some of what it was sent. As long as it does,
+// however slowly, the drain goes on; once it has done neither for
+// finDrainStall (a reader that stopped reading, whose kernel answers the
+// zero-window probes), it is reset. On a direct connection the sender's
+// kernel holds that data in its closed socket (an orphan), and Linux
+// drops an orphan whose peer keeps its window shut once the probes have
+// backed off to TCP_RTO_MAX, 120 s (tcp_probe_timer, with
+// tcp_orphan_retries 0, in net/ipv4/tcp_timer.c): RTO×(2^b-1) + 120 s
+// after the last progress, b the first backoff with RTO×2^b ≥ 120 s, so
+// 325 s with the 200 ms minimum RTO (340 s measured on loopback, kernel
+// 6.18) and 247 s with a 1 s RTO. Five minutes is within that range, and
+// is --tcp-half-close-timeout's default. A variable, so tests can shorten
+// it.
+var finDrainStall = 5 * time.Minute
+
+// drainStalled says why a connection was reset whose side failed after
+// its FIN (fail's reason, why) while the other side, reader, took
+// nothing for finDrainStall.
+func drainStalled(why, reader string) string {
+	return why + " after its FIN; then the " + reader + " took nothing for " + finDrainStall.String()
+}
+
+// sideNames names side i (and the source of direction i).
+var sideNames = [2]string{"client", "endpoint"}
+
 // logConnEnded logs, at -v=4, how a proxied connection ended: the bytes it
 // carried each way, how long it lasted, and whether it ended with a reset,
 // and if so why (resetWhy).

@@ -232,9 +232,6 @@ type tcpConn struct {
 	toEndpoint, toClient atomic.Uint64
 }
 
-// sideNames names side i (and the source of direction i).
-var sideNames = [2]string{"client", "endpoint"}
-
 // side returns the socket of side i.
 func (t *tcpConn) side(i int) *net.TCPConn {
 	if i == 0 {
@@ -430,8 +427,10 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 // timeout. All x sent is then in this proxy's hands, as it would be in
 // the other side's kernel on a direct connection, so x's FIN is passed on
 // after it and the drain has no deadline: the other side reads all of it
-// and its EOF, and is reset once it has acknowledged both. A vanished
-// reader is found by its own keep-alive (drain looks at its socket).
+// and its EOF, and is reset once it has acknowledged both. A slow reader
+// keeps the connection as long as it takes or acknowledges data; one
+// that takes nothing for finDrainStall is reset (see drain), as the
+// failed side's kernel would have given up on its orphaned socket.
 func (t *tcpConn) fail(x int, why string, finFirst bool) {
 	if finFirst && t.failed.Load() == 0 {
 		t.finFirst.Store(true) // before failed: pipe reads it after
@@ -467,30 +466,57 @@ func (t *tcpConn) hold() bool {
 // drain waits, for at most resetDrain, until what failed side x sent has
 // been passed on and acknowledged by the other side, then resets the
 // connection. Where the acknowledgement cannot be seen (unacked), it
-// resets once all has been written.
+// resets once all has been written. With finFirst it has no deadline,
+// but resets the other side once that has taken and acknowledged
+// nothing for finDrainStall.
 func (t *tcpConn) drain(x int, finFirst bool) {
 	defer t.p.wg.Done()
 	defer t.directionDone()
 	other := t.side(1 - x)
-	deadline := time.Now().Add(resetDrain)
+	moved := &t.toClient // what direction x has written to the other side
+	if x == 0 {
+		moved = &t.toEndpoint
+	}
+	now := time.Now()
+	deadline := now.Add(resetDrain)
+	lastProgress, lastMoved := now, moved.Load()
+	lastUnacked, _ := unacked(other)
 	for n := 0; finFirst || n < int(resetDrain/drainPoll)+1 && time.Now().Before(deadline); n++ {
 		if t.aborted.Load() {
 			break
 		}
-		if t.passed[x].Load() {
-			if q, ok := unacked(other); !ok || q == 0 {
-				break
-			}
+		q, ok := unacked(other)
+		if t.passed[x].Load() && (!ok || q == 0) {
+			break
 		}
 		if err := socketError(other); err != nil {
 			t.abortBecause(sideFailed(sideNames[1-x], true, err)) // it failed too
 			return
 		}
-		if finFirst && !time.Now().Before(deadline) {
-			time.Sleep(slowDrainPoll) // a slow reader may take minutes
+		if !finFirst {
+			time.Sleep(drainPoll)
 			continue
 		}
-		time.Sleep(drainPoll)
+		// Progress: more written to the other side, or some of it
+		// acknowledged (its send queue shrank).
+		now = time.Now()
+		if m := moved.Load(); m != lastMoved || ok && q < lastUnacked {
+			lastProgress, lastMoved = now, m
+		}
+		lastUnacked = q
+		if now.Sub(lastProgress) >= finDrainStall {
+			t.p.stats.HalfCloseTimeouts.Add(1)
+			if w := t.why.Load(); w != nil {
+				why := drainStalled(*w, sideNames[1-x])
+				t.why.Store(&why)
+			}
+			break
+		}
+		if now.Before(deadline) {
+			time.Sleep(drainPoll)
+		} else {
+			time.Sleep(slowDrainPoll) // a slow reader may take minutes
+		}
 	}
 	t.abortBecause(whyProxyStopped) // the reason fail recorded stays
 }

@@ -284,6 +284,10 @@ type tcpConn struct {
 	dialing bool
 	active  bool // counted in TCPActive
 	closed  bool
+	// drainUnacked is what the other side had not acknowledged when a
+	// drain without a deadline last looked (see stalled); here, in the
+	// padding after the flags, so connections keep their size.
+	drainUnacked int32
 
 	dirs  [2]spliceDir // 0: client to endpoint; 1: endpoint to client
 	moved [2]uint64    // bytes each way, for the -v=4 log
@@ -311,7 +315,10 @@ type tcpConn struct {
 	// header is the PROXY protocol header, which goes to the endpoint
 	// before any byte of the client's; nil without one, or once sent. A
 	// pointer, so connections without one stay as small as they were.
-	header       *pendingHeader
+	header *pendingHeader
+	// lastProgress is when data last moved while half-closed, or while
+	// draining without a deadline (finFirst), when the other side last
+	// took or acknowledged data.
 	lastProgress time.Time
 	deadline     time.Time // while dialing, the attempt's; once a side failed, the drain's
 	timer        timerEntry
@@ -488,11 +495,22 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 			c.abort()
 			return time.Time{}
 		}
+		if c.finFirst {
+			if c.stalled(now) {
+				p.stats.HalfCloseTimeouts.Add(1)
+				c.why = drainStalled(c.why, sideNames[1-c.failedSide])
+				c.abort()
+				return time.Time{}
+			}
+			if c.dirs[c.failedSide].shut {
+				return c.nextDrainPoll(now) // waiting for the acknowledgement
+			}
+			// Waiting for the other side to take more (EPOLLOUT), and
+			// looking whether it acknowledges anything meanwhile.
+			return now.Add(slowDrainPoll)
+		}
 		if next := c.nextDrainPoll(now); c.dirs[c.failedSide].shut && !next.IsZero() {
 			return next // waiting for the acknowledgement
-		}
-		if c.finFirst {
-			return time.Time{} // waiting for the other side to take more (EPOLLOUT)
 		}
 		return c.deadline // waiting for the other side to take more (EPOLLOUT)
 	case c.halfClosed:

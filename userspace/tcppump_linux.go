@@ -87,8 +87,9 @@ func (c *tcpConn) pump() {
 // the other side's kernel on a direct connection, so the drain passes
 // x's FIN on after it and has no deadline: the other side reads all of
 // it and its EOF, and is reset once it has acknowledged both. A slow
-// reader keeps the connection as long as it keeps a half-closed one
-// (see expired); a vanished one is found by its own keep-alive.
+// reader keeps the connection as long as it takes or acknowledges data;
+// one that takes nothing for finDrainStall is reset (see stalled), as
+// the failed side's kernel would have given up on its orphaned socket.
 func (c *tcpConn) fail(x int, why string, finFirst bool) {
 	if c.why == "" {
 		c.why = why
@@ -114,8 +115,36 @@ func (c *tcpConn) fail(x int, why string, finFirst bool) {
 	d.buf, d.eof, d.shut = nil, true, true
 	// Read x until it says EOF or fails again, whatever events came.
 	c.readable[x], c.hup[x] = true, true
-	c.deadline = time.Now().Add(resetDrain)
+	now := time.Now()
+	c.deadline = now.Add(resetDrain)
 	c.lp.schedule(&c.timer, c.deadline)
+	if finFirst {
+		c.lastProgress = now
+		c.drainUnacked = c.unackedBy(1 - x)
+	}
+}
+
+// stalled reports whether the side that a drain without a deadline
+// delivers to has taken nothing and acknowledged nothing for
+// finDrainStall: written to or acknowledged data (its send queue
+// shrank) is progress.
+func (c *tcpConn) stalled(now time.Time) bool {
+	q := c.unackedBy(1 - c.failedSide)
+	if q < c.drainUnacked {
+		c.lastProgress = now
+	}
+	c.drainUnacked = q // more than before: written, which pumpDir counted
+	return now.Sub(c.lastProgress) >= finDrainStall
+}
+
+// unackedBy returns what side i has not acknowledged of what it was
+// sent (SIOCOUTQ), or 0 when that cannot be told.
+func (c *tcpConn) unackedBy(i int) int32 {
+	n, err := unix.IoctlGetInt(c.socket(i), unix.SIOCOUTQ)
+	if err != nil {
+		return 0
+	}
+	return int32(n)
 }
 
 // drain moves what the failed side sent to the other side, and resets
@@ -191,7 +220,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 	progress := func(n int) {
 		counter.Add(uint64(n))
 		c.moved[i] += uint64(n)
-		if c.halfClosed {
+		if c.halfClosed || c.finFirst {
 			c.lastProgress = time.Now()
 		}
 	}
