@@ -219,7 +219,12 @@ type tcpConn struct {
 	finFirst atomic.Bool
 	// finSent[i] is set before side i is sent a FIN (CloseWrite): an EOF
 	// it says after that may be a normal close, not a reset.
-	finSent   [2]atomic.Bool
+	finSent [2]atomic.Bool
+	// eofUnderReset[i] is set when direction i read an EOF from a
+	// socket whose reset a write to it had taken: the write's fail
+	// finishes the direction (see passOn).
+	eofUnderReset [2]atomic.Bool
+
 	aborted   atomic.Bool
 	abortOnce sync.Once
 	why       atomic.Pointer[string] // set once it is reset: why, for the -v=4 line
@@ -333,6 +338,9 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 	case err != nil && errors.As(err, &oe) && oe.Op == "write":
 		// EPIPE: dst's kernel reset it after dst's FIN (tcp_reset leaves
 		// EPIPE in CLOSE_WAIT); a reset before it says ECONNRESET.
+		if testHookWriteFailed != nil {
+			testHookWriteFailed(t, 1-i)
+		}
 		t.fail(1-i, sideFailed(to, false, err), errors.Is(err, syscall.EPIPE))
 		return false
 	case t.failed.Load() == int32(2-i):
@@ -372,9 +380,19 @@ func (t *tcpConn) pipe(i int, counter, moved *atomic.Uint64) (watch bool) {
 			return false
 		}
 		// An EOF from a socket that was reset, whose error a write to it
-		// took first (before that write's fail): not a FIN to pass on.
-		t.fail(i, sideFailed(from, true, syscall.ECONNRESET), false)
-		t.passed[i].Store(true)
+		// took first: the other direction's, the only one that writes
+		// to src, which reports the failure next (fail) and knows
+		// whether it came after src's FIN (EPIPE), so whether the EOF
+		// was that FIN. Whichever of the two comes second finishes this
+		// direction (passOn): the atomics are sequentially consistent,
+		// so at least one sees the other's mark.
+		t.eofUnderReset[i].Store(true)
+		switch f := t.failed.Load(); {
+		case f == int32(1+i):
+			t.passOn(i)
+		case f != 0:
+			t.fail(i, sideFailed(from, true, syscall.ECONNRESET), false) // both failed
+		}
 		return false
 	case err == nil:
 		if t.halfClosed.Load() {
@@ -445,9 +463,34 @@ func (t *tcpConn) fail(x int, why string, finFirst bool) {
 		return // the connection has ended
 	}
 	t.why.CompareAndSwap(nil, &why)
+	if t.eofUnderReset[x].Load() {
+		t.passOn(x) // direction x said EOF first, and left its end to this
+	}
 	t.p.wg.Add(1) // the caller's own keeps the count above zero
 	go t.drain(x, finFirst)
 }
+
+// passOn finishes direction i, whose source said EOF and was found
+// reset: it passes the source's FIN on if the failure came after it
+// (finFirst), and then lets drain count the direction done. Both
+// direction i and the fail that reports the failure may call it; the
+// FIN goes once.
+func (t *tcpConn) passOn(i int) {
+	if t.finFirst.Load() {
+		if !t.finSent[1-i].CompareAndSwap(false, true) {
+			return // the other caller passes it on
+		}
+		if err := t.side(1 - i).CloseWrite(); err != nil {
+			t.fail(1-i, sideFailed(sideNames[1-i], false, err), false)
+			return
+		}
+	}
+	t.passed[i].Store(true)
+}
+
+// testHookWriteFailed, if set, is called when a direction's write to
+// side found it failed, before that failure is reported (fail).
+var testHookWriteFailed func(t *tcpConn, side int)
 
 // hold counts one more goroutine at work on the connection, unless the
 // last one has finished.
