@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/go-multierror"
+
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/portal"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/userspace"
@@ -138,7 +140,7 @@ func (d *debugView) write(w io.Writer, last *debugSnapshot) {
 			}
 		}
 	}
-	failed := failuresByPort(last.err, last.snap)
+	failed := failuresByPort(last.err)
 	var hostAddrs []netip.Addr // for the sources a load-balancer IP admits
 	for sp := range last.snap.All {
 		if len(sp.LoadBalancerSourceRanges) > 0 {
@@ -390,49 +392,52 @@ func (d *debugView) notListening(name state.ServicePortName, failed map[state.Se
 	return "none"
 }
 
-// failuresByPort maps each service port of snap that a failure of the
-// sync error err names ("service <name>:", as userspace and the health
-// checks word them) to the first failure naming it. It reads each failure
-// once, so a view costs time in proportion to its size: looking each port
-// up in every failure took (failing ports)² steps, 20 s of CPU for one
-// request with 9,100 ports beyond a full --proxy-port-range (xa59).
-func failuresByPort(err error, snap state.Snapshot) map[state.ServicePortName]error {
+// failuresByPort maps each service port that a failure of the sync error
+// err is about (a *userspace.PortError within it, however the failure is
+// worded) to the first failure about it. It reads each failure once, so a
+// view costs time in proportion to its size: looking each port up in
+// every failure took (failing ports)² steps, 20 s of CPU for one request
+// with 9,100 ports beyond a full --proxy-port-range (xa59).
+func failuresByPort(err error) map[state.ServicePortName]error {
 	if err == nil {
 		return nil
 	}
-	names := make(map[string]state.ServicePortName, snap.Len())
-	longest := 0
-	for _, n := range snap.Names() {
-		s := n.String()
-		names[s] = n
-		longest = max(longest, len(s))
-	}
-	const named = "service "
 	out := map[state.ServicePortName]error{}
 	for _, e := range splitErrors(err) {
-		msg := e.Error()
-		for {
-			i := strings.Index(msg, named)
-			if i < 0 {
-				break
-			}
-			msg = msg[i+len(named):]
-			// Each colon within a name's length may end one: a name
-			// holds colons itself (ns/name:port/TCP), and one may begin
-			// another (ns/name/TCP, ns/name/TCPx).
-			for j := range min(len(msg), longest+1) {
-				if msg[j] != ':' {
-					continue
-				}
-				if n, ok := names[msg[:j]]; ok {
-					if _, seen := out[n]; !seen {
-						out[n] = e
-					}
-				}
+		for _, n := range failedPorts(e, nil) {
+			if _, seen := out[n]; !seen {
+				out[n] = e
 			}
 		}
 	}
 	return out
+}
+
+// failedPorts appends to names the service ports of the *userspace.PortError
+// values in err's tree, in the order errors.As meets them.
+func failedPorts(err error, names []state.ServicePortName) []state.ServicePortName {
+	for err != nil {
+		if pe, ok := err.(*userspace.PortError); ok {
+			names = append(names, pe.Name)
+		}
+		switch u := err.(type) {
+		case *multierror.Error: // its Unwrap hides all but the first
+			for _, e := range u.Errors {
+				names = failedPorts(e, names)
+			}
+			return names
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				names = failedPorts(e, names)
+			}
+			return names
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		default:
+			return names
+		}
+	}
+	return names
 }
 
 func joinPrefixes(ps []netip.Prefix) string {

@@ -33,9 +33,9 @@ func TestDebugServicesWordsEachFailureOnce(t *testing.T) {
 	sps, err := failingPorts(n, &calls)
 	var b strings.Builder
 	d.write(&b, &debugSnapshot{snap: state.NewSnapshot(sps), err: err})
-	// Once to find its port, once on its port's line, and the first few
-	// once more in the header.
-	if most := 2*n + maxShownErrors; calls > most {
+	// Once on its port's line, and the first few once more in the
+	// header: a port's failure is found without wording it.
+	if most := n + maxShownErrors; calls > most {
 		t.Errorf("%d failures worded %d times, more than %d", n, calls, most)
 	}
 	view := b.String()
@@ -71,16 +71,17 @@ func failingPorts(n int, calls *int) ([]state.ServicePort, error) {
 	for i := range n {
 		sp := state.ServicePort{Name: state.ServicePortName{Namespace: "t", Name: "many", Port: fmt.Sprintf("p%d", i), Protocol: state.TCP}, Port: uint16(i + 1)}
 		sps = append(sps, sp)
-		errs = append(errs, countedError{fmt.Sprintf("userspace: service %s: open proxy port: no free port in 25100-25199", sp.Name), calls})
+		errs = append(errs, &userspace.PortError{Name: sp.Name,
+			Err: countedError{fmt.Sprintf("userspace: service %s: open proxy port: no free port in 25100-25199", sp.Name), calls}})
 	}
 	return sps, joinErrors(errs...)
 }
 
 // TestDebugServicesFindsEachPortsFailure: each port without a socket shows
-// the first failure of the sync that names it ("service <name>:"),
-// wherever the failure names it, however many ports a failure names, and
-// a name that begins another's is told apart from it; as when each port
-// was looked up in every failure (oldNotListening).
+// the first failure of the sync that is about it (a *userspace.PortError
+// naming it, as Apply returns), however the failure is worded, wrapped or
+// joined; a failure that only names a port in its wording is about none.
+// The view matched the wording "service <name>:" before.
 func TestDebugServicesFindsEachPortsFailure(t *testing.T) {
 	name := func(ns, n, port string, proto state.Protocol) state.ServicePortName {
 		return state.ServicePortName{Namespace: ns, Name: n, Port: port, Protocol: proto}
@@ -94,37 +95,50 @@ func TestDebugServicesFindsEachPortsFailure(t *testing.T) {
 		name("e2e", "web", "a", state.TCP),
 		name("e2e", "quiet", "dns", state.UDP),
 	}
+	failure := func(i int, format string, args ...any) error {
+		return &userspace.PortError{Name: names[i], Err: fmt.Errorf(format, args...)}
+	}
 	for _, tc := range []struct {
 		name string
 		errs []error
+		// want maps the index of a name to the index in errs of the
+		// failure it shows; the others show none.
+		want map[int]int
 	}{
 		{"one each", []error{
-			fmt.Errorf("userspace: service %s: listen on 0.0.0.0:30062 (node-port): bind: address already in use", names[0]),
-			fmt.Errorf("userspace: service %s: open proxy port: no free port", names[2]),
-		}},
+			failure(0, "userspace: service %s: listen on 0.0.0.0:30062 (node-port): bind: address already in use", names[0]),
+			failure(2, "userspace: service %s: open proxy port: no free port", names[2]),
+		}, map[int]int{0: 0, 2: 1}},
 		{"the first of two", []error{
-			fmt.Errorf("userspace: service %s: first", names[0]),
-			fmt.Errorf("userspace: service %s: second", names[0]),
-		}},
+			failure(0, "userspace: service %s: first", names[0]),
+			failure(0, "userspace: service %s: second", names[0]),
+		}, map[int]int{0: 0}},
 		{"two in one", []error{
+			errors.Join(failure(3, "userspace: service %s: one", names[3]), failure(1, "userspace: service %s: two", names[1])),
+			failure(1, "userspace: service %s: later", names[1]),
+		}, map[int]int{3: 0, 1: 0}},
+		{"names within names", []error{
+			failure(4, "userspace: service %s: listen on [fd5e:b1b5::60]:80 (external-ip): bind: cannot assign requested address", names[4]),
+			failure(5, "userspace: service %s: x", names[5]),
+			failure(3, "userspace: service %s: y", names[3]),
+		}, map[int]int{4: 0, 5: 1, 3: 2}},
+		{"worded otherwise", []error{
+			failure(6, "userspace: the proxy port of e2e/quiet is gone"),
+			failure(0, "userspace: service %s", names[0]),
+		}, map[int]int{6: 0, 0: 1}},
+		{"named in the wording only", []error{
+			fmt.Errorf("userspace: service %s: not a port's failure", names[0]),
 			fmt.Errorf("health check: service %s: port 30100 is also service %s: port 30100", names[3], names[1]),
-			fmt.Errorf("userspace: service %s: later", names[1]),
-		}},
-		{"colons in names", []error{
-			fmt.Errorf("userspace: service %s: listen on [fd5e:b1b5::60]:80 (external-ip): bind: cannot assign requested address", names[4]),
-			fmt.Errorf("userspace: service %s: x", names[5]),
-		}},
-		{"named without the colon, or as another word", []error{
-			fmt.Errorf("userspace: service %s", names[0]),
-			fmt.Errorf("userspace: the service %s; service %s:", names[1], "e2e/ap"),
-			fmt.Errorf("userspace: service service %s: doubled", names[6]),
-		}},
+		}, nil},
+		{"wrapped", []error{
+			fmt.Errorf("apply: %w", failure(2, "userspace: service %s: inner", names[2])),
+		}, map[int]int{2: 0}},
 		{"nested", []error{
-			joinErrors(fmt.Errorf("userspace: service %s: inner", names[5]), fmt.Errorf("userspace: service %s: inner", names[2])),
-			fmt.Errorf("userspace: service %s: outer", names[2]),
-		}},
-		{"not a service's", []error{kernelError{errors.New("portal: iptables: restore: exit status 4")}}},
-		{"one failure alone", []error{fmt.Errorf("userspace: service %s: alone", names[6])}},
+			joinErrors(failure(5, "userspace: service %s: inner", names[5]), failure(2, "userspace: service %s: inner", names[2])),
+			failure(2, "userspace: service %s: outer", names[2]),
+		}, map[int]int{5: 0, 2: 1}},
+		{"not a service's", []error{kernelError{errors.New("portal: iptables: restore: exit status 4")}}, nil},
+		{"one failure alone", []error{failure(6, "userspace: service %s: alone", names[6])}, map[int]int{6: 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := userspace.New(userspace.Config{})
@@ -135,30 +149,27 @@ func TestDebugServicesFindsEachPortsFailure(t *testing.T) {
 				sps = append(sps, state.ServicePort{Name: n, Port: uint16(80 + i)})
 			}
 			err := joinErrors(tc.errs...)
+			// The failures as the view lists them: a nested join is
+			// split into its own.
+			split := splitErrors(err)
 			var b strings.Builder
 			d.write(&b, &debugSnapshot{snap: state.NewSnapshot(sps), err: err})
 			view := b.String()
-			for _, n := range names {
-				want := fmt.Sprintf("  listening:    %s\n", oldNotListening(n, err))
+			for i, n := range names {
+				want := "  listening:    none\n"
+				if e, ok := tc.want[i]; ok {
+					failed := tc.errs[e]
+					if len(split) > len(tc.errs) { // "nested": the first failure is split
+						failed = split[e]
+					}
+					want = fmt.Sprintf("  listening:    none: the last sync failed for it, and is retried: %v\n", failed)
+				}
 				if s := portSection(view, n); !strings.Contains(s, want) {
-					t.Errorf("lacks %q:\n%s", want, s)
+					t.Errorf("%s lacks %q:\n%s", n, want, s)
 				}
 			}
 		})
 	}
-}
-
-// oldNotListening is how a port's failure was found before it was looked
-// up in an index: in every failure of the sync, for every port.
-func oldNotListening(name state.ServicePortName, syncErr error) string {
-	if syncErr != nil {
-		for _, e := range splitErrors(syncErr) {
-			if strings.Contains(e.Error(), "service "+name.String()+":") {
-				return fmt.Sprintf("none: the last sync failed for it, and is retried: %v", e)
-			}
-		}
-	}
-	return "none"
 }
 
 // portSection returns the lines of view about service port name, from its

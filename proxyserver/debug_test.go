@@ -134,7 +134,8 @@ func TestDebugServicesSaysWhyNotListening(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As Apply words a node port another program holds.
-	syncErr := joinErrors(fmt.Errorf("userspace: service %s: listen on 0.0.0.0:30062 (node-port): bind: address already in use", held.Name))
+	syncErr := joinErrors(&userspace.PortError{Name: held.Name,
+		Err: fmt.Errorf("userspace: service %s: listen on 0.0.0.0:30062 (node-port): bind: address already in use", held.Name)})
 	var b strings.Builder
 	d.write(&b, &debugSnapshot{snap: state.NewSnapshot([]state.ServicePort{sctp, held, fine}), err: syncErr})
 	view := b.String()

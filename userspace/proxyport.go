@@ -197,7 +197,7 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 			break // the free ports were all tried: say why the last failed
 		}
 		if err != nil {
-			return fmt.Errorf("userspace: service %s: %w", sp.name, err)
+			return portErrorf(sp.name, "%w", err)
 		}
 		if owner, held := sp.p.heldFrom(want, sp.name); held {
 			// The portal may still redirect another Service's traffic
@@ -239,7 +239,7 @@ func (sp *servicePort) ensureProxyPort(role socketRole, port *uint16) error {
 		}
 		busy = append(busy, want)
 	}
-	return fmt.Errorf("userspace: service %s: open proxy port: %w", sp.name, lastErr)
+	return portErrorf(sp.name, "open proxy port: %w", lastErr)
 }
 
 // errPortHeld says a proxy port was passed over because another service
@@ -272,7 +272,7 @@ func (sp *servicePort) extendProxyPort(role socketRole, port *uint16) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("userspace: service %s: listen on %s (%s): %w", sp.name, k.addr, role, err)
+			return portErrorf(sp.name, "listen on %s (%s): %w", k.addr, role, err)
 		}
 		klog.V(3).InfoS("Listening", "service", sp.name, "addr", k.addr, "role", role)
 		sp.sockets[k] = s

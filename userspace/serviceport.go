@@ -580,7 +580,7 @@ func (sp *servicePort) reconcile(extra []sockKey) error {
 		}
 		s, err := sp.listen(k)
 		if err != nil {
-			errs = multierror.Append(errs, fmt.Errorf("userspace: service %s: listen on %s (%s): %w", sp.name, k.addr, k.role, err))
+			errs = multierror.Append(errs, portErrorf(sp.name, "listen on %s (%s): %w", k.addr, k.role, err))
 			continue
 		}
 		klog.V(3).InfoS("Listening", "service", sp.name, "addr", k.addr, "role", k.role)
