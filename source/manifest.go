@@ -3,11 +3,13 @@ package source
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	stdjson "encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,15 +96,25 @@ type manifest struct {
 	known, docs docCache
 }
 
-// docCache maps the text of a document to what it decoded to, so that a
-// read after an edit decodes only the documents that changed: decoding is
-// most of the cost of a read (YAML is slow to parse), and an edit usually
-// changes one document of many. Only what is decoded is kept; where the
-// document is, what validation finds and every message are worked out
-// again at each read, so that they follow lines inserted above it.
-type docCache map[string]decoded
+// docCache maps the text of a document (its docKey) to what it decoded
+// to, so that a read after an edit decodes only the documents that
+// changed: decoding is most of the cost of a read (YAML is slow to parse),
+// and an edit usually changes one document of many. Only what is decoded
+// is kept; where the document is, what validation finds and every message
+// are worked out again at each read, so that they follow lines inserted
+// above it.
+//
+// The objects are those the read served, not copies: nothing changes an
+// object once decoded (addService and addSlice default a copy), so the
+// next read may serve them again. A copy of each, and the text as the
+// key, held a 50 MB file's objects twice and its text once more.
+type docCache map[docKey]decoded
 
-// decoded is one document's object, as the decoder returned it.
+// docKey identifies the text of a document: its SHA-256.
+type docKey [sha256.Size]byte
+
+// decoded is one document's object, as the decoder returned it. It is
+// never changed.
 type decoded struct {
 	obj runtime.Object
 	gvk *schema.GroupVersionKind
@@ -195,11 +207,11 @@ func parseManifests(name string, data []byte, known docCache) (*manifest, error)
 		return nil, fmt.Errorf("%s: %w", name, ErrEmptyManifest)
 	}
 	m := &manifest{file: name, origins: make(map[objectKey]origin), dec: dec, known: known, docs: make(docCache, len(known))}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	r := &documents{data: data}
 	// next is the file's line (from 1) that the reader reads next.
 	for next, doc := 1, 1; ; {
 		at := origin{document: doc, item: -1}
-		chunk, err := r.Read()
+		chunk, err := r.next()
 		if err == io.EOF {
 			break
 		}
@@ -225,7 +237,7 @@ func parseManifests(name string, data []byte, known docCache) (*manifest, error)
 			continue
 		}
 		for _, v := range values {
-			m.document(origin{document: doc, line: at.line + v.line, item: -1, doc: v.data}, v.data, nil)
+			m.document(origin{document: doc, line: at.line + v.line, item: -1, doc: v.data}, v.data, nil, sha256.Sum256(v.data))
 			doc++
 		}
 		if err != nil {
@@ -275,8 +287,71 @@ func jsonValues(doc []byte) (values []jsonValue, badLine int, err error) {
 			}
 			return values, line, fmt.Errorf("invalid JSON after object %d: %w", len(values), err)
 		}
-		values = append(values, jsonValue{data: raw, line: line})
+		// The value's own bytes in doc, which raw copies.
+		end := int(d.InputOffset())
+		values = append(values, jsonValue{data: doc[start:end:end], line: line})
 	}
+}
+
+// documents splits a file into the chunks utilyaml.YAMLReader reads from
+// it, byte for byte, but without copying: a chunk is a slice of data
+// whenever it is the same bytes, that is unless a line in it ends in "\r\n"
+// (the reader ends every line with "\n") or the file's last line has no
+// "\n". A 50 MB file was held twice over by the origins of its objects,
+// as the reader's chunks.
+type documents struct {
+	data []byte
+	off  int // where the next line starts
+}
+
+// next returns the next chunk, as YAMLReader.Read does: its error for a
+// separator followed by other than a comment, io.EOF after the last.
+func (r *documents) next() ([]byte, error) {
+	start, exact := r.off, true
+	for {
+		if r.off >= len(r.data) {
+			if r.off > start {
+				return r.chunk(start, r.off, exact), nil
+			}
+			return nil, io.EOF
+		}
+		line, end := r.data[r.off:], len(r.data)
+		if i := bytes.IndexByte(line, '\n'); i >= 0 {
+			line, end = line[:i], r.off+i+1
+			if cut, ok := bytes.CutSuffix(line, []byte("\r")); ok {
+				line, exact = cut, false
+			}
+		} else {
+			exact = false // the reader ends it with "\n"
+		}
+		if rest, ok := bytes.CutPrefix(line, []byte(yamlSeparator)); ok {
+			if rest = bytes.TrimSpace(rest); len(rest) > 0 && rest[0] != '#' {
+				// The reader's own error, for its message.
+				sep := append(bytes.Clone(line), '\n')
+				_, err := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(sep))).Read()
+				return nil, err
+			}
+			if r.off > start {
+				chunk := r.chunk(start, r.off, exact)
+				r.off = end
+				return chunk, nil
+			}
+		}
+		r.off = end
+	}
+}
+
+// chunk returns data[start:end] as the reader returns it: each line ending
+// in "\n" alone. exact says it already is.
+func (r *documents) chunk(start, end int, exact bool) []byte {
+	if exact {
+		return r.data[start:end:end]
+	}
+	c := bytes.ReplaceAll(r.data[start:end], []byte("\r\n"), []byte("\n"))
+	if !bytes.HasSuffix(c, []byte("\n")) {
+		c = append(c, '\n')
+	}
+	return c
 }
 
 // documentAt places a chunk that YAMLReader returned, which starts on line
@@ -373,8 +448,9 @@ func lastLine(doc []byte) int {
 // it holds nothing but comments and blank lines (or an explicit null): it
 // then does not count.
 func (m *manifest) yamlDocument(at origin, data []byte) bool {
-	if _, ok := m.known[string(data)]; ok {
-		m.document(at, data, nil)
+	key := docKey(sha256.Sum256(data))
+	if _, ok := m.known[key]; ok {
+		m.document(at, data, nil, key)
 		return true
 	}
 	j, err := sigsyaml.YAMLToJSONStrict(data)
@@ -390,7 +466,7 @@ func (m *manifest) yamlDocument(at origin, data []byte) bool {
 	case string(bytes.TrimSpace(j)) == "null":
 		return false
 	}
-	m.document(at, data, j)
+	m.document(at, data, j, key)
 	return true
 }
 
@@ -402,21 +478,19 @@ func empty(doc []byte) bool {
 }
 
 // decode decodes data, a document or an item of a List; j is data
-// converted to JSON, or nil. A whole document that decoded at the last
-// read is not decoded again.
+// converted to JSON, or nil; key is a whole document's docKey. A whole
+// document that decoded at the last read is not decoded again.
 //
 // The YAML decoder converts data to JSON twice (once strictly, to find
 // duplicated keys) and decodes that. A document that converts strictly
 // without error is decoded from its JSON instead, which comes to the same;
 // only a document that does not decode goes to the YAML decoder, for its
 // messages.
-func (m *manifest) decode(at origin, data, j []byte) (runtime.Object, *schema.GroupVersionKind, error) {
+func (m *manifest) decode(at origin, data, j []byte, key docKey) (runtime.Object, *schema.GroupVersionKind, error) {
 	if at.item < 0 {
-		if d, ok := m.known[string(data)]; ok {
-			m.docs[string(data)] = d
-			// A copy: objects are defaulted as they are added, and
-			// the last read's are served.
-			return d.obj.DeepCopyObject(), d.gvk, nil
+		if d, ok := m.known[key]; ok {
+			m.docs[key] = d
+			return d.obj, d.gvk, nil
 		}
 	}
 	if j == nil {
@@ -432,16 +506,16 @@ func (m *manifest) decode(at origin, data, j []byte) (runtime.Object, *schema.Gr
 	if at.item < 0 {
 		switch obj.(type) {
 		case *corev1.Service, *discoveryv1.EndpointSlice, *corev1.ServiceList, *discoveryv1.EndpointSliceList:
-			m.docs[string(data)] = decoded{obj.DeepCopyObject(), gvk}
+			m.docs[key] = decoded{obj, gvk}
 		}
 	}
 	return obj, gvk, nil
 }
 
 // document decodes one document, or one item of a List; j is data
-// converted to JSON, or nil.
-func (m *manifest) document(at origin, data, j []byte) {
-	obj, gvk, err := m.decode(at, data, j)
+// converted to JSON, or nil; key is a whole document's docKey.
+func (m *manifest) document(at origin, data, j []byte, key docKey) {
+	obj, gvk, err := m.decode(at, data, j, key)
 	if err != nil {
 		m.decodeError(at, data, obj, err)
 		return
@@ -466,7 +540,7 @@ func (m *manifest) document(at origin, data, j []byte) {
 	case *corev1.List:
 		if m.noNesting(at, gvk.Kind) {
 			for i, item := range o.Items {
-				m.document(at.within(i), item.Raw, nil)
+				m.document(at.within(i), item.Raw, nil, docKey{})
 			}
 		}
 	default:
@@ -637,9 +711,13 @@ func (m *manifest) register(at origin, kind string, ref objectRef) bool {
 	return true
 }
 
+// addService adds a Service found at at. svc is not changed: it may be
+// kept for the next read (see docCache).
 func (m *manifest) addService(at origin, svc *corev1.Service) {
 	if svc.Namespace == "" {
-		svc.Namespace = corev1.NamespaceDefault
+		c := *svc
+		c.Namespace = corev1.NamespaceDefault
+		svc = &c
 	}
 	ok := m.check(at, "Service", svc.Namespace, svc.Name, validateService(svc))
 	if m.register(at, "Service", objectRef{svc.Namespace, svc.Name}) && ok {
@@ -647,7 +725,11 @@ func (m *manifest) addService(at origin, svc *corev1.Service) {
 	}
 }
 
+// addSlice adds an EndpointSlice found at at. s is not changed: it may be
+// kept for the next read (see docCache).
 func (m *manifest) addSlice(at origin, s *discoveryv1.EndpointSlice) {
+	c := *s // to default
+	s = &c
 	if s.Namespace == "" {
 		s.Namespace = corev1.NamespaceDefault
 	}
@@ -663,8 +745,10 @@ func (m *manifest) addSlice(at origin, s *discoveryv1.EndpointSlice) {
 // read from a cluster always has both, and the shared semantics skip a port
 // whose name is nil, as kube-proxy does; without these defaults the usual
 // slice of a one-port Service, written without a port name, would serve
-// nothing.
+// nothing. The ports are copied first: s shares them with the slice as
+// decoded.
 func defaultSlicePorts(s *discoveryv1.EndpointSlice) {
+	s.Ports = slices.Clone(s.Ports)
 	for i := range s.Ports {
 		p := &s.Ports[i]
 		if p.Name == nil {
