@@ -85,7 +85,8 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 			}
 			for _, t := range targets {
 				if sets[t.index] == nil {
-					sets[t.index] = make(map[netip.AddrPort]endpointInfo)
+					// Sized for this slice: most ports have one.
+					sets[t.index] = make(map[netip.AddrPort]endpointInfo, len(s.Endpoints))
 				}
 				info.Addr = netip.AddrPortFrom(info.Addr.Addr(), t.port)
 				if why := captured(ports[t.index].Name, info.Addr); why != "" {
@@ -114,6 +115,7 @@ func (b *builder) attachEndpoints(ports []state.ServicePort, bySvc map[objectRef
 		for _, e := range sets[i] {
 			eps = append(eps, e)
 		}
+		sets[i] = nil // done with: the snapshot's ports grow as the sets go
 		slices.SortFunc(eps, func(a, c endpointInfo) int { return a.Addr.Compare(c.Addr) })
 		// kube-proxy runs a proxier per family, and each picks from its
 		// own family's endpoints: readiness fallback and hints are
@@ -522,7 +524,16 @@ func servingEndpoints(eps []endpointInfo) []netip.AddrPort {
 }
 
 func filter(eps []endpointInfo, keep func(*endpointInfo) bool) []endpointInfo {
-	var out []endpointInfo
+	n := 0
+	for i := range eps {
+		if keep(&eps[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]endpointInfo, 0, n) // not grown: a port may have thousands
 	for i := range eps {
 		if keep(&eps[i]) {
 			out = append(out, eps[i])

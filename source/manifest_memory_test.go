@@ -121,3 +121,31 @@ items:
 		t.Errorf("the second read: changed %v, %v; same snapshot: %v", changed, err, sameSnapshot(snap, again))
 	}
 }
+
+// TestBuildSnapshotAllocation: building the snapshot of 200 Services of 60
+// endpoints each allocates at most 1,400 bytes an endpoint. Each port's
+// set of endpoints grew from empty, the per-family lists were grown by
+// appends, and every port's set was held until the last port was built:
+// 1,814 bytes an endpoint, and the larger part of the proxy's peak when it
+// reads a large manifest (VmHWM 1,168 MB of 1,437 before on a 44 MB file
+// of 12,000 Services of 60 endpoints, 999 MB now); now 1,115.
+func TestBuildSnapshotAllocation(t *testing.T) {
+	const services, eps = 200, 60
+	m, err := parseManifests("big.yaml", generatedManifest(services, eps), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	snap, _ := BuildSnapshot(m.services, m.slices, Options{AllowLoopback: true, AllowNoClusterIP: true})
+	runtime.ReadMemStats(&after)
+	if snap.Len() != services {
+		t.Fatalf("%d service ports; want %d", snap.Len(), services)
+	}
+	per := (after.TotalAlloc - before.TotalAlloc) / (services * eps)
+	t.Logf("BuildSnapshot allocates %d bytes an endpoint", per)
+	if per > 1400 {
+		t.Errorf("BuildSnapshot allocates %d bytes an endpoint, more than 1,400", per)
+	}
+}
