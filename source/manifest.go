@@ -617,7 +617,14 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 		return e
 	}
 	if !ok || obj == nil {
-		m.errs = append(m.errs, lined("", err.Error()))
+		e := lined("", err.Error())
+		if strings.HasSuffix(err.Error(), "document contains excessive aliasing") && at.item < 0 && at.line > 0 {
+			// The decoder names no line: name the alias it gave up in.
+			if l := excessiveAliasLine(data); l > 0 {
+				e.Line = at.line + l - 1
+			}
+		}
+		m.errs = append(m.errs, e)
 		return
 	}
 	for _, e := range strict.Errors() {
