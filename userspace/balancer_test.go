@@ -229,19 +229,26 @@ func TestBalancerAffinity(t *testing.T) {
 		b := newBalancer(clock, eps(ep1, ep2), sticky)
 		ep, _ := b.pick(c1, nil)
 		b.update(eps(ep1, ep2), state.Affinity{Type: state.AffinityNone})
+		if n := b.affinityClients(); n != 0 {
+			t.Fatalf("%d clients remembered under affinity None, want none", n)
+		}
 		a, _ := b.pick(c1, nil)
 		bb, _ := b.pick(c1, nil)
 		if a == bb {
 			t.Fatalf("affinity None still pinned the client to %s", a)
 		}
+		// Switched back on, the client is pinned afresh, in turn: after
+		// the three picks so far, to the endpoint it did not have.
 		b.update(eps(ep1, ep2), sticky)
-		pinned, _ := b.pick(c1, nil)
+		pinned, why, _ := b.choose(c1, nil)
+		if pinned == ep || why == pickedAffinity {
+			t.Fatalf("affinity switched back on sent c1 to %s (%v), which it had before None; want the next in turn", pinned, why)
+		}
 		for range 5 {
 			if again, _ := b.pick(c1, nil); again != pinned {
 				t.Fatal("affinity switched back on does not pin")
 			}
 		}
-		_ = ep
 	})
 }
 
@@ -342,8 +349,8 @@ func TestEligibleSaysWhichPoolRanOutOfReadyEndpoints(t *testing.T) {
 // penalty, its turns are shared by the others, not all given to the one
 // after it (which would double that endpoint's load while a crashed pod
 // is still marked ready). With four endpoints and one failed, 300 picks
-// go 100 to each of the other three; with two failed, 200 picks go 100
-// to each of the other two.
+// go 100 to each of the other three; with two failed, side by side or
+// apart, 200 picks go 100 to each of the other two.
 func TestBalancerSpreadsAFailedEndpointsTurns(t *testing.T) {
 	ep4 := netip.MustParseAddrPort("198.18.1.4:80")
 	for _, tc := range []struct {
@@ -353,6 +360,7 @@ func TestBalancerSpreadsAFailedEndpointsTurns(t *testing.T) {
 	}{
 		{[]netip.AddrPort{ep2}, 300, map[netip.AddrPort]int{ep1: 100, ep3: 100, ep4: 100}},
 		{[]netip.AddrPort{ep2, ep3}, 200, map[netip.AddrPort]int{ep1: 100, ep4: 100}},
+		{[]netip.AddrPort{ep1, ep3}, 200, map[netip.AddrPort]int{ep2: 100, ep4: 100}},
 	} {
 		b := newBalancer(newFakeClock(), eps(ep1, ep2, ep3, ep4), state.Affinity{})
 		for _, ep := range tc.failed {
