@@ -158,8 +158,17 @@ func (c *tcpConn) giveUp(err error) {
 // it again after 1 s), is still reached by its first attempt, where a
 // new socket would start over. The first attempt to connect wins (see
 // raceWon). After the last attempt's time, the connection is given up.
+//
+// The time is up only if the kernel has not finished the connect by then
+// (see connectFinished): the loop reads at most a round's events before
+// it runs its timers, so a connect the endpoint answered at once can wait
+// behind others, in epoll's ready list or in this round, longer than a
+// short first timeout when thousands of connections arrive at once.
 func (c *tcpConn) dialTimedOut() {
 	p := c.l.sp.p
+	if c.connectFinished() {
+		return
+	}
 	r := c.racing()
 	if c.bfd >= 0 && c.attempt+1 < len(p.cfg.DialTimeouts) {
 		klog.V(3).InfoS("Dial to endpoint timed out; it goes on connecting while the next attempt starts", "service", c.l.sp.name, "endpoint", c.endpoint, "client", c.client)
@@ -195,6 +204,22 @@ func (c *tcpConn) dialTimedOut() {
 		}
 	}
 	c.giveUp(err)
+}
+
+// connectFinished reports whether the kernel has finished the current
+// attempt's connect, connected or failed, whose event the loop has not
+// read yet: the socket is registered edge-triggered, so the end of its
+// connect queued an event (registering a socket whose connect had ended
+// queues one too), which a later round reads (dialProgress). Until then
+// the attempt counts as in time, and its timer, which expired leaves at
+// its deadline, comes back (a millisecond on, after the next round's
+// events) to look again. One poll, only when an attempt's time is up: an
+// ordinary connection, connected in time, makes no more system calls.
+// Without it, a round longer than the timeout (a burst of new
+// connections) started a race against a connect already done: a second
+// connection, to another endpoint (see TestTCPDialBurstOpensNoExtraConnections).
+func (c *tcpConn) connectFinished() bool {
+	return c.bfd >= 0 && fdConnectEnded(c.bfd)
 }
 
 // racing returns the connection's dialRace, made on the first attempt
