@@ -83,6 +83,9 @@ const (
 
 // sideFailed says why a connection was reset after an error on one side
 // (side is "client" or "endpoint"), reading from it or writing to it.
+// An error of the kernel's is said by its errno alone ("connection timed
+// out"), as the event loops have it, where the goroutine build's net.Conn
+// wraps it in the operation and addresses ("write tcp4 a->b: write: ...").
 func sideFailed(side string, reading bool, err error) string {
 	switch {
 	case err == nil:
@@ -94,7 +97,12 @@ func sideFailed(side string, reading bool, err error) string {
 		return "the " + side + " reset the connection"
 	case errors.Is(err, syscall.EPIPE):
 		return "the " + side + " had closed the connection"
-	case reading:
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		err = errno
+	}
+	if reading {
 		return "reading from the " + side + " failed: " + err.Error()
 	}
 	return "sending to the " + side + " failed: " + err.Error()
