@@ -452,10 +452,26 @@ func TestManifestsStartupErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// Run returns at start or only when ctx is done: a file it
+			// takes as usable ends the run at once, and a Run that
+			// blocks is bounded, so neither hangs the package.
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			m := &Manifests{Path: tc.path}
-			err := m.Run(context.Background(), func(state.Snapshot) { t.Error("apply called") })
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			done := make(chan error, 1)
+			go func() {
+				done <- m.Run(ctx, func(state.Snapshot) {
+					t.Error("apply called: Run took the file as usable")
+					cancel()
+				})
+			}()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("got %v, want an error containing %q", err, tc.want)
+				}
+			case <-time.After(watchTimeout):
+				t.Fatalf("Run did not return within %s, want an error containing %q", watchTimeout, tc.want)
 			}
 		})
 	}
