@@ -190,6 +190,29 @@ func TestBuildSnapshotEndpoints(t *testing.T) {
 			wantLocal:   []string{"10.0.0.3:8080"},
 		},
 		{
+			// As kube-proxy's CategorizeEndpoints: the fallback takes
+			// serving endpoints only when they are terminating.
+			name: "local fallback leaves out a serving endpoint that is neither ready nor terminating",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", onNode("node-b")),
+				endpoint("10.0.0.2", onNode("node-a"), conditions(false, true, false)),
+				endpoint("10.0.0.3", onNode("node-a"), terminatingServing),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080"},
+			wantLocal:   []string{"10.0.0.3:8080"},
+		},
+		{
+			name: "local fallback: a serving endpoint that is neither ready nor terminating is none",
+			slices: []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{
+				endpoint("10.0.0.1", onNode("node-b")),
+				endpoint("10.0.0.2", onNode("node-a"), conditions(false, true, false)),
+			})},
+			opts:        here,
+			wantCluster: []string{"10.0.0.1:8080"},
+			wantLocal:   nil,
+		},
+		{
 			name:        "no node name: nothing is local",
 			slices:      []*discoveryv1.EndpointSlice{endpointSlice("web-1", v4, eps{endpoint("10.0.0.1", onNode(""))})},
 			wantCluster: []string{"10.0.0.1:8080"},

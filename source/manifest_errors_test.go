@@ -566,3 +566,20 @@ func TestLinesAfterSeparatorRuns(t *testing.T) {
 		}
 	})
 }
+
+// TestParseManifestsAffinityTimeoutBounds: the manifest checks take the
+// API server's bounds of sessionAffinityConfig.clientIP.timeoutSeconds,
+// 1 to 86400 ("must be >0 && <=86400"), and refuse 0 and 86401.
+func TestParseManifestsAffinityTimeoutBounds(t *testing.T) {
+	for secs, ok := range map[int]bool{0: false, 1: true, 86400: true, 86401: false} {
+		data := fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  ports: [{port: 80}]\n"+
+			"  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: %d}}\n", secs)
+		_, _, _, err := ParseManifests("demo.yaml", []byte(data))
+		switch want := fmt.Sprintf("timeoutSeconds: %d is out of range 1-86400", secs); {
+		case ok && err != nil:
+			t.Errorf("timeoutSeconds %d refused: %v", secs, err)
+		case !ok && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("timeoutSeconds %d: %v, want an error containing %q", secs, err, want)
+		}
+	}
+}

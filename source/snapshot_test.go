@@ -295,6 +295,41 @@ func TestBuildSnapshotServices(t *testing.T) {
 			wantProblems: []string{"spec.sessionAffinityConfig.clientIP.timeoutSeconds: 86401 is out of range 1-86400"},
 		},
 		{
+			// The API server accepts 1 to 86400 (timeoutSeconds "must be
+			// >0 && <=86400").
+			name: "ClientIP affinity timeout of 1 accepted",
+			services: []*corev1.Service{service("web", func(s *corev1.Service) {
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr[int32](1)}}
+			})},
+			want: []state.ServicePort{with(func(sp *state.ServicePort) {
+				sp.Affinity = state.Affinity{Type: state.AffinityClientIP, Timeout: time.Second}
+			})},
+		},
+		{
+			// The API server accepts 1 to 86400 (timeoutSeconds "must be
+			// >0 && <=86400").
+			name: "ClientIP affinity timeout of 86400 accepted",
+			services: []*corev1.Service{service("web", func(s *corev1.Service) {
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr[int32](86400)}}
+			})},
+			want: []state.ServicePort{with(func(sp *state.ServicePort) {
+				sp.Affinity = state.Affinity{Type: state.AffinityClientIP, Timeout: 24 * time.Hour}
+			})},
+		},
+		{
+			name: "ClientIP affinity timeout of 0 uses the default",
+			services: []*corev1.Service{service("web", func(s *corev1.Service) {
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr[int32](0)}}
+			})},
+			want: []state.ServicePort{with(func(sp *state.ServicePort) {
+				sp.Affinity = state.Affinity{Type: state.AffinityClientIP, Timeout: state.DefaultAffinityTimeout}
+			})},
+			wantProblems: []string{"spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 is out of range 1-86400"},
+		},
+		{
 			name: "affinity config without ClientIP affinity is ignored",
 			services: []*corev1.Service{service("web", func(s *corev1.Service) {
 				s.Spec.SessionAffinity = corev1.ServiceAffinityNone

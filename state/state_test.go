@@ -71,3 +71,26 @@ func TestSourceRanges(t *testing.T) {
 		})
 	}
 }
+
+// TestNewSnapshotLaterDuplicateWins: a port named twice is in the snapshot
+// once, as the later one has it, wherever the snapshot is read from.
+func TestNewSnapshotLaterDuplicateWins(t *testing.T) {
+	web := ServicePortName{Namespace: "demo", Name: "web", Port: "http", Protocol: TCP}
+	api := ServicePortName{Namespace: "demo", Name: "api", Port: "grpc", Protocol: TCP}
+	s := NewSnapshot([]ServicePort{
+		{Name: web, Port: 80},
+		{Name: api, Port: 9000},
+		{Name: web, Port: 8080},
+	})
+	if s.Len() != 2 || !slices.Equal(s.Names(), []ServicePortName{api, web}) {
+		t.Fatalf("Len %d, names %v; want 2, [%v %v]", s.Len(), s.Names(), api, web)
+	}
+	if got := s.Get(web); got == nil || got.Port != 8080 {
+		t.Fatalf("Get(%v) = %v; want the later one, port 8080", web, got)
+	}
+	for sp := range s.All {
+		if sp.Name == web && sp.Port != 8080 {
+			t.Fatalf("All yields %v with port %d; want the later port, 8080", web, sp.Port)
+		}
+	}
+}
