@@ -25,6 +25,9 @@ func TestParsePortRange(t *testing.T) {
 		{in: "8080", want: PortRange{Base: 8080, Size: 1}},
 		{in: " 1-65535 ", want: PortRange{Base: 1, Size: 65535}},
 		{in: "30009-30000", wantErr: true},
+		// An end just before the begin is no empty range.
+		{in: "2000-1999", wantErr: true},
+		{in: "2000-2000", want: PortRange{Base: 2000, Size: 1}},
 		{in: "65535+1", wantErr: true},
 		{in: "0-10", wantErr: true},
 		{in: "abc", wantErr: true},
@@ -142,6 +145,23 @@ func TestPortAllocator(t *testing.T) {
 		}
 		t.Fatal("no key starts at the retired port")
 	})
+	// The owner that gave a port up takes it back, though other ports are
+	// free, where its key starts the scan; another owner passes over it.
+	t.Run("a retired port goes back to its owner first", func(t *testing.T) {
+		clock := newFakeClock()
+		a := newPortAllocator(PortRange{Base: 1000, Size: 10}, clock.Now)
+		p, err := a.allocate("k", "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.retire(p, "a")
+		if got, err := a.allocate("k", "b"); got == p || err != nil {
+			t.Fatalf("another owner with the same key got %d, %v; want any free port but the retired %d", got, err, p)
+		}
+		if got, err := a.allocate("k", "a"); got != p || err != nil {
+			t.Fatalf("the owner got %d, %v back with other ports free; want its retired %d", got, err, p)
+		}
+	})
 	t.Run("the key decides the start", func(t *testing.T) {
 		firsts := map[uint16]bool{}
 		for i := range 20 {
@@ -182,5 +202,75 @@ func TestProxyPortsSurviveARestart(t *testing.T) {
 	first, second := run(), run()
 	if !maps.Equal(first, second) {
 		t.Fatalf("proxy ports moved across a restart: %v, then %v", first, second)
+	}
+}
+
+// TestPortRangeEnds: the ports just outside a range, Base-1 and
+// Base+Size, are not in it, and the allocator refuses to claim them and
+// ignores their release, as it does for any port outside.
+func TestPortRangeEnds(t *testing.T) {
+	r := PortRange{Base: 1000, Size: 3}
+	for port, want := range map[uint16]bool{999: false, 1000: true, 1002: true, 1003: false} {
+		if got := r.Contains(port); got != want {
+			t.Errorf("%v.Contains(%d) = %v, want %v", r, port, got, want)
+		}
+	}
+	for _, port := range []uint16{999, 1003} {
+		t.Run(fmt.Sprint(port), func(t *testing.T) {
+			a := newPortAllocator(r, time.Now)
+			noPanic(t, "claim", func() {
+				if a.claim(port) {
+					t.Errorf("claim(%d) succeeded in %v", port, r)
+				}
+			})
+			noPanic(t, "release", func() { a.release(port) })
+			noPanic(t, "retire", func() { a.retire(port, "a") })
+			// The range is whole: three ports to hand out, then none.
+			for range 3 {
+				if p, err := a.allocate("x", "x"); err != nil || !r.Contains(p) {
+					t.Fatalf("allocate() = %d, %v", p, err)
+				}
+			}
+			if p, err := a.allocate("x", "x"); !errors.Is(err, ErrPortRangeExhausted) {
+				t.Fatalf("allocate on a full range: %d, %v; want ErrPortRangeExhausted", p, err)
+			}
+		})
+	}
+}
+
+// noPanic runs f, failing the test if it panics rather than crashing the
+// package.
+func noPanic(t *testing.T, what string, f func()) {
+	t.Helper()
+	defer func() {
+		if v := recover(); v != nil {
+			t.Errorf("%s panicked: %v", what, v)
+		}
+	}()
+	f()
+}
+
+// TestPreferredPortPastAShrunkRange: a previous run's proxy port just
+// outside the range, which shrank since (or moved up by one), is not
+// taken: the service port gets one from the range, and Apply does not
+// fail.
+func TestPreferredPortPastAShrunkRange(t *testing.T) {
+	be := startTCPBackend(t, "a")
+	r := PortRange{Base: 26540, Size: 4}
+	for _, prev := range []uint16{r.Base + uint16(r.Size), r.Base - 1} {
+		t.Run(fmt.Sprint(prev), func(t *testing.T) {
+			p := newTestProxier(t, Config{PortRange: r,
+				PreferredProxyPort: func(*state.ServicePort, bool) uint16 { return prev }})
+			name := spn("shrunk", "", state.TCP)
+			noPanic(t, "Apply", func() {
+				mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(be.addr())})
+			})
+			if got := p.ProxyPort(name); !r.Contains(got) {
+				t.Fatalf("proxy port %d with the previous %d outside %v; want one from the range", got, prev, r)
+			}
+			if got := tcpWho(t, proxyAddr(t, p, name)); got != "a" {
+				t.Fatalf("reached %q", got)
+			}
+		})
 	}
 }
