@@ -263,3 +263,58 @@ func TestTraceLoopbackFrontends(t *testing.T) {
 		}
 	}
 }
+
+// TestTraceOneSourceRange: a load-balancer IP with a single
+// loadBalancerSourceRange (per family) is redirected for that range alone,
+// by one rule with -s, and the firewall chain drops every other source, as
+// with several ranges: a single range limits the sources as much as two.
+func TestTraceOneSourceRange(t *testing.T) {
+	lb := state.ServicePortName{Namespace: "t", Name: "lb", Port: "http", Protocol: state.TCP}
+	ep := []state.Endpoint{{Addr: netip.MustParseAddrPort("198.18.12.2:8080"), Ready: true, Serving: true}}
+	snap := state.NewSnapshot([]state.ServicePort{{Name: lb, Port: 80, ClusterIPs: addrs("198.18.0.20", "fd5e:b1b5::20"),
+		LoadBalancerIPs: addrs("198.19.2.1", "fd5e:b1b5:19::1"), ClusterEndpoints: ep,
+		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.11.0/24"), netip.MustParsePrefix("fd5e:b1b5:11::/64")}}})
+	portals := FromSnapshot(snap, func(state.ServicePortName) uint16 { return 41400 }, nil)
+	want := map[Family][]string{
+		IPv4: {
+			`-A KUBE-PORTALS-CONTAINER -s 198.18.11.0/24 -d 198.19.2.1/32 -p tcp -m comment --comment "t/lb:http" -m tcp --dport 80 -j REDIRECT --to-ports 41400`,
+			`-A KUBE-PORTALS-FIREWALL -d 198.19.2.1/32 -p tcp -m comment --comment "t/lb:http source not in loadBalancerSourceRanges" -m tcp --dport 80 -j DROP`,
+		},
+		IPv6: {
+			`-A KUBE-PORTALS-CONTAINER -s fd5e:b1b5:11::/64 -d fd5e:b1b5:19::1/128 -p tcp -m comment --comment "t/lb:http" -m tcp --dport 80 -j REDIRECT --to-ports 41400`,
+			`-A KUBE-PORTALS-FIREWALL -d fd5e:b1b5:19::1/128 -p tcp -m comment --comment "t/lb:http source not in loadBalancerSourceRanges" -m tcp --dport 80 -j DROP`,
+		},
+	}
+	lbIP := map[Family]string{IPv4: "198.19.2.1/", IPv6: "fd5e:b1b5:19::1/"}
+	for fam, rules := range want {
+		var got []string
+		for line := range strings.Lines(Render(portals, fam, IPTablesConfig{})) {
+			if strings.Contains(line, "-d "+lbIP[fam]) {
+				got = append(got, strings.TrimSuffix(line, "\n"))
+			}
+		}
+		if !slices.Equal(got, rules) {
+			t.Errorf("%s: rules of the load-balancer IP:\n%s\nwant\n%s", fam, strings.Join(got, "\n"), strings.Join(rules, "\n"))
+		}
+	}
+	tests := []struct {
+		src, dst string
+		want     uint16 // 0: not redirected, then dropped
+	}{
+		{"198.18.11.2", "198.19.2.1:80", 41400},
+		{"198.18.10.2", "198.19.2.1:80", 0},
+		{"fd5e:b1b5:11::2", "[fd5e:b1b5:19::1]:80", 41400},
+		{"fd5e:b1b5:10::2", "[fd5e:b1b5:19::1]:80", 0},
+	}
+	for _, tc := range tests {
+		src, dst := netip.MustParseAddr(tc.src), netip.MustParseAddrPort(tc.dst)
+		text := Render(portals, FamilyOf(dst.Addr()), IPTablesConfig{})
+		got, rule, ok := tracePacket(t, text, "PREROUTING", "tcp", src, dst, false)
+		if got != tc.want {
+			t.Errorf("from %s, %s redirects to :%d (%v, %q), want :%d", tc.src, tc.dst, got, ok, rule, tc.want)
+		}
+		if drop := dropped(t, text, "tcp", src, dst); tc.want == 0 && !drop {
+			t.Errorf("from %s, %s is not dropped: outside the source range", tc.src, tc.dst)
+		}
+	}
+}
