@@ -175,27 +175,3 @@ func TestBinaryHTTPBoundsShrinkWithTheDescriptorLimit(t *testing.T) {
 		})
 	}
 }
-
-// serveEcho echoes each line of every connection ln accepts, until ln is
-// closed.
-func serveEcho(ln net.Listener) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			r := bufio.NewReader(c)
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					return
-				}
-				if _, err := c.Write([]byte(line)); err != nil {
-					return
-				}
-			}
-		}()
-	}
-}

@@ -104,6 +104,30 @@ func echoOnce(c net.Conn, msg string) error {
 	return nil
 }
 
+// serveEcho echoes each line of every connection ln accepts, until ln is
+// closed.
+func serveEcho(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			r := bufio.NewReader(c)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if _, err := c.Write([]byte(line)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
 // echoBackend echoes lines back.
 func echoBackend(t *testing.T) int {
 	t.Helper()
@@ -111,25 +135,7 @@ func echoBackend(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					c.Write([]byte(line))
-				}
-			}()
-		}
-	}()
+	go serveEcho(ln)
 	t.Cleanup(func() { ln.Close() })
 	return ln.Addr().(*net.TCPAddr).Port
 }
