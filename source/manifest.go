@@ -91,6 +91,8 @@ type manifest struct {
 	origins map[objectKey]origin
 
 	dec decoders
+	// lines finds the lines of fields in the document with problems.
+	lines fieldLines
 	// known holds what the documents of the last read decoded to; docs
 	// gets what those of this read did, for the next.
 	known, docs docCache
@@ -178,7 +180,7 @@ func (m *manifest) problem(at origin, kind string, ref objectRef, field string, 
 		Field: joinPath(at.fieldPrefix(), field), Err: err,
 	}
 	if at.line > 0 && at.doc != nil {
-		if l := fieldLine(at.doc, field); l > 0 {
+		if l := m.lines.fieldLine(at.doc, field); l > 0 {
 			e.Line = at.line + l - 1
 		}
 	}
@@ -210,6 +212,9 @@ func parseManifests(name string, data []byte, known docCache) (*manifest, error)
 	r := &documents{data: data}
 	// next is the file's line (from 1) that the reader reads next.
 	for next, doc := 1, 1; ; {
+		// Only the problems of one document are found at a time: the
+		// nodes of the last are let go.
+		m.lines.reset()
 		at := origin{document: doc, item: -1}
 		chunk, err := r.next()
 		if err == io.EOF {
@@ -247,6 +252,7 @@ func parseManifests(name string, data []byte, known docCache) (*manifest, error)
 		}
 	}
 	m.crossCheck()
+	m.lines.reset() // BuildSnapshot comes next: it is not to hold a document's nodes
 	inFileOrder(m.warnings)
 	inFileOrder(m.errs)
 	return m, errors.Join(m.errs...)
@@ -407,13 +413,13 @@ var yamlParserError = regexp.MustCompile(`\byaml: line [0-9]+: (did not find exp
 // fileLines rewrites the line numbers in a YAML parser message to count from
 // the start of the file, and puts the message on one line. line is the
 // first line it names, counted from the start of the file, or 0.
-func fileLines(msg string, at origin) (_ string, line int) {
+func (m *manifest) fileLines(msg string, at origin) (_ string, line int) {
 	msg = strings.Join(strings.Fields(msg), " ")
 	if at.line <= 0 || at.item >= 0 {
 		return msg, 0
 	}
 	parser := yamlParserError.MatchString(msg)
-	last := lastLine(at.doc)
+	last := m.lines.lastLine(at.doc)
 	msg = yamlLine.ReplaceAllStringFunc(msg, func(s string) string {
 		n, err := strconv.Atoi(strings.TrimPrefix(s, "line "))
 		if err != nil {
@@ -433,15 +439,6 @@ func fileLines(msg string, at origin) (_ string, line int) {
 		return fmt.Sprintf("line %d", at.line+n-1)
 	})
 	return msg, line
-}
-
-// lastLine returns the last line (from 1) of doc that is not blank, or 0.
-func lastLine(doc []byte) int {
-	doc = bytes.TrimRight(doc, " \t\r\n")
-	if len(doc) == 0 {
-		return 0
-	}
-	return bytes.Count(doc, []byte("\n")) + 1
 }
 
 // yamlDocument decodes a YAML document found at at, and reports false when
@@ -595,7 +592,7 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 		m.errs = append(m.errs, problem("", fmt.Errorf("is %s, not an object with apiVersion and kind (several objects go one after another, or in a kind: List with items)", shape)))
 		return
 	}
-	if field, line, reason, ok := locateTypeError(data, err.Error()); ok {
+	if field, line, reason, ok := locateTypeError(&m.lines, data, err.Error()); ok {
 		// A value of the wrong type: name it with its list indexes and
 		// line, which the decoder's message lacks.
 		e := problem(field, errors.New(reason))
@@ -609,7 +606,7 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 	// A message that names a line (YAML that does not parse, a duplicated
 	// key) is about that line.
 	lined := func(field, msg string) *ObjectError {
-		msg, line := fileLines(msg, at)
+		msg, line := m.fileLines(msg, at)
 		e := problem(field, errors.New(msg))
 		if line > 0 {
 			e.Line = line

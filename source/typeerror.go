@@ -20,19 +20,20 @@ var typeError = regexp.MustCompile(`cannot unmarshal (\w+)(?: \S+)? into Go stru
 var yaml11Bools = []string{"y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF"}
 
 // locateTypeError finds the value a "cannot unmarshal" message is about in
-// doc: its field path with list indexes, and its line in doc (from 1). It
-// reports false when msg is another error or the value cannot be found.
-func locateTypeError(doc []byte, msg string) (field string, line int, reason string, ok bool) {
+// doc, parsed by lines: its field path with list indexes, and its line in
+// doc (from 1). It reports false when msg is another error or the value
+// cannot be found.
+func locateTypeError(lines *fieldLines, doc []byte, msg string) (field string, line int, reason string, ok bool) {
 	m := typeError.FindStringSubmatch(msg)
 	if m == nil {
 		return "", 0, "", false
 	}
 	kind, path, want := m[1], strings.Split(m[2], "."), m[3]
-	var root yaml.Node
-	if err := yaml.Unmarshal(doc, &root); err != nil {
+	root := lines.parse(doc)
+	if root == nil {
 		return "", 0, "", false
 	}
-	field, n := findOfKind(&root, path, kind, "")
+	field, n := findOfKind(root, path, kind, "")
 	if n == nil {
 		return "", 0, "", false
 	}
