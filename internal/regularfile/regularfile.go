@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 )
 
 // RefusedError is why Read will not read a file: it is not a regular
@@ -61,17 +62,52 @@ func Read(path string, limit int) ([]byte, error) {
 	if err := check(path, fi, limit); err != nil {
 		return nil, err
 	}
-	// A file may say it is smaller than what it holds (those of /proc
-	// say 0) or grow while read: at most one byte more than allowed is
-	// read, to tell.
-	data, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
+	data, over, err := readUpTo(f, fi.Size(), limit)
 	if err != nil {
 		return nil, err // "read PATH: ..."
 	}
-	if len(data) > limit {
+	if over {
 		return nil, &RefusedError{Path: path, Limit: limit}
 	}
 	return data, nil
+}
+
+// minRead is the buffer readUpTo starts with for a file that says it is
+// smaller, as os.ReadFile's.
+const minRead = 512
+
+// readUpTo reads r to its end into a buffer of size bytes and one more,
+// to see the end: size is what the file says it holds, so the buffer does
+// not grow as it is read (io.ReadAll reads into chunks, growing from 512
+// bytes, and copies them into one at the end: twice the file's size at
+// that moment). A file may say less (those of /proc say 0) or grow while read: the
+// buffer then grows, but at most one byte more than limit is read, to
+// tell, and over reports that r holds more. A file that shrank while read
+// to less than half its size is copied out of the buffer, which is then
+// let go.
+func readUpTo(r io.Reader, size int64, limit int) (data []byte, over bool, err error) {
+	n := int(min(max(size, 0), int64(limit))) + 1
+	data = make([]byte, 0, min(max(n, minRead), limit+1))
+	for {
+		if len(data) == cap(data) { // it grew: by a quarter, to no more than limit+1
+			grown := make([]byte, len(data), len(data)+min(max(len(data)/4, minRead), limit+1-len(data)))
+			copy(grown, data)
+			data = grown
+		}
+		m, rerr := r.Read(data[len(data):min(cap(data), limit+1)])
+		data = data[:len(data)+m]
+		switch {
+		case len(data) > limit:
+			return nil, true, nil
+		case rerr == io.EOF:
+			if len(data) < n/2 {
+				data = slices.Clone(data)
+			}
+			return data, false, nil
+		case rerr != nil:
+			return nil, false, rerr
+		}
+	}
 }
 
 // check refuses what fi says is not a regular file, or is larger than
