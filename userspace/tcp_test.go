@@ -333,6 +333,10 @@ func TestTCPNoEndpointsResets(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("reset took %v, want immediate", d)
 	}
+	// Counted before the reset is sent.
+	if s := p.Stats().Snapshot(); s.TCPNoEndpoints != 1 || s.TCPDialFailures != 0 || s.TCPDialGiveUps != 0 {
+		t.Fatalf("no endpoints %d, dial failures %d, give-ups %d; want 1, 0 and 0", s.TCPNoEndpoints, s.TCPDialFailures, s.TCPDialGiveUps)
+	}
 }
 
 // TestTCPHalfClose: the client sends, shuts down its write side, and still

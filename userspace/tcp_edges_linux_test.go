@@ -1,0 +1,115 @@
+//go:build linux
+
+package userspace
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
+)
+
+// TestTCPEndpointsGoneDuringFailover: a connection whose endpoints all go
+// while its first attempt is still connecting, and which then fails, has
+// nowhere to go next: it is reset and counted as one without endpoints
+// (TCPNoEndpoints), not as given up after its attempts. The attempt is
+// held connecting by an endpoint that drops SYNs (its accept queue is
+// full); the endpoints are removed while the proxy's SYN is pending, and
+// then the endpoint's listener is closed, so that the kernel's
+// retransmitted SYN, a second later, is refused.
+func TestTCPEndpointsGoneDuringFailover(t *testing.T) {
+	// An endpoint whose accept queue is full drops SYNs: a listener with a
+	// backlog of 0 that never accepts, and one connection already queued.
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	closeListener := func() {
+		if !closed {
+			closed = true
+			unix.Close(fd)
+		}
+	}
+	defer closeListener()
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
+	filler, err := net.Dial("tcp4", stuck.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+
+	// Attempts far longer than the retransmit: the first fails by refusal.
+	p := newTestProxier(t, Config{DialTimeouts: []time.Duration{20 * time.Second, 20 * time.Second}})
+	name := spn("going", "", state.TCP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(stuck)})
+	c, err := net.Dial("tcp4", proxyAddr(t, p, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	settle(t, "the proxy's SYN to the endpoint is pending", func() error {
+		n, err := synSentTo(stuck)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("%d connections to %s in SYN_SENT, want 1", n, stuck)
+		}
+		return err
+	})
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80}) // the endpoints go
+	closeListener()                                          // the retransmitted SYN is refused
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !isReset(err) {
+		t.Fatalf("the client read %v, want a reset", err)
+	}
+	s := p.Stats().Snapshot()
+	if s.TCPNoEndpoints != 1 || s.TCPDialFailures != 1 || s.TCPDialGiveUps != 0 {
+		t.Fatalf("no endpoints %d, dial failures %d, give-ups %d; want 1, 1 and 0", s.TCPNoEndpoints, s.TCPDialFailures, s.TCPDialGiveUps)
+	}
+}
+
+// synSentTo counts this network namespace's IPv4 TCP sockets connecting
+// (SYN_SENT) to ep's port, from /proc/net/tcp.
+func synSentTo(ep netip.AddrPort) (int, error) {
+	f, err := os.Open("/proc/net/tcp")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	// The port alone: the address is written in the host's byte order.
+	want := fmt.Sprintf(":%04X", ep.Port())
+	n := 0
+	sc := bufio.NewScanner(f)
+	sc.Scan() // the header
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 4 {
+			continue
+		}
+		if st, err := strconv.ParseUint(fields[3], 16, 8); err == nil && st == 2 && strings.HasSuffix(fields[2], want) { // TCP_SYN_SENT
+			n++
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
