@@ -100,19 +100,57 @@ func TestJoinErrorsStaysShort(t *testing.T) {
 
 // scriptedSyncLoop runs a dual-stack sync loop with metrics whose every
 // apply takes its result from results and then says so on applied; it
-// stops when the test ends.
+// stops when the test ends. Drive it with syncWith, which fails the test
+// rather than block should the loop not come to an apply.
 func scriptedSyncLoop(t *testing.T) (l *syncLoop, m *metrics, results chan error, applied chan struct{}) {
 	var stats userspace.Stats
 	m = newMetrics(&stats, []string{"IPv4", "IPv6"})
 	results = make(chan error)
 	applied = make(chan struct{})
-	l = newSyncLoop(func(state.Snapshot) error { err := <-results; applied <- struct{}{}; return err }, 10*time.Millisecond, time.Hour)
-	l.metrics = m
 	ctx, cancel := context.WithCancel(context.Background())
+	l = newSyncLoop(func(state.Snapshot) error {
+		select {
+		case err := <-results:
+			select {
+			case applied <- struct{}{}:
+			case <-ctx.Done():
+			}
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, 10*time.Millisecond, time.Hour)
+	l.metrics = m
 	done := make(chan struct{})
 	go func() { l.run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(scriptTimeout):
+			t.Errorf("the sync loop did not stop within %v of its context's end", scriptTimeout)
+		}
+	})
 	return l, m, results, applied
+}
+
+// scriptTimeout bounds each step of a scripted sync loop.
+const scriptTimeout = 10 * time.Second
+
+// syncWith has the scripted loop's next apply return err, and waits for
+// it to have taken it; what names the apply in the failure.
+func syncWith(t *testing.T, results chan<- error, applied <-chan struct{}, err error, what string) {
+	t.Helper()
+	select {
+	case results <- err:
+	case <-time.After(scriptTimeout):
+		t.Fatalf("%s: the sync loop did not start an apply within %v", what, scriptTimeout)
+	}
+	select {
+	case <-applied:
+	case <-time.After(scriptTimeout):
+		t.Fatalf("%s: the apply did not end within %v", what, scriptTimeout)
+	}
 }
 
 // TestSyncLoopObservesProgrammingLatency: the change triggers of the
@@ -150,8 +188,7 @@ func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 	}
 	l.offer(snap(state.IPv4, 2*time.Second, time.Second, -time.Hour)) // the last from a clock an hour ahead: left out
 	l.offer(snap(state.IPv6, time.Second))                            // coalesces with the first
-	results <- kernelError{errors.New("iptables-restore failed")}
-	<-applied
+	syncWith(t, results, applied, kernelError{errors.New("iptables-restore failed")}, "the failing sync")
 	// The failure is counted in the same step that would observe them.
 	if f := value(`kube_userspace_proxy_sync_failures_total{cause="portal"}`, "1"); f != "1" {
 		t.Fatalf("portal failures %s, want 1", f)
@@ -159,8 +196,7 @@ func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 	if c := value(count, "0"); c != "0" {
 		t.Fatalf("after a failed sync: %s observations, want 0", c)
 	}
-	results <- nil // the retry
-	<-applied
+	syncWith(t, results, applied, nil, "the retry")
 	if c := value(count, "2"); c != "2" {
 		t.Fatalf("after the sync that applied them: %s IPv4 observations, want 2", c)
 	}
@@ -178,10 +214,8 @@ func TestSyncLoopObservesProgrammingLatency(t *testing.T) {
 		t.Fatalf("a failed sync and its retry: %s sync durations, want 2", c)
 	}
 	l.offer(snap(state.IPv4))
-	results <- errDeferred{after: 10 * time.Millisecond}
-	<-applied
-	results <- nil
-	<-applied
+	syncWith(t, results, applied, errDeferred{after: 10 * time.Millisecond}, "the deferred pass")
+	syncWith(t, results, applied, nil, "the pass after the deferral")
 	if c := value(durations, "3"); c != "3" {
 		t.Fatalf("a deferred pass and the sync that finished it: %s sync durations, want 3", c)
 	}
@@ -230,17 +264,14 @@ func TestSyncLoopCountsChanges(t *testing.T) {
 	l.offer(snap(state.Changes{Services: names("a"), Endpoints: names("b")}))
 	check("offered", map[string]string{svcTotal: "2", svcPend: "1", epTotal: "2", epPend: "2"})
 
-	results <- kernelError{errors.New("iptables-restore failed")}
-	<-applied
+	syncWith(t, results, applied, kernelError{errors.New("iptables-restore failed")}, "the failing sync")
 	check("after a failed sync", map[string]string{svcTotal: "2", svcPend: "1", epTotal: "2", epPend: "2"})
 
-	results <- nil // the retry applies both offers
-	<-applied
+	syncWith(t, results, applied, nil, "the retry, which applies both offers")
 	// An offer that changes nothing is applied after the retry has been
 	// recorded: scraping then sees the retry's effect.
 	l.offer(snap(state.Changes{}))
-	results <- nil
-	<-applied
+	syncWith(t, results, applied, nil, "the empty offer")
 	check("after the sync that applied them", map[string]string{svcTotal: "2", svcPend: "0", epTotal: "2", epPend: "0"})
 }
 
