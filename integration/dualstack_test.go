@@ -198,10 +198,19 @@ func TestBinaryUDPFromPodBehindLinkLocalGateway(t *testing.T) {
 			expectReply(t, w.pod, "tcp", "[fd5e:b1b5::40]:80", "be6:ping")
 			expectReply(t, w.pod, "udp", "[fd5e:b1b5::40]:53", "be6:ping")
 			code, metrics := curlCodeIn(t, w.node, "http://127.0.0.1:10249/metrics")
+			// The series must be there, at 0: a renamed or missing
+			// counter would pass a check of the lines it finds.
+			found := false
 			for _, l := range strings.Split(metrics, "\n") {
-				if strings.HasPrefix(l, "kube_userspace_proxy_udp_dropped_total") && !strings.HasSuffix(l, " 0") {
-					t.Errorf("/metrics (%s): %s", code, l)
+				if v, ok := strings.CutPrefix(l, "kube_userspace_proxy_udp_dropped_total "); ok {
+					found = true
+					if v != "0" {
+						t.Errorf("/metrics (%s): %s, want 0", code, l)
+					}
 				}
+			}
+			if !found {
+				t.Errorf("/metrics (%s) has no kube_userspace_proxy_udp_dropped_total:\n%s", code, metrics)
 			}
 		})
 	}
