@@ -321,7 +321,7 @@ var statDescs = []statDesc{
 	counter("tcp_no_endpoints_total", "TCP connections reset"+noEndpointsNote, func(s *snap) uint64 { return s.TCPNoEndpoints }),
 	counter("tcp_dial_failures_total", "Failed dials to TCP endpoints (each attempt).", func(s *snap) uint64 { return s.TCPDialFailures }),
 	counter("tcp_dial_give_ups_total", "TCP connections reset after every dial attempt failed.", func(s *snap) uint64 { return s.TCPDialGiveUps }),
-	counter("tcp_half_close_timeouts_total", "TCP connections ended because a half-closed side stayed silent too long.", func(s *snap) uint64 { return s.HalfCloseTimeouts }),
+	counter("tcp_half_close_timeouts_total", "TCP connections ended because a half-closed side stayed silent too long (--tcp-half-close-timeout), or because, after one side failed past its FIN, the other took nothing for 5 minutes.", func(s *snap) uint64 { return s.HalfCloseTimeouts }),
 	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.BytesToBackend }, "protocol", "tcp", "direction", "to_endpoint"),
 	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.BytesToClient }, "protocol", "tcp", "direction", "to_client"),
 	counter("bytes_total", bytesHelp, func(s *snap) uint64 { return s.UDPBytesIn }, "protocol", "udp", "direction", "to_endpoint"),

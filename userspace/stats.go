@@ -12,7 +12,7 @@ type Stats struct {
 	TCPDialGiveUps    atomic.Uint64 // connections reset after every dial attempt failed
 	Shed              atomic.Uint64 // connections or sessions refused for lack of file descriptors or buffers
 	AcceptErrors      atomic.Uint64 // other accept errors
-	HalfCloseTimeouts atomic.Uint64 // connections ended because a half-closed side stayed silent too long
+	HalfCloseTimeouts atomic.Uint64 // connections ended because a half-closed side stayed silent too long, or a reader took nothing for finDrainStall after the other side failed past its FIN
 	BytesToBackend    atomic.Uint64 // TCP bytes sent to endpoints
 	BytesToClient     atomic.Uint64 // TCP bytes sent to clients
 
