@@ -83,24 +83,36 @@ func (p *IPTables) noteKubeProxyNFT() {
 	p.nftKubeProxy = found
 }
 
+// nfnetlinkSocket opens a netfilter netlink socket, bound, whose reads
+// give up after 2 s: a kernel that never answers cannot hold a sync for
+// long.
+func nfnetlinkSocket() (int, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return -1, fmt.Errorf("netfilter netlink socket: %w", err)
+	}
+	tv := unix.NsecToTimeval(int64(2 * time.Second))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("netfilter netlink socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("netfilter netlink socket: %w", err)
+	}
+	return fd, nil
+}
+
 // nftTables lists the nftables tables of this network namespace as nft
 // names them ("ip kube-proxy"), with one netlink dump (NFT_MSG_GETTABLE),
 // so no nft command is needed: a few microseconds, read-only. It needs
 // CAP_NET_ADMIN; a kernel without nf_tables answers with an error.
 func nftTables() ([]string, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	fd, err := nfnetlinkSocket()
 	if err != nil {
-		return nil, fmt.Errorf("netfilter netlink socket: %w", err)
+		return nil, err
 	}
 	defer unix.Close(fd)
-	// A kernel that never answers cannot hold a sync for long.
-	tv := unix.NsecToTimeval(int64(2 * time.Second))
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return nil, fmt.Errorf("netfilter netlink socket: %w", err)
-	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, fmt.Errorf("netfilter netlink socket: %w", err)
-	}
 	const seq = 1
 	req := make([]byte, unix.NLMSG_HDRLEN+4) // header, then nfgenmsg: family AF_UNSPEC (every family), version 0, res_id 0
 	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,18 +68,11 @@ type nftChain struct {
 // is not there answers ENOENT. It needs CAP_NET_ADMIN; a kernel without
 // nf_tables answers with an error.
 func nftChainsExist(chains []nftChain) (bool, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	fd, err := nfnetlinkSocket()
 	if err != nil {
-		return false, fmt.Errorf("netfilter netlink socket: %w", err)
+		return false, err
 	}
 	defer unix.Close(fd)
-	tv := unix.NsecToTimeval(int64(2 * time.Second))
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return false, fmt.Errorf("netfilter netlink socket: %w", err)
-	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return false, fmt.Errorf("netfilter netlink socket: %w", err)
-	}
 	buf := make([]byte, 64<<10)
 	for i, c := range chains {
 		seq := uint32(i + 1)

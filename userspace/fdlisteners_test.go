@@ -33,9 +33,8 @@ func holdClient(t *testing.T, addr string) {
 // this process: those a new socket can take.
 func freeBelow(ceiling int64) int {
 	free := 0
-	var st syscall.Stat_t
 	for fd := 0; int64(fd) < ceiling; fd++ {
-		if syscall.Fstat(fd, &st) == syscall.EBADF {
+		if fdFree(fd) {
 			free++
 		}
 	}

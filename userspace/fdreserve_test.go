@@ -85,14 +85,19 @@ func lowestFreeFD(t *testing.T) int {
 // ceilingLeaving returns the descriptor number below which exactly n
 // numbers are free in this process.
 func ceilingLeaving(n int) int64 {
-	var st syscall.Stat_t
 	fd := 0
 	for free := 0; free < n; fd++ {
-		if syscall.Fstat(fd, &st) == syscall.EBADF {
+		if fdFree(fd) {
 			free++
 		}
 	}
 	return int64(fd)
+}
+
+// fdFree reports whether descriptor number fd is free in this process.
+func fdFree(fd int) bool {
+	var st syscall.Stat_t
+	return syscall.Fstat(fd, &st) == syscall.EBADF
 }
 
 // TestListenersStopAtTheirBound: a listening socket past the listeners'
