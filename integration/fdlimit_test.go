@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -478,11 +479,28 @@ func echoes(c net.Conn) error {
 // and its health and metrics servers failed to accept (EMFILE).
 func TestBinaryHealthAnswersWhileClientsHoldEveryDescriptor(t *testing.T) {
 	for _, tc := range bothBuilds(t) {
-		t.Run(tc.name, func(t *testing.T) { healthWhileClientsHoldDescriptors(t, tc.bin) })
+		t.Run(tc.name, func(t *testing.T) { healthWhileClientsHoldDescriptors(t, tc.bin, false) })
 	}
 }
 
-func healthWhileClientsHoldDescriptors(t *testing.T, bin string) {
+// TestBinaryBurstPastTheDescriptorCeilingServesTheFirstClients: the same
+// clients all wait in the listener's queue before the proxy takes any (it
+// is stopped while they connect), so it accepts them faster than it dials
+// their endpoints. The clients it accepted first are still served, and
+// those past what the descriptors allow are shed. The goroutine build
+// accepted on past the ceiling before the first clients' dials had their
+// descriptors, so those dials found none and the first clients were reset.
+func TestBinaryBurstPastTheDescriptorCeilingServesTheFirstClients(t *testing.T) {
+	for _, tc := range bothBuilds(t) {
+		t.Run(tc.name, func(t *testing.T) { healthWhileClientsHoldDescriptors(t, tc.bin, true) })
+	}
+}
+
+// healthWhileClientsHoldDescriptors connects as many clients as the
+// proxy's descriptor limit, all queued at once while the proxy is stopped
+// if burst, and checks that health and metrics answer, the first client
+// is served, and the clients past the reserve are shed.
+func healthWhileClientsHoldDescriptors(t *testing.T, bin string, burst bool) {
 	const limit = 200
 	backend := echoBackend(t)
 	np, hp, mp := freePort(t), freePort(t), freePort(t)
@@ -505,10 +523,29 @@ func healthWhileClientsHoldDescriptors(t *testing.T, bin string) {
 			c.Close()
 		}
 	}()
-	for range limit {
-		if c, err := net.DialTimeout("tcp4", addr, 2*time.Second); err == nil {
+	if burst {
+		// The kernel completes the handshakes and queues the connections
+		// while the proxy is stopped.
+		stop(t, p)
+	}
+	// A client shed before its connect returned reads the reset there.
+	const firstServed = 16
+	resetAtConnect := 0
+	for i := range limit {
+		c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+		switch {
+		case err == nil:
 			clients = append(clients, c)
+		case i < firstServed:
+			t.Fatalf("client %d: %v", i, err)
+		case errors.Is(err, unix.ECONNRESET):
+			resetAtConnect++
+		default:
+			t.Fatalf("client %d: %v", i, err)
 		}
+	}
+	if burst {
+		resume(t, p)
 	}
 	p.waitLog(0, `"Out of file descriptors`, 1, 20*time.Second)
 	// Some time for the descriptors freed by resets to be taken, if the
@@ -524,28 +561,47 @@ func healthWhileClientsHoldDescriptors(t *testing.T, bin string) {
 		slowest = max(slowest, time.Since(start))
 	}
 	t.Logf("the slowest of four health and metrics requests took %v", slowest)
-	if err := echoes(clients[0]); err != nil {
-		t.Errorf("the first client, served before descriptors ran short: %v", err)
-	}
 	// The clients past the reserve were reset: one that is kept reads its
-	// echo, one that was shed reads a reset or EOF.
-	served, shed := 0, 0
-	for _, c := range clients {
-		if echoes(c) == nil {
+	// echo, one that was shed reads a reset or EOF. The first ones came
+	// while descriptors were plenty, and are served.
+	served, shed := 0, resetAtConnect
+	for i, c := range clients {
+		err := echoes(c)
+		if err == nil {
 			served++
-		} else {
-			shed++
+			continue
+		}
+		shed++
+		if i < firstServed {
+			t.Errorf("client %d of the first %d, which came while descriptors were plenty, was not served: %v", i, firstServed, err)
 		}
 	}
 	t.Logf("%d clients served, %d shed, under a limit of %d", served, shed, limit)
 	if shed == 0 {
-		t.Errorf("%d clients all served under a limit of %d", len(clients), limit)
+		t.Errorf("%d clients all served under a limit of %d", served, limit)
 	}
 	if served > limit/2 {
 		t.Errorf("%d clients served under a limit of %d: the reserve is not kept", served, limit)
 	}
 	if t.Failed() {
 		t.Logf("proxy log:\n%s", tail(p.log(), 40))
+	}
+}
+
+// stop stops p (SIGSTOP) until resume or the end of the test.
+func stop(t *testing.T, p *proxyProc) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(unix.SIGSTOP); err != nil {
+		t.Fatalf("stop the proxy: %v", err)
+	}
+	t.Cleanup(func() { p.cmd.Process.Signal(unix.SIGCONT) })
+}
+
+// resume continues p after stop.
+func resume(t *testing.T, p *proxyProc) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(unix.SIGCONT); err != nil {
+		t.Fatalf("continue the proxy: %v", err)
 	}
 }
 

@@ -87,7 +87,7 @@ func (l *sctpListener) acceptLoop() {
 		// A reset (SO_LINGER 0) aborts an SCTP association too.
 		shed = func() shedResult { return l.sp.p.shed.shedFrom(rc) }
 	}
-	acceptLoop(l.sp, &l.sp.p.stats.SCTPAccepted, l.ln.Accept, shed, l.serve)
+	acceptLoop(l.sp, &l.sp.p.stats.SCTPAccepted, l.ln.Accept, shed, nil, l.serve)
 }
 
 // serve dials an endpoint for client, with failover, and relays messages

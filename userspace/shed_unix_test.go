@@ -110,7 +110,7 @@ func TestAcceptLoopShedsClientsWhileOutOfDescriptors(t *testing.T) {
 	var accepted atomic.Uint64
 	go func() {
 		defer close(done)
-		acceptLoop(sp, &accepted, accept, func() shedResult { return p.shed.shedFrom(rc) }, func(*net.TCPConn) {
+		acceptLoop(sp, &accepted, accept, func() shedResult { return p.shed.shedFrom(rc) }, nil, func(*net.TCPConn) {
 			t.Error("served a connection no accept returned")
 		})
 	}()
