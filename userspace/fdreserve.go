@@ -84,6 +84,9 @@ type fdCeilings struct {
 	measured atomic.Bool
 	// errReserve is what a socket refused at conns reports.
 	errReserve atomic.Pointer[reserveError]
+	// dialing counts the connections that goroutine accept loops kept
+	// and that are still dialing their endpoint (see accepted).
+	dialing atomic.Int64
 }
 
 // set sets the ceilings for a RLIMIT_NOFILE of limit (0: none known).
@@ -114,6 +117,36 @@ func (c *fdCeilings) errFDReserve() error { return c.errReserve.Load() }
 // connFD reports whether fd, just created for a connection, a session or a
 // pipe, is one the data plane may keep.
 func (c *fdCeilings) connFD(fd int) bool { return int64(fd) < c.conns.Load() }
+
+// conn reports whether sc, a connection Go's net package (or package
+// sctp) opened, may be kept (see connFD). It costs a small allocation and
+// no system call.
+func (c *fdCeilings) conn(sc syscall.Conn) bool {
+	fd, ok := fdOf(sc)
+	return !ok || c.connFD(fd)
+}
+
+// accepted reports whether sc, a connection a goroutine accept loop just
+// accepted, may be kept: below the ceiling it must leave a descriptor for
+// the dial of each connection accepted and still dialing, its own
+// included. Kept, it counts as dialing until dialed. Checked on the accept
+// loop, clients are kept or shed in the order they came: under a burst
+// the loop accepts faster than the dials take their descriptors, and a
+// check on each connection's own goroutine found the numbers accepted
+// meanwhile, and left the first clients' dials none (those clients were
+// reset, later ones served).
+func (c *fdCeilings) accepted(sc syscall.Conn) bool {
+	n := c.dialing.Add(1)
+	if fd, ok := fdOf(sc); !ok || int64(fd) < c.conns.Load()-n {
+		return true
+	}
+	c.dialing.Add(-1)
+	return false
+}
+
+// dialed ends what accepted began, once the connection's dial has ended
+// (or it was refused before one).
+func (c *fdCeilings) dialed() { c.dialing.Add(-1) }
 
 // listenerFD counts fd, a new listening socket's, among the listeners, or
 // returns why it may not be kept: listeners are at their bound

@@ -87,7 +87,7 @@ func (l *sctpListener) acceptLoop() {
 		// A reset (SO_LINGER 0) aborts an SCTP association too.
 		shed = func() shedResult { return l.sp.p.shed.shedFrom(rc) }
 	}
-	acceptLoop(l.sp, &l.sp.p.stats.SCTPAccepted, l.ln.Accept, shed, nil, l.serve)
+	acceptLoop(l.sp, &l.sp.p.stats.SCTPAccepted, l.ln.Accept, shed, keepAccepted(l.sp, abortSCTP), l.serve)
 }
 
 // serve dials an endpoint for client, with failover, and relays messages
@@ -96,6 +96,7 @@ func (l *sctpListener) serve(client *sctp.Conn) {
 	p := l.sp.p
 	defer p.wg.Done()
 	if !l.sp.admits(l.role, l.addr, client.RemoteAddr()) {
+		p.fds.dialed() // see keepAccepted
 		client.Abort()
 		return
 	}
@@ -111,8 +112,14 @@ func (l *sctpListener) serve(client *sctp.Conn) {
 			// sctp.Dial offers no socket before its connect: the time
 			// counts from here, and is up at the deadline whatever.
 			clock.start(nil)
-			return sctp.Dial(ctx, ep, sctp.Options{OutStreams: in, SendBuffer: maxSCTPMessage / 2})
+			c, err := sctp.Dial(ctx, ep, sctp.Options{OutStreams: in, SendBuffer: maxSCTPMessage / 2})
+			if err == nil && !p.fds.conn(c) {
+				c.Abort() // down to the reserve (fdreserve.go)
+				return nil, p.fds.errFDReserve()
+			}
+			return c, err
 		})
+	p.fds.dialed()
 	if err != nil {
 		client.Abort()
 		return
@@ -132,6 +139,9 @@ func (l *sctpListener) serve(client *sctp.Conn) {
 	go c.relayToBackend()
 	go c.relayToClient()
 }
+
+// abortSCTP ends c with an ABORT, the SCTP counterpart of a reset.
+func abortSCTP(c *sctp.Conn) { c.Abort() }
 
 func (s *Stats) sctpDialCounters() dialCounters {
 	return dialCounters{&s.SCTPNoEndpoints, &s.SCTPDialFailures, &s.SCTPDialGiveUps}

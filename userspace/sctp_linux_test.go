@@ -370,3 +370,89 @@ func isDeadline(err error) bool {
 	var te interface{ Timeout() bool }
 	return errors.As(err, &te) && te.Timeout()
 }
+
+// TestSCTPAssociationsKeepTheReserve: associations keep no descriptor at
+// or above the data plane's ceiling (fdreserve.go), as TCP connections
+// keep none: a client that would need one is aborted and counted as shed,
+// the clients already served go on, and once descriptors are below the
+// ceiling again clients are served. Associations took every descriptor
+// before, and health and metrics went unanswered.
+func TestSCTPAssociationsKeepTheReserve(t *testing.T) {
+	sctptest.Require(t)
+	_, ep := sctpBackends(t, "a")
+	p := newTestProxier(t, Config{})
+	name := spn("sig", "", state.SCTP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 3868, ClusterEndpoints: ep})
+	addr := sctpProxyAddr(t, p, name)
+	if got := sctptest.WhoAt(t, addr); got != "a" {
+		t.Fatalf("reached %q", got)
+	}
+
+	// Room for a few associations: each takes four descriptors in this
+	// process (client, accepted, dialed, the backend's).
+	p.fds.conns.Store(ceilingLeaving(16))
+	var held []*sctp.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	served, shed := 0, false
+	for i := 0; i < 20 && !shed; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := sctp.Dial(ctx, addr, sctp.Options{})
+		cancel()
+		if err == nil {
+			held = append(held, c)
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			var got []byte
+			got, _, err = sctptest.Ask(c, []byte("ping"), sctp.Info{})
+			if err == nil && string(got) != "ping" {
+				t.Fatalf("client %d: echo %q", i, got)
+			}
+		}
+		switch {
+		case err == nil:
+			served++
+		case errors.Is(err, syscall.ECONNRESET):
+			shed = true
+		default:
+			t.Fatalf("client %d: %v (neither served nor aborted)", i, err)
+		}
+	}
+	if !shed {
+		t.Fatal("20 clients served with room for about four")
+	}
+	if served == 0 {
+		t.Fatal("the first client was aborted, with room for about four")
+	}
+	// The count may come just after the abort the client saw.
+	settle(t, "the aborted client counted as shed", func() error {
+		if p.stats.Shed.Load() == 0 {
+			return errors.New("not counted")
+		}
+		return nil
+	})
+	// The first client is still served.
+	if got, _, err := sctptest.Ask(held[0], []byte("pong"), sctp.Info{}); err != nil || string(got) != "pong" {
+		t.Fatalf("a client served before the ceiling was reached: %q, %v", got, err)
+	}
+
+	for _, c := range held {
+		c.Close()
+	}
+	held = nil
+	p.fds.set(0)
+	settle(t, "served again", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := sctp.Dial(ctx, addr, sctp.Options{})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _, err = sctptest.Ask(c, []byte("again"), sctp.Info{})
+		return err
+	})
+}

@@ -71,6 +71,22 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 	}
 }
 
+// keepAccepted returns acceptLoop's keep for sp's connections: one the
+// descriptor ceiling has no room for (fdCeilings.accepted) is reset with
+// reset and counted as shed. serve must call sp.p.fds.dialed once the
+// dial of a kept connection has ended.
+func keepAccepted[C syscall.Conn](sp *servicePort, reset func(C)) func(C) bool {
+	p := sp.p
+	return func(c C) bool {
+		if p.fds.accepted(c) {
+			return true
+		}
+		reset(c)
+		p.shed.report(&p.stats, p.fds.errFDReserve(), sp.name.String(), true)
+		return false
+	}
+}
+
 // outOfDescriptorsRetry bounds how long a goroutine accept loop that is
 // out of descriptors waits before it accepts again, or sheds: about how
 // long a client that comes meanwhile waits for its reset.

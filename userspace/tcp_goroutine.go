@@ -69,28 +69,7 @@ func (l *tcpListener) acceptLoop() {
 	if rc, err := l.ln.SyscallConn(); err == nil {
 		shed = func() shedResult { return l.sp.p.shed.shedFrom(rc) }
 	}
-	acceptLoop(l.sp, &l.sp.p.stats.TCPAccepted, l.ln.AcceptTCP, shed, l.keep, l.serveConn)
-}
-
-// keep reports whether c, just accepted, may be kept: below the data
-// plane's ceiling (fdreserve.go) it must leave a descriptor for the dial
-// of each accepted connection still dialing, its own included; else it is
-// reset and counted as shed. A kept c counts as dialing until serveConn's
-// dial ends. It runs on the accept loop, so clients are kept or shed in
-// the order they came: under a burst the loop accepts faster than the
-// dials take their descriptors, and checked on serveConn's goroutine the
-// numbers accepted meanwhile left the first clients' dials none (those
-// clients were reset, later ones served).
-func (l *tcpListener) keep(c *net.TCPConn) bool {
-	p := l.sp.p
-	n := p.conns.dialing.Add(1)
-	if fd, ok := fdOf(c); !ok || int64(fd) < p.fds.conns.Load()-n {
-		return true
-	}
-	p.conns.dialing.Add(-1)
-	resetTCP(c)
-	p.shed.report(&p.stats, p.fds.errFDReserve(), l.sp.name.String(), true)
-	return false
+	acceptLoop(l.sp, &l.sp.p.stats.TCPAccepted, l.ln.AcceptTCP, shed, keepAccepted(l.sp, resetTCP), l.serveConn)
 }
 
 // serveConn dials an endpoint for c, with failover, and proxies between the
@@ -100,7 +79,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	defer p.wg.Done()
 	client := addrPortOf(c.RemoteAddr())
 	if !l.sp.admits(l.role, l.addr, client) || l.sp.nodePortRefuses(l.role, addrPortOf(c.LocalAddr()).Addr(), client) {
-		p.conns.dialing.Add(-1) // see keep
+		p.fds.dialed()
 		resetTCP(c)
 		return
 	}
@@ -135,7 +114,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 			}
 			return tc, nil
 		})
-	p.conns.dialing.Add(-1) // see keep
+	p.fds.dialed()
 	if err != nil {
 		resetTCP(c)
 		return
@@ -635,9 +614,5 @@ func (s *liveSet[C]) each(f func(C)) {
 	}
 }
 
-// connTracker holds the live connections, for Close, and counts those
-// accepted and still dialing (see tcpListener.keep).
-type connTracker struct {
-	liveSet[*tcpConn]
-	dialing atomic.Int64
-}
+// connTracker holds the live connections, for Close.
+type connTracker = liveSet[*tcpConn]

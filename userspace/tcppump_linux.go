@@ -189,13 +189,10 @@ func (c *tcpConn) failWriting(x int, to string, err error) {
 }
 
 // delivered reports whether the failed side's EOF has been reached and
-// everything before it written to the other side and acknowledged by it.
+// everything before it written to the other side and acknowledged by it
+// (or what it has not acknowledged cannot be told).
 func (c *tcpConn) delivered() bool {
-	if !c.dirs[c.failedSide].shut {
-		return false
-	}
-	unacked, err := unix.IoctlGetInt(c.socket(1-c.failedSide), unix.SIOCOUTQ)
-	return err != nil || unacked == 0
+	return c.dirs[c.failedSide].shut && c.unackedBy(1-c.failedSide) == 0
 }
 
 // pumpDir moves data from one socket to the other until either would

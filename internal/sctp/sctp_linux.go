@@ -426,6 +426,9 @@ func (c *Conn) Streams() (in, out uint16, err error) {
 // delivered, then SHUTDOWN.
 func (c *Conn) Close() error { return c.c.Close() }
 
+// SyscallConn returns the association's socket, for its descriptor.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
+
 // Abort ends the association at once with an ABORT chunk (SO_LINGER 0),
 // so the peer learns of a failure and nothing lingers.
 func (c *Conn) Abort() error {
