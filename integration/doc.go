@@ -4,5 +4,6 @@
 //
 // The tests are behind the build tag "integration", which `make test`
 // always sets. Tests that need root or a missing tool skip with the reason,
-// except under CI=true, where they fail.
+// except under CI=true, where they fail. They need Linux (network
+// namespaces, netfilter, veth): elsewhere the package builds empty.
 package integration
