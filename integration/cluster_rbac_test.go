@@ -62,6 +62,7 @@ func bindClusterRole(t *testing.T, c kubernetes.Interface, name string, rules ..
 // kube-proxy does: the Node only gives topology labels), and reads the
 // Node's labels as soon as a grant allows it, without a restart.
 func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
+	t.Parallel() // it mostly waits on client-go (see doc.go)
 	api := requireAPIServer(t)
 	c := api.Client
 	name := fmt.Sprintf("kup-rbac-%d", time.Now().UnixNano())
@@ -102,6 +103,7 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 // served, naming the verbs the deploy ClusterRole grants. Once RBAC allows
 // watch it says so.
 func TestBinaryListWithoutWatchSaysSo(t *testing.T) {
+	t.Parallel() // it mostly waits on client-go (see doc.go)
 	api := requireAPIServer(t)
 	c := api.Client
 	name := fmt.Sprintf("kup-rbac-list-%d", time.Now().UnixNano())

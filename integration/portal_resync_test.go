@@ -124,6 +124,7 @@ const resynced = `"Portals in place; nothing written"|"Portals synced"`
 // backends: the rules are compared as each one's iptables-save prints
 // them.
 func TestBinaryIPTablesResyncWritesNothingUnchanged(t *testing.T) {
+	t.Parallel() // it mostly waits for resyncs (see doc.go)
 	for _, backend := range []string{"nft", "legacy"} {
 		t.Run(backend, func(t *testing.T) { testResyncWritesNothingUnchanged(t, backend) })
 	}
