@@ -375,8 +375,8 @@ func isDeadline(err error) bool {
 // or above the data plane's ceiling (fdreserve.go), as TCP connections
 // keep none: a client that would need one is aborted and counted as shed,
 // the clients already served go on, and once descriptors are below the
-// ceiling again clients are served. Associations took every descriptor
-// before, and health and metrics went unanswered.
+// ceiling again clients are served. Before, associations were kept
+// whatever their descriptors' numbers, and could take the reserve.
 func TestSCTPAssociationsKeepTheReserve(t *testing.T) {
 	sctptest.Require(t)
 	_, ep := sctpBackends(t, "a")

@@ -21,8 +21,9 @@ import (
 // acceptLoop accepts with accept until the listener is closed, and hands
 // each connection to serve on a goroutine of its own; serve must call
 // sp.p.wg.Done. keep (nil: none) runs first, on the loop's goroutine, and
-// may refuse the connection (it closes and counts it). Running out of file descriptors sheds one waiting
-// connection (shed, which must not wait, says what came of it); nothing
+// may refuse the connection (it closes and counts it). Running out of
+// file descriptors sheds one waiting connection (shed, which must not
+// wait, says what came of it); nothing
 // wakes the loop when a client comes or descriptors are free again (on
 // Linux accept fails so with no client waiting, and Go's poller waits only
 // after EAGAIN), so it looks again within outOfDescriptorsRetry. Other
@@ -72,7 +73,7 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 }
 
 // keepAccepted returns acceptLoop's keep for sp's connections: one the
-// descriptor ceiling has no room for (fdCeilings.accepted) is reset with
+// descriptor ceiling has no room for (fdCeilings.accepted) is ended with
 // reset and counted as shed. serve must call sp.p.fds.dialed once the
 // dial of a kept connection has ended.
 func keepAccepted[C syscall.Conn](sp *servicePort, reset func(C)) func(C) bool {

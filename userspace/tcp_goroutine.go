@@ -79,7 +79,7 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 	defer p.wg.Done()
 	client := addrPortOf(c.RemoteAddr())
 	if !l.sp.admits(l.role, l.addr, client) || l.sp.nodePortRefuses(l.role, addrPortOf(c.LocalAddr()).Addr(), client) {
-		p.fds.dialed()
+		p.fds.dialed() // see keepAccepted
 		resetTCP(c)
 		return
 	}
