@@ -21,14 +21,13 @@ import (
 // acceptLoop accepts with accept until the listener is closed, and hands
 // each connection to serve on a goroutine of its own; serve must call
 // sp.p.wg.Done. keep (nil: none) runs first, on the loop's goroutine, and
-// may refuse the connection (it closes and counts it). Running out of
-// file descriptors sheds one waiting connection (shed, which must not
-// wait, says what came of it); nothing
-// wakes the loop when a client comes or descriptors are free again (on
-// Linux accept fails so with no client waiting, and Go's poller waits only
-// after EAGAIN), so it looks again within outOfDescriptorsRetry. Other
-// errors, rare and usually transient, back off so a persistent one cannot
-// spin.
+// may refuse the connection (it closes and counts it). Running out of file
+// descriptors sheds one waiting connection (shed, which must not wait, says
+// what came of it); nothing wakes the loop when a client comes or
+// descriptors are free again (on Linux accept fails so with no client
+// waiting, and Go's poller waits only after EAGAIN), so it looks again
+// within outOfDescriptorsRetry. Other errors, rare and usually transient,
+// back off so a persistent one cannot spin.
 func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (C, error), shed func() shedResult, keep func(C) bool, serve func(C)) {
 	p := sp.p
 	var backoff time.Duration
