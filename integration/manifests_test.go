@@ -588,3 +588,43 @@ func combinedOutputWithin(t *testing.T, cmd *exec.Cmd, d time.Duration) ([]byte,
 	}
 	return out, err
 }
+
+// TestBinarySIGTERMDuringStartupParse: SIGTERM while the proxy parses a
+// large manifest file at start ends it then, with status 0, and nothing
+// of the file is served; before, the whole file was parsed (seconds for
+// tens of megabytes) and served first.
+func TestBinarySIGTERMDuringStartupParse(t *testing.T) {
+	var b strings.Builder
+	for i := range 20000 {
+		fmt.Fprintf(&b, `---
+apiVersion: v1
+kind: Service
+metadata: {name: s%[1]d, namespace: big}
+spec:
+  clusterIP: 198.18.%[2]d.%[3]d
+  ports: [{name: tcp, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s%[1]d-1, namespace: big, labels: {kubernetes.io/service-name: s%[1]d}}
+addressType: IPv4
+ports: [{name: tcp, port: 8080}]
+endpoints: [{addresses: ["198.19.%[2]d.%[3]d"]}, {addresses: ["198.19.%[2]d.%[4]d"]}]
+`, i, i/250, i%250+1, (i+1)%250+1)
+	}
+	file := filepath.Join(t.TempDir(), "big.yaml")
+	writeFile(t, file, b.String())
+	px := startProxy(t, "--manifests", file, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32")
+	px.waitLog(0, `"Starting kube-userspace-proxy"`, 1, 20*time.Second)
+	took, ok := px.terminate(10 * time.Second)
+	if !ok {
+		t.Fatalf("still running %v after SIGTERM", took.Round(time.Millisecond))
+	}
+	t.Logf("exited %v after SIGTERM, from a %d-byte file", took.Round(time.Millisecond), b.Len())
+	if px.err != nil {
+		t.Errorf("exit status: %v", px.err)
+	}
+	if strings.Contains(px.log(), `"Loaded manifests"`) {
+		t.Errorf("the file was parsed to its end after SIGTERM:\n%s", px.log())
+	}
+}

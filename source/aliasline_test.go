@@ -2,6 +2,7 @@ package source
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -49,7 +50,7 @@ func TestExcessiveAliasingNamesItsLine(t *testing.T) {
 			"bomb.yaml:18: document 2: yaml: document contains excessive aliasing"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseManifests("bomb.yaml", []byte(tc.file), nil)
+			_, err := parseManifests(context.Background(), "bomb.yaml", []byte(tc.file), nil)
 			if got := fmt.Sprint(withLines(err)); got != tc.want {
 				t.Fatalf("%q\nwant %q", got, tc.want)
 			}

@@ -1,6 +1,7 @@
 package source
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -45,7 +46,7 @@ endpoints:
 // the errors of the parse or, when it has none, the warnings and what
 // BuildSnapshot found, located in the file; each with its line.
 func readProblems(data []byte) []string {
-	m, err := parseManifests("gen.yaml", data, nil)
+	m, err := parseManifests(context.Background(), "gen.yaml", data, nil)
 	var problems []error
 	switch {
 	case m == nil:
@@ -93,7 +94,7 @@ func TestManyFieldErrorsParseTheDocumentOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			data, first := sliceOf(n, tc.addr)
 			before := documentParses.Load()
-			m, err := parseManifests("gen.yaml", data, nil)
+			m, err := parseManifests(context.Background(), "gen.yaml", data, nil)
 			if m == nil || (err != nil) != tc.errors {
 				t.Fatalf("parse: %v", err)
 			}
@@ -122,7 +123,7 @@ func TestManyFieldErrorsParseTheDocumentOnce(t *testing.T) {
 	t.Run("unknown fields, refused by the decoder", func(t *testing.T) {
 		data, first := sliceOf(n, func(i int) string { return fmt.Sprintf("10.0.%d.%d\n  hostnme: h%d", i/200, i%200+1, i) })
 		before := documentParses.Load()
-		_, err := parseManifests("gen.yaml", data, nil)
+		_, err := parseManifests(context.Background(), "gen.yaml", data, nil)
 		problems := flatten(err)
 		if parses := documentParses.Load() - before; parses != 1 {
 			t.Errorf("the slice parsed into nodes %d times for %d problems, want once", parses, len(problems))

@@ -3,6 +3,7 @@ package source
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	stdjson "encoding/json"
 	"errors"
@@ -70,7 +71,7 @@ var newDecoders = sync.OnceValues(func() (decoders, error) {
 // with no content at all yields ErrEmptyManifest. When err is not nil, no
 // objects are returned: a file is used whole or not at all.
 func ParseManifests(name string, data []byte) (services []*corev1.Service, slices []*discoveryv1.EndpointSlice, warnings []error, err error) {
-	m, err := parseManifests(name, data, nil)
+	m, err := parseManifests(context.Background(), name, data, nil)
 	if m == nil {
 		return nil, nil, nil, err
 	}
@@ -199,8 +200,8 @@ func joinPath(prefix, field string) string {
 
 // parseManifests parses data as ParseManifests does. known is the docs of
 // the last read of the file, or nil; the returned manifest's docs are for
-// the next.
-func parseManifests(name string, data []byte, known docCache) (*manifest, error) {
+// the next. Once ctx is done it stops, with ctx's error and no manifest.
+func parseManifests(ctx context.Context, name string, data []byte, known docCache) (*manifest, error) {
 	dec, err := newDecoders()
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", name, err)
@@ -212,6 +213,11 @@ func parseManifests(name string, data []byte, known docCache) (*manifest, error)
 	r := &documents{data: data}
 	// next is the file's line (from 1) that the reader reads next.
 	for next, doc := 1, 1; ; {
+		// A large file takes seconds: a SIGTERM meanwhile ends the
+		// parse, not just what follows it.
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		// Only the problems of one document are found at a time: the
 		// nodes of the last are let go.
 		m.lines.reset()

@@ -2,6 +2,7 @@ package source
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -59,7 +60,7 @@ func BenchmarkParseManifests(b *testing.B) {
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := parseManifests("big.yaml", data, nil); err != nil {
+		if _, err := parseManifests(context.Background(), "big.yaml", data, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -81,13 +82,13 @@ func BenchmarkManifestEdit(b *testing.B) {
 			var i int
 			l := &loader{name: "big.yaml", path: "big.yaml", opts: Options{AllowLoopback: true, AllowNoClusterIP: true},
 				read: func(string) ([]byte, error) { i++; return versions[i%2], nil }}
-			if _, _, err := l.load(); err != nil {
+			if _, _, err := l.load(context.Background()); err != nil {
 				b.Fatal(err)
 			}
 			b.SetBytes(int64(len(data)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, changed, err := l.load(); err != nil || !changed {
+				if _, changed, err := l.load(context.Background()); err != nil || !changed {
 					b.Fatal(changed, err)
 				}
 			}

@@ -1,6 +1,7 @@
 package source
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -432,7 +433,7 @@ spec:
 
 func TestLocate(t *testing.T) {
 	data := "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: web}\n  spec: {externalIPs: [169.254.169.254], ports: [{port: 80}]}\n"
-	m, err := parseManifests("demo.yaml", []byte(data), nil)
+	m, err := parseManifests(context.Background(), "demo.yaml", []byte(data), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

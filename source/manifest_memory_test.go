@@ -2,6 +2,7 @@ package source
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"reflect"
 	"runtime"
@@ -26,7 +27,7 @@ func TestParseManifestsHoldsLittleMoreThanItsObjects(t *testing.T) {
 		return ms.HeapAlloc
 	}
 	before := heap()
-	m, err := parseManifests("big.yaml", data, nil)
+	m, err := parseManifests(context.Background(), "big.yaml", data, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ items:
 `)
 	l := &loader{name: "m.yaml", path: "m.yaml", opts: Options{AllowLoopback: true, AllowNoClusterIP: true},
 		read: func(string) ([]byte, error) { return data, nil }}
-	snap, _, err := l.load()
+	snap, _, err := l.load(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ items:
 		}
 	}
 	l.seen = "" // read it again, from what was kept
-	again, changed, err := l.load()
+	again, changed, err := l.load(context.Background())
 	if err != nil || !changed || !sameSnapshot(snap, again) {
 		t.Errorf("the second read: changed %v, %v; same snapshot: %v", changed, err, sameSnapshot(snap, again))
 	}
@@ -131,7 +132,7 @@ items:
 // of 12,000 Services of 60 endpoints, 999 MB now); now 1,115.
 func TestBuildSnapshotAllocation(t *testing.T) {
 	const services, eps = 200, 60
-	m, err := parseManifests("big.yaml", generatedManifest(services, eps), nil)
+	m, err := parseManifests(context.Background(), "big.yaml", generatedManifest(services, eps), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package source
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -58,14 +59,14 @@ spec:
 		}
 		return out
 	}
-	last, _ := parseManifests("big.yaml", []byte(data), nil)
+	last, _ := parseManifests(context.Background(), "big.yaml", []byte(data), nil)
 	if len(last.docs) != 2*10+1 { // all but the one that fails to decode
 		t.Fatalf("%d documents kept, want 21", len(last.docs))
 	}
 	for name, edited := range edits {
 		t.Run(name, func(t *testing.T) {
-			want, wantErr := parseManifests("big.yaml", []byte(edited), nil)
-			got, gotErr := parseManifests("big.yaml", []byte(edited), last.docs)
+			want, wantErr := parseManifests(context.Background(), "big.yaml", []byte(edited), nil)
+			got, gotErr := parseManifests(context.Background(), "big.yaml", []byte(edited), last.docs)
 			if g, w := describeAll(flatten(gotErr)), describeAll(flatten(wantErr)); !slices.Equal(g, w) || len(w) == 0 {
 				t.Errorf("errors:\ngot  %q\nwant %q", g, w)
 			}
@@ -88,7 +89,7 @@ spec:
 				last.docs[text] = decoded{svc, d.gvk}
 			}
 		}
-		got, _ := parseManifests("big.yaml", []byte(data), last.docs)
+		got, _ := parseManifests(context.Background(), "big.yaml", []byte(data), last.docs)
 		for _, svc := range got.services {
 			if svc.Name == "svc-5" && svc.Spec.ClusterIP != "198.18.9.9" {
 				t.Fatalf("svc-5 decoded again: clusterIP %s", svc.Spec.ClusterIP)
@@ -97,7 +98,7 @@ spec:
 		// What a read returns is its own: defaults and later changes do
 		// not reach what the next read reuses.
 		got.services[0].Spec.ClusterIP = "changed"
-		again, _ := parseManifests("big.yaml", []byte(data), got.docs)
+		again, _ := parseManifests(context.Background(), "big.yaml", []byte(data), got.docs)
 		if again.services[0].Spec.ClusterIP == "changed" {
 			t.Fatal("a read's object is shared with the next read")
 		}

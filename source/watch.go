@@ -121,7 +121,10 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 	}
 	l.dirInfo, _ = os.Stat(l.dir)
 	l.fileInfo, _ = os.Stat(l.path)
-	snap, _, err := l.load()
+	snap, _, err := l.load(ctx)
+	if ctx.Err() != nil {
+		return nil // stopped while the file was parsed
+	}
 	if err != nil {
 		// Nothing logs the problems of a first read, as logRejected
 		// does an edit's: their lines go in the message.
@@ -176,12 +179,12 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 			schedule()
 		case <-timer.C:
 			pendingSince = time.Time{}
-			l.reload(apply)
+			l.reload(ctx, apply)
 		case <-resync:
-			l.reload(apply)
+			l.reload(ctx, apply)
 		case <-m.HostChanged:
 			l.rebuild = true
-			l.reload(apply)
+			l.reload(ctx, apply)
 		case <-poll.C:
 			l.rewatch()
 			if l.statChanged() || l.readAgain {
@@ -230,8 +233,9 @@ type loader struct {
 // load reads and parses the file, logging warnings and the problems that
 // leave the rest usable. changed is false when the file holds what the last
 // load saw (or fails the same way), and then nothing else is returned. A
-// returned error means nothing of the file is usable.
-func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
+// returned error means nothing of the file is usable. Stopped by ctx, it
+// returns ctx's error with changed false, and says nothing.
+func (l *loader) load(ctx context.Context) (snap state.Snapshot, changed bool, err error) {
 	data, err := l.read(l.path)
 	if err != nil && isExhausted(err) {
 		// Nothing to say about the file: read it again soon, and take
@@ -257,7 +261,12 @@ func (l *loader) load() (snap state.Snapshot, changed bool, err error) {
 		l.tell(err, nil, nil)
 		return state.Snapshot{}, true, err
 	}
-	m, err := parseManifests(l.name, data, l.docs)
+	m, err := parseManifests(ctx, l.name, data, l.docs)
+	if ctx.Err() != nil {
+		// Stopped: nothing was read, and nothing is said.
+		l.seen = ""
+		return state.Snapshot{}, false, ctx.Err()
+	}
 	if m != nil {
 		l.docs = m.docs
 	}
@@ -310,16 +319,16 @@ func (l *loader) tell(rejected error, warnings, ignored []error) {
 
 // reload reads the file again after a change and applies it if it is good
 // and different from what is served.
-func (l *loader) reload(apply func(state.Snapshot)) {
+func (l *loader) reload(ctx context.Context, apply func(state.Snapshot)) {
 	defer l.follow()
-	outcome, err := l.update(apply)
+	outcome, err := l.update(ctx, apply)
 	if l.reloaded != nil {
 		l.reloaded(outcome, err)
 	}
 }
 
-func (l *loader) update(apply func(state.Snapshot)) (reloadOutcome, error) {
-	snap, changed, err := l.load()
+func (l *loader) update(ctx context.Context, apply func(state.Snapshot)) (reloadOutcome, error) {
+	snap, changed, err := l.load(ctx)
 	var again errReadAgain
 	switch {
 	case !changed:

@@ -478,6 +478,38 @@ func TestManifestsStartupErrors(t *testing.T) {
 	checkNoWatcherGoroutines(t)
 }
 
+// TestManifestsStopDuringFirstParse: a Run stopped while it parses the
+// file (a SIGTERM during a large file's seconds of parsing) returns nil at
+// once, without finishing the parse or serving what it read. Before, the
+// whole file was parsed and applied first.
+func TestManifestsStopDuringFirstParse(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "big.yaml")
+	data := generatedManifest(2000, 3)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := &Manifests{Path: path,
+		// The stop comes once the file is read, before its parse.
+		read: func(p string) ([]byte, error) { cancel(); return readManifest(p) }}
+	applied := 0
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, func(state.Snapshot) { applied++ }) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run stopped during its first parse: %v, want nil", err)
+		}
+	case <-time.After(watchTimeout):
+		t.Fatalf("Run did not return within %s of its stop", watchTimeout)
+	}
+	if applied != 0 {
+		t.Errorf("apply called %d times after the stop, want none", applied)
+	}
+	checkNoWatcherGoroutines(t)
+}
+
 // TestManifestsNameChangedServices: each snapshot of the file names the
 // Services an edit changed, as a Service change (its ports, frontends or
 // settings) or an endpoint change; the first names every Service, and
