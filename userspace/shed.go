@@ -95,15 +95,18 @@ const (
 	shedFailed
 )
 
-// retake takes the spare back if it is missing. Callers call it after
-// accepting a connection: a descriptor was free then, and the check costs
-// one atomic load while the spare is in hand.
-func (s *shedder) retake() {
-	if s.missing.Load() {
-		s.mu.Lock()
-		s.retakeLocked()
-		s.mu.Unlock()
+// retake takes the spare back if it is missing, and reports whether it is
+// in hand. Callers call it after accepting a connection: a descriptor was
+// free then, and the check costs one atomic load while the spare is in
+// hand.
+func (s *shedder) retake() bool {
+	if !s.missing.Load() {
+		return true
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.retakeLocked()
+	return s.spare != nil
 }
 
 func (s *shedder) retakeLocked() {

@@ -229,7 +229,16 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			p.shed.report(&p.stats, p.fds.errFDReserve(), l.sp.name.String(), true)
 			continue
 		}
-		p.shed.retake()
+		if !p.shed.retake() {
+			// This connection took the last descriptor, one another
+			// loop's shed had freed for a moment while the spare was
+			// closed: shed it, so the spare takes the number back and
+			// the clients after it are reset, not left waiting.
+			resetFD(nfd)
+			p.shed.retake()
+			p.shed.report(&p.stats, unix.EMFILE, l.sp.name.String(), true)
+			continue
+		}
 		if !l.sp.admits(l.role, l.addr, client) || l.role == roleNodePort && l.servesServiceAddrs(nfd, client) {
 			resetFD(nfd)
 			continue
