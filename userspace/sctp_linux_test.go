@@ -232,9 +232,11 @@ func TestSCTPMessagesStreamsAndPPID(t *testing.T) {
 // TestSCTPFailover: a dead endpoint is passed over at connect time.
 func TestSCTPFailover(t *testing.T) {
 	sctptest.Require(t)
+	// The live one first: a port freed by the dead one's close could be
+	// given to it, and both endpoints would then be live (one CI run).
+	_, live := sctpBackends(t, "live")
 	dead := sctptest.StartBackend(t, "dead", netip.MustParseAddrPort("127.0.0.1:0"))
 	dead.Close()
-	_, live := sctpBackends(t, "live")
 	p := newTestProxier(t, Config{})
 	name := spn("failover", "", state.SCTP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 3868, ClusterEndpoints: append(eps(dead.Addr), live...)})
