@@ -38,7 +38,7 @@ type shedder struct {
 
 func newShedder() *shedder {
 	s := &shedder{open: func() (*os.File, error) { return os.Open(os.DevNull) }}
-	s.retakeLocked()
+	_ = s.retakeLocked()
 	return s
 }
 
@@ -64,7 +64,7 @@ func (s *shedder) withSpare(f func() shedResult) shedResult {
 			s.spare = nil
 		}
 		r = f()
-		s.retakeLocked()
+		_ = s.retakeLocked()
 		if r != shedFailed {
 			break
 		}
@@ -95,29 +95,33 @@ const (
 	shedFailed
 )
 
-// retake takes the spare back if it is missing, and reports whether it is
-// in hand. Callers call it after accepting a connection: a descriptor was
-// free then, and the check costs one atomic load while the spare is in
-// hand.
+// retake takes the spare back if it is missing. It reports false only
+// when the spare is missing for want of descriptors: the connection the
+// caller just accepted took the last one, and shedding it gives the spare
+// its number. Callers call it after accepting a connection: a descriptor
+// was free then, and the check costs one atomic load while the spare is
+// in hand. A spare that cannot be opened for another reason (no
+// /dev/null) never costs a connection.
 func (s *shedder) retake() bool {
 	if !s.missing.Load() {
 		return true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.retakeLocked()
-	return s.spare != nil
+	return !isResourceExhausted(s.retakeLocked())
 }
 
-func (s *shedder) retakeLocked() {
+// retakeLocked reopens a missing spare, and returns why it could not.
+func (s *shedder) retakeLocked() error {
 	if s.spare != nil {
-		return
+		return nil
 	}
 	f, err := s.open()
 	if err == nil {
 		s.spare = f
 	}
 	s.missing.Store(err != nil)
+	return err
 }
 
 // report counts and logs one connection shed for want of descriptors (err),

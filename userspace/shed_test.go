@@ -101,3 +101,36 @@ func TestShedderTriesAgainWhenItsFreedDescriptorIsTaken(t *testing.T) {
 		t.Fatalf("a shed that keeps failing: %v after %d tries; want shedFailed after %d", r, tries, spareTries)
 	}
 }
+
+// TestShedderRetakeAsksForAShedOnlyForWantOfDescriptors: retake says the
+// connection just accepted must be shed only when the spare is missing
+// because descriptors ran out; a spare that cannot be opened for another
+// reason (no /dev/null in the container) never costs a connection, or
+// every client would be reset.
+func TestShedderRetakeAsksForAShedOnlyForWantOfDescriptors(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, true},
+		{syscall.EMFILE, false},
+		{syscall.ENFILE, false},
+		{syscall.ENOENT, true},
+		{syscall.EACCES, true},
+	} {
+		s := newShedder()
+		s.close()
+		s.spare = nil
+		s.missing.Store(true)
+		s.open = func() (*os.File, error) {
+			if tc.err != nil {
+				return nil, tc.err
+			}
+			return os.Open(os.DevNull)
+		}
+		if got := s.retake(); got != tc.want {
+			t.Errorf("retake with the spare's open failing with %v: %v, want %v", tc.err, got, tc.want)
+		}
+		s.close()
+	}
+}
