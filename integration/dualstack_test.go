@@ -4,6 +4,7 @@ package integration
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +84,11 @@ func TestBinaryDualStackKeepsFamilies(t *testing.T) {
 				t.Errorf("/debug/services: %s\n%s", code, view)
 			}
 			if mode == "iptables" {
+				// The proxy resets and drops as soon as it has the
+				// edit, which is all the checks above wait for; the
+				// REJECT rules may come a sync period later.
+				waitIP6Rule(t, w.node, "e2e/ds:http has no endpoints", "-j REJECT")
+				waitIP6Rule(t, w.node, "e2e/ds:dns has no endpoints", "-j REJECT")
 				// The kernel sends a host a few ICMPv6 errors at once,
 				// then one a second (net.ipv6.icmp.ratelimit): the
 				// checks above used them up.
@@ -139,7 +145,11 @@ func TestBinaryDualStackKeepsFamilies(t *testing.T) {
 				t.Errorf("/debug/services says IPv6 clients are refused:\n%s", view)
 			}
 			// The view follows the edit at once; the portal's rules may
-			// wait for --iptables-min-sync-period after the last sync.
+			// wait for --iptables-min-sync-period after the last sync, or
+			// longer on a busy machine. The old rules served the checks
+			// below too (the node's own client, and an outside one the
+			// old rules let through), so wait for the new DROP rule first.
+			waitIP6Rule(t, w.node, "e2e/ds:http has no local endpoints", "-j DROP")
 			eventually(t, w.node, "tcp", "[fd5e:b1b5:11::1]:30095", "be6:ping")
 			start := time.Now()
 			out, err := w.outside.run("nc", "-z", "-v", "-w2", "fd5e:b1b5:11::1", "30095")
@@ -147,6 +157,24 @@ func TestBinaryDualStackKeepsFamilies(t *testing.T) {
 				t.Errorf("nc -z to the IPv6 node port from outside: %v after %v: %q; want a timeout (dropped)", err, took.Round(time.Millisecond), out)
 			}
 		})
+	}
+}
+
+// waitIP6Rule waits until ns has an ip6tables rule of ours whose comment
+// has comment and whose target starts with target.
+func waitIP6Rule(t *testing.T, ns netns, comment, target string) {
+	t.Helper()
+	has := func(r string) bool {
+		return strings.HasPrefix(r, "ip6") && strings.Contains(r, comment) && strings.Contains(r, target)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		rules := ourRules(t, ns, "nft")
+		if slices.ContainsFunc(rules, has) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ip6tables rule %q ... %q after 20 s:\n%s", comment, target, strings.Join(rules, "\n"))
+		}
 	}
 }
 
