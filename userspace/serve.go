@@ -20,8 +20,8 @@ import (
 
 // acceptLoop accepts with accept until the listener is closed, and hands
 // each connection to serve on a goroutine of its own; serve must call
-// sp.p.wg.Done. keep (nil: none) runs first, on the loop's goroutine, and
-// may refuse the connection (it closes and counts it). Running out of file
+// sp.p.wg.Done. keep (keepAccepted) runs first, on the loop's goroutine,
+// and may refuse the connection (it ends and counts it). Running out of file
 // descriptors sheds one waiting connection (shed, which must not wait, says
 // what came of it); nothing wakes the loop when a client comes or
 // descriptors are free again (on Linux accept fails so with no client
@@ -62,28 +62,38 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 		}
 		backoff = 0
 		accepted.Add(1)
-		if keep != nil && !keep(c) {
+		if !keep(c) {
 			continue
 		}
-		p.shed.retake()
 		p.wg.Add(1)
 		go serve(c)
 	}
 }
 
-// keepAccepted returns acceptLoop's keep for sp's connections: one the
-// descriptor ceiling has no room for (fdCeilings.accepted) is ended with
-// reset and counted as shed. serve must call sp.p.fds.dialed once the
-// dial of a kept connection has ended.
+// keepAccepted returns acceptLoop's keep for sp's connections. A
+// connection is ended with reset and counted as shed when the descriptor
+// ceiling has no room for it (fdCeilings.accepted), or when it took the
+// last descriptor, one a shed had freed for a moment while the spare was
+// closed (shedder.retake, as the event loops do): shedding it gives the
+// spare its number back, so the clients after it are reset, not left
+// waiting. serve must call sp.p.fds.dialed once the dial of a kept
+// connection has ended.
 func keepAccepted[C syscall.Conn](sp *servicePort, reset func(C)) func(C) bool {
 	p := sp.p
 	return func(c C) bool {
-		if p.fds.accepted(c) {
-			return true
+		if !p.fds.accepted(c) {
+			reset(c)
+			p.shed.report(&p.stats, p.fds.errFDReserve(), sp.name.String(), true)
+			return false
 		}
-		reset(c)
-		p.shed.report(&p.stats, p.fds.errFDReserve(), sp.name.String(), true)
-		return false
+		if !p.shed.retake() {
+			p.fds.dialed()
+			reset(c)
+			p.shed.retake()
+			p.shed.report(&p.stats, syscall.EMFILE, sp.name.String(), true)
+			return false
+		}
+		return true
 	}
 }
 

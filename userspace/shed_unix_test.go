@@ -110,7 +110,10 @@ func TestAcceptLoopShedsClientsWhileOutOfDescriptors(t *testing.T) {
 	var accepted atomic.Uint64
 	go func() {
 		defer close(done)
-		acceptLoop(sp, &accepted, accept, func() shedResult { return p.shed.shedFrom(rc) }, nil, func(*net.TCPConn) {
+		acceptLoop(sp, &accepted, accept, func() shedResult { return p.shed.shedFrom(rc) }, func(*net.TCPConn) bool {
+			t.Error("kept a connection no accept returned")
+			return false
+		}, func(*net.TCPConn) {
 			t.Error("served a connection no accept returned")
 		})
 	}()
@@ -145,5 +148,64 @@ func TestAcceptLoopShedsClientsWhileOutOfDescriptors(t *testing.T) {
 	// in the time a client takes, not a spin.
 	if n := accepts.Load(); n > 100 {
 		t.Errorf("%d accepts while out of descriptors: the loop spins", n)
+	}
+}
+
+// TestKeepAcceptedShedsTheConnectionThatTookTheSparesNumber: the goroutine
+// accept loops' keep, given a connection accepted while the spare is
+// missing for want of descriptors (another loop's shed had freed its
+// number for a moment), resets it and counts it as shed, so the spare
+// takes the number back; a spare missing for another reason costs no
+// connection.
+func TestKeepAcceptedShedsTheConnectionThatTookTheSparesNumber(t *testing.T) {
+	for _, tc := range []struct {
+		openErr error
+		keep    bool
+	}{{syscall.EMFILE, false}, {syscall.EACCES, true}} {
+		p := newTestProxier(t, Config{})
+		sp := &servicePort{p: p, name: state.ServicePortName{Namespace: "test", Name: "web", Port: "http", Protocol: state.TCP}}
+		p.shed.close()
+		p.shed.missing.Store(true)
+		opens := 0
+		p.shed.open = func() (*os.File, error) {
+			if opens++; opens == 1 {
+				return nil, tc.openErr
+			}
+			return os.Open(os.DevNull)
+		}
+		ln, _ := listenForShed(t)
+		client, err := net.Dial("tcp4", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		keep := keepAccepted(sp, func(c *net.TCPConn) { c.SetLinger(0); c.Close() })
+		if got := keep(c); got != tc.keep {
+			t.Fatalf("spare's open failing with %v: keep = %v, want %v", tc.openErr, got, tc.keep)
+		}
+		if tc.keep {
+			if n := p.fds.dialing.Load(); n != 1 {
+				t.Errorf("a kept connection counts %d dialing, want 1", n)
+			}
+			continue
+		}
+		client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("client read: %v, want a reset", err)
+		}
+		if n := p.stats.Shed.Load(); n != 1 {
+			t.Errorf("Shed = %d, want 1", n)
+		}
+		if n := p.fds.dialing.Load(); n != 0 {
+			t.Errorf("a shed connection left %d dialing, want 0", n)
+		}
+		if p.shed.missing.Load() {
+			t.Error("the spare was not taken back")
+		}
 	}
 }
