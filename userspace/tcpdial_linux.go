@@ -166,7 +166,7 @@ func (c *tcpConn) giveUp(err error) {
 // short first timeout when thousands of connections arrive at once.
 func (c *tcpConn) dialTimedOut() {
 	p := c.l.sp.p
-	if c.connectFinished() {
+	if c.connectFinished() || c.racerFinished() {
 		return
 	}
 	r := c.racing()
@@ -220,6 +220,23 @@ func (c *tcpConn) dialTimedOut() {
 // connection, to another endpoint (see TestTCPDialBurstOpensNoExtraConnections).
 func (c *tcpConn) connectFinished() bool {
 	return c.bfd >= 0 && fdConnectEnded(c.bfd)
+}
+
+// racerFinished is connectFinished for the earlier attempts that race
+// the current one: one whose connect ended, its event not read yet, may
+// have won. Without it, an earlier attempt that connected in the round
+// its connection's last attempt ran out of time (a long round, or a
+// stalled loop) was closed as timed out, and its client reset.
+func (c *tcpConn) racerFinished() bool {
+	if c.race == nil {
+		return false
+	}
+	for i := range c.race.racers {
+		if a := &c.race.racers[i]; a.fd >= 0 && fdConnectEnded(a.fd) {
+			return true
+		}
+	}
+	return false
 }
 
 // racing returns the connection's dialRace, made on the first attempt
