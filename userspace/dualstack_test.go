@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"slices"
@@ -297,6 +298,13 @@ func TestProxyPortMovesWhenTakenInANewFamily(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
+	// Wait for the greeting: the connection is then accepted, not only
+	// queued (closing a listener resets what it has not accepted).
+	r := bufio.NewReader(held)
+	held.SetDeadline(time.Now().Add(5 * time.Second))
+	if greeting, err := r.ReadString('\n'); err != nil || greeting != "b6\n" {
+		t.Fatalf("connection before the move: %q, %v", greeting, err)
+	}
 
 	b4 := startTCPBackend(t, "b4")
 	sp.IPFamilies = []state.IPFamily{state.IPv6, state.IPv4}
@@ -316,10 +324,10 @@ func TestProxyPortMovesWhenTakenInANewFamily(t *testing.T) {
 	}
 	expectClosedTCP(t, fmt.Sprintf("[::1]:%d", old))
 	// The connection accepted on the old port still works.
-	r := bufio.NewReader(held)
 	held.SetDeadline(time.Now().Add(5 * time.Second))
-	if greeting, err := r.ReadString('\n'); err != nil || greeting != "b6\n" {
-		t.Fatalf("connection across the move: %q, %v", greeting, err)
+	io.WriteString(held, "still\n")
+	if echo, err := r.ReadString('\n'); err != nil || echo != "still\n" {
+		t.Fatalf("connection across the move: %q, %v", echo, err)
 	}
 }
 
