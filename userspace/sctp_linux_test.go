@@ -401,17 +401,12 @@ func TestSCTPAssociationsKeepTheReserve(t *testing.T) {
 	}()
 	served, shed := 0, false
 	for i := 0; i < 20 && !shed; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		c, err := sctp.Dial(ctx, addr, sctp.Options{})
-		cancel()
-		if err == nil {
+		c, got, err := dialAndAsk(addr, "ping")
+		if c != nil {
 			held = append(held, c)
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			var got []byte
-			got, _, err = sctptest.Ask(c, []byte("ping"), sctp.Info{})
-			if err == nil && string(got) != "ping" {
-				t.Fatalf("client %d: echo %q", i, got)
-			}
+		}
+		if err == nil && string(got) != "ping" {
+			t.Fatalf("client %d: echo %q", i, got)
 		}
 		switch {
 		case err == nil:
@@ -446,15 +441,25 @@ func TestSCTPAssociationsKeepTheReserve(t *testing.T) {
 	held = nil
 	p.fds.set(0)
 	settle(t, "served again", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		c, err := sctp.Dial(ctx, addr, sctp.Options{})
-		if err != nil {
-			return err
+		c, _, err := dialAndAsk(addr, "again")
+		if c != nil {
+			c.Close()
 		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		_, _, err = sctptest.Ask(c, []byte("again"), sctp.Info{})
 		return err
 	})
+}
+
+// dialAndAsk opens an association to addr and sends msg on it. It
+// returns the association (nil if none was made), for the caller to
+// close, and the reply.
+func dialAndAsk(addr netip.AddrPort, msg string) (*sctp.Conn, []byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := sctp.Dial(ctx, addr, sctp.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	got, _, err := sctptest.Ask(c, []byte(msg), sctp.Info{})
+	return c, got, err
 }
