@@ -421,3 +421,72 @@ func TestParsePktinfoKeepsLinkLocalInterface(t *testing.T) {
 		}
 	}
 }
+
+// TestClosingListenerServesQueuedConnections: connections the kernel
+// queued on a listening socket that no loop got round to accepting are
+// served when the socket closes (here, its Service goes), not reset: their
+// clients' connects had succeeded. The loops are held up while the
+// clients connect, and each is let go only once the close waits on it: a
+// loop let go early would accept the queued connections itself.
+func TestClosingListenerServesQueuedConnections(t *testing.T) {
+	be := startTCPBackend(t, "a")
+	p := newTestProxier(t, Config{})
+	name := spn("queued", "", state.TCP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(be.addr())})
+	addr := proxyAddr(t, p, name)
+
+	releases := make([]chan struct{}, len(p.loops))
+	for i, lp := range p.loops {
+		releases[i] = make(chan struct{})
+		stalled := make(chan struct{})
+		go lp.do(func() {
+			close(stalled)
+			<-releases[i]
+		})
+		<-stalled
+	}
+	released := 0
+	defer func() {
+		for _, r := range releases[released:] {
+			close(r)
+		}
+	}()
+	const n = 5
+	var clients []net.Conn
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+	}
+
+	applied := make(chan error, 1)
+	go func() { applied <- p.Apply(state.NewSnapshot(nil)) }()
+	for i, lp := range p.loops {
+		settle(t, "the listener's close waits on the loop", func() error {
+			lp.mu.Lock()
+			defer lp.mu.Unlock()
+			if len(lp.cmds) == 0 {
+				return errorf("loop %d has no command queued", i)
+			}
+			return nil
+		})
+		close(releases[i])
+		released++
+	}
+	if err := <-applied; err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	for i, c := range clients {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "a\n" {
+			t.Errorf("client %d, queued when its Service went: %q, %v; want it served", i, got, err)
+		}
+	}
+}

@@ -74,8 +74,18 @@ func listenSCTP(sp *servicePort, k sockKey) (socket, error) {
 
 func (l *sctpListener) port() uint16 { return l.ln.Addr().Port() }
 
+// close stops accepting; associations already accepted keep running, and
+// so do those still queued on the socket (drainQueued).
 func (l *sctpListener) close() {
-	l.once.Do(func() { l.ln.Close(); l.sp.p.fds.listenerClosed() })
+	l.once.Do(func() {
+		queued := func() (*sctp.Conn, bool) {
+			c, err := l.ln.AcceptQueued()
+			return c, err == nil && c != nil
+		}
+		drainQueued(l.sp, &l.sp.p.stats.SCTPAccepted, queued, keepAccepted(l.sp, abortSCTP), l.serve)
+		l.ln.Close()
+		l.sp.p.fds.listenerClosed()
+	})
 	<-l.done
 }
 

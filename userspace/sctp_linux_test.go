@@ -463,3 +463,44 @@ func dialAndAsk(addr netip.AddrPort, msg string) (*sctp.Conn, []byte, error) {
 	got, _, err := sctptest.Ask(c, []byte(msg), sctp.Info{})
 	return c, got, err
 }
+
+// TestSCTPClosingListenerServesQueuedAssociations: associations the kernel
+// queued on a listening socket that its accept loop did not get round to
+// are served when the socket closes, not aborted, as TCP connections are
+// (TestClosingListenerServesQueuedConnections). The socket is one of the
+// service port's whose accept loop never ran, so every association is
+// still queued at the close.
+func TestSCTPClosingListenerServesQueuedAssociations(t *testing.T) {
+	sctptest.Require(t)
+	_, ep := sctpBackends(t, "a")
+	p := newTestProxier(t, Config{})
+	name := spn("queued", "", state.SCTP)
+	mustApply(t, p, state.ServicePort{Name: name, Port: 3868, ClusterEndpoints: ep})
+	ln, err := sctp.Listen(netip.MustParseAddrPort("127.0.0.1:0"), sctp.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, noLoop := withoutAcceptLoop(t, p, name, ln)
+	l := &sctpListener{sp: sp, role: roleProxyPort, addr: netip.MustParseAddr("127.0.0.1"), ln: ln, done: noLoop}
+
+	const n = 3
+	var clients []*sctp.Conn
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	for range n {
+		clients = append(clients, sctptest.Dial(t, ln.Addr(), sctp.Options{}))
+	}
+	l.close()
+	for i, c := range clients {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if got, _, err := sctptest.Ask(c, []byte("ping"), sctp.Info{}); err != nil || string(got) != "ping" {
+			t.Errorf("client %d, queued at the close: %q, %v; want it served", i, got, err)
+		}
+	}
+	if a := p.stats.SCTPAccepted.Load(); a != n {
+		t.Errorf("%d associations counted as accepted, want %d", a, n)
+	}
+}

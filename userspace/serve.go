@@ -97,6 +97,35 @@ func keepAccepted[C syscall.Conn](sp *servicePort, reset func(C)) func(C) bool {
 	}
 }
 
+// drainQueued takes the connections queued on a listening socket about to
+// close, which closing it would reset, and serves them as acceptLoop serves
+// its own (which may take some of them first): their clients' connects had
+// succeeded. next returns one, without waiting, or false when none is
+// left. It must run while the socket's accept loop does, which holds
+// sp.p.wg; not when the proxier is closing, which ends every connection.
+func drainQueued[C any](sp *servicePort, accepted *atomic.Uint64, next func() (C, bool), keep func(C) bool, serve func(C)) {
+	p := sp.p
+	if p.ctx.Err() != nil {
+		return
+	}
+	for range maxDrained {
+		c, ok := next()
+		if !ok {
+			return
+		}
+		accepted.Add(1)
+		if keep(c) {
+			p.wg.Add(1)
+			go serve(c)
+		}
+	}
+}
+
+// maxDrained bounds how many queued connections a closing listening socket
+// takes before it closes: a backlog of 4096, and as many more come
+// meanwhile.
+const maxDrained = 2 * 4096
+
 // outOfDescriptorsRetry bounds how long a goroutine accept loop that is
 // out of descriptors waits before it accepts again, or sheds: about how
 // long a client that comes meanwhile waits for its reset.

@@ -57,8 +57,14 @@ func (l *tcpListener) port() uint16 {
 	return uint16(l.ln.Addr().(*net.TCPAddr).Port)
 }
 
+// close stops accepting; connections already accepted keep running, and
+// so do those still queued on the socket (drainQueued).
 func (l *tcpListener) close() {
-	l.once.Do(func() { l.ln.Close(); l.sp.p.fds.listenerClosed() })
+	l.once.Do(func() {
+		drainQueued(l.sp, &l.sp.p.stats.TCPAccepted, tcpQueued(l.ln), keepAccepted(l.sp, resetTCP), l.serveConn)
+		l.ln.Close()
+		l.sp.p.fds.listenerClosed()
+	})
 	<-l.done
 }
 

@@ -113,16 +113,29 @@ func (l *tcpListener) port() uint16 { return l.port_ }
 
 // close stops accepting; connections already accepted keep running. Each
 // loop lets go of the socket between two batches of events, so none holds
-// an event for it when it is closed and its number is reused.
+// an event for it when it is closed and its number is reused. The last
+// one first takes the connections the kernel has queued, which closing
+// the socket would reset: their clients' connects had succeeded, as
+// connections a loop had got round to accepting (unless the proxier is
+// closing, which ends every connection).
 func (l *tcpListener) close() {
 	if l.fd < 0 {
 		return
 	}
-	for _, a := range l.accepters {
+	drain := l.sp.p.ctx.Err() == nil
+	for i, a := range l.accepters {
+		last := i == len(l.accepters)-1
 		a.lp.do(func() {
 			a.closed = true
 			a.lp.unschedule(&a.timer)
 			a.lp.unregister(l.fd)
+			if last && drain {
+				for range maxDrained {
+					if !l.accept(a) {
+						break
+					}
+				}
+			}
 		})
 	}
 	unix.Close(l.fd)
@@ -180,8 +193,9 @@ func (a *tcpAccepter) expired(time.Time) time.Time {
 // is waiting, or come back in lp's next wait; a burst of connections is
 // spread over the loops instead of landing on whichever woke first.
 // Errors that leave the next connection acceptable (an aborted one, a shed
-// one) are skipped, a bounded number of times.
-func (l *tcpListener) accept(a *tcpAccepter) {
+// one) are skipped, a bounded number of times. It reports whether more
+// may wait: false when none did, or none could be taken.
+func (l *tcpListener) accept(a *tcpAccepter) bool {
 	lp := a.lp
 	p := l.sp.p
 	for range 64 {
@@ -189,7 +203,7 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 		switch {
 		case err == nil:
 		case err == unix.EAGAIN:
-			return
+			return false
 		case err == unix.EINTR || err == unix.ECONNABORTED:
 			continue
 		case isResourceExhausted(err):
@@ -205,7 +219,7 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 				return shedOne
 			})
 			if r == shedNone {
-				return // another loop took the connection: none waits
+				return false // another loop took the connection: none waits
 			}
 			shed := r == shedOne
 			if shed {
@@ -214,13 +228,13 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			p.shed.report(&p.stats, err, l.sp.name.String(), shed)
 			if !shed {
 				a.pause()
-				return
+				return false
 			}
 			continue
 		default:
 			p.stats.AcceptErrors.Add(1)
 			klog.V(2).InfoS("Accept failed", "service", l.sp.name, "err", err)
-			return
+			return false
 		}
 		p.stats.TCPAccepted.Add(1)
 		if !p.fds.connFD(nfd) {
@@ -244,8 +258,9 @@ func (l *tcpListener) accept(a *tcpAccepter) {
 			continue
 		}
 		startConn(lp, l, nfd, client)
-		return
+		return true
 	}
+	return true
 }
 
 // servesServiceAddrs reports whether connection cfd, accepted on a node

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -352,4 +353,25 @@ func captureLog(t *testing.T, v string) *logBuffer {
 		klog.LogToStderr(true)
 	})
 	return logs
+}
+
+// withoutAcceptLoop readies ln, a listening socket a test made, to stand
+// as a socket of service port name whose accept loop never ran: it counts
+// it among p's listeners (close uncounts it), and returns the service
+// port and an already closed done for the socket.
+func withoutAcceptLoop(t *testing.T, p *Proxier, name state.ServicePortName, ln interface {
+	syscall.Conn
+	io.Closer
+}) (*servicePort, chan struct{}) {
+	t.Helper()
+	if err := p.fds.listenerConn(ln); err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	sp := p.services[name]
+	p.mu.Unlock()
+	done := make(chan struct{})
+	close(done)
+	return sp, done
 }

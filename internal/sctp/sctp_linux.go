@@ -140,10 +140,15 @@ func (l *Listener) Accept() (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Set again on each accepted socket: not every kernel copies them
-	// from the listener. Dial sets them before connecting.
+	return accepted(c)
+}
+
+// accepted makes an accepted socket an association. Its options are set
+// again: not every kernel copies them from the listener. Dial sets them
+// before connecting.
+func accepted(c *net.TCPConn) (*Conn, error) {
 	var serr error
-	err = withFD(c, func(fd int) { serr = setOptions(fd, Options{}) })
+	err := withFD(c, func(fd int) { serr = setOptions(fd, Options{}) })
 	if err == nil {
 		err = serr
 	}
@@ -156,6 +161,44 @@ func (l *Listener) Accept() (*Conn, error) {
 		return nil, err
 	}
 	return sc, nil
+}
+
+// AcceptQueued returns an association the kernel has queued on the
+// listener, without waiting for one: nil, and no error, when none is
+// queued. Another goroutine may Accept meanwhile.
+func (l *Listener) AcceptQueued() (*Conn, error) {
+	rc, err := l.ln.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	nfd := -1
+	for {
+		var aerr error
+		if err := rc.Control(func(fd uintptr) {
+			syscall.ForkLock.RLock() // close-on-exec before any fork
+			nfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
+			syscall.ForkLock.RUnlock()
+		}); err != nil {
+			return nil, err
+		}
+		switch aerr {
+		case unix.EINTR, unix.ECONNABORTED:
+			continue
+		case unix.EAGAIN:
+			return nil, nil
+		}
+		if aerr != nil {
+			return nil, os.NewSyscallError("accept4", aerr)
+		}
+		break
+	}
+	f := os.NewFile(uintptr(nfd), "sctp")
+	nc, err := net.FileConn(f) // a duplicate, non-blocking
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	return accepted(nc.(*net.TCPConn))
 }
 
 // withFD runs f with c's descriptor.
