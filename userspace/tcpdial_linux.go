@@ -159,8 +159,9 @@ func (c *tcpConn) giveUp(err error) {
 // new socket would start over. The first attempt to connect wins (see
 // raceWon). After the last attempt's time, the connection is given up.
 //
-// The time is up only if the kernel has not finished the connect by then
-// (see connectFinished): the loop reads at most a round's events before
+// The time is up only if the kernel has not finished the connect by then,
+// nor that of an earlier attempt still racing (see connectFinished and
+// racerFinished): the loop reads at most a round's events before
 // it runs its timers, so a connect the endpoint answered at once can wait
 // behind others, in epoll's ready list or in this round, longer than a
 // short first timeout when thousands of connections arrive at once.

@@ -174,11 +174,7 @@ func (l *Listener) AcceptQueued() (*Conn, error) {
 	nfd := -1
 	for {
 		var aerr error
-		if err := rc.Control(func(fd uintptr) {
-			syscall.ForkLock.RLock() // close-on-exec before any fork
-			nfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
-			syscall.ForkLock.RUnlock()
-		}); err != nil {
+		if err := rc.Control(func(fd uintptr) { nfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_CLOEXEC) }); err != nil {
 			return nil, err
 		}
 		switch aerr {
