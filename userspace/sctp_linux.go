@@ -123,11 +123,16 @@ func (l *sctpListener) serve(client *sctp.Conn) {
 			// counts from here, and is up at the deadline whatever.
 			clock.start(nil)
 			c, err := sctp.Dial(ctx, ep, sctp.Options{OutStreams: in, SendBuffer: maxSCTPMessage / 2})
-			if err == nil && !p.fds.conn(c) {
+			switch {
+			case err != nil:
+				return nil, err
+			case !p.fds.conn(c):
 				c.Abort() // down to the reserve (fdreserve.go)
 				return nil, p.fds.errFDReserve()
+			case p.shed.tookSpare(func() { c.Abort() }):
+				return nil, unix.EMFILE
 			}
-			return c, err
+			return c, nil
 		})
 	p.fds.dialed()
 	if err != nil {

@@ -73,11 +73,8 @@ func acceptLoop[C any](sp *servicePort, accepted *atomic.Uint64, accept func() (
 // keepAccepted returns acceptLoop's keep for sp's connections. A
 // connection is ended with reset and counted as shed when the descriptor
 // ceiling has no room for it (fdCeilings.accepted), or when it took the
-// last descriptor, one a shed had freed for a moment while the spare was
-// closed (shedder.retake, as the event loops do): shedding it gives the
-// spare its number back, so the clients after it are reset, not left
-// waiting. serve must call sp.p.fds.dialed once the dial of a kept
-// connection has ended.
+// spare's number (shedder.tookSpare). serve must call sp.p.fds.dialed
+// once the dial of a kept connection has ended.
 func keepAccepted[C syscall.Conn](sp *servicePort, reset func(C)) func(C) bool {
 	p := sp.p
 	return func(c C) bool {
@@ -86,10 +83,8 @@ func keepAccepted[C syscall.Conn](sp *servicePort, reset func(C)) func(C) bool {
 			p.shed.report(&p.stats, p.fds.errFDReserve(), sp.name.String(), true)
 			return false
 		}
-		if !p.shed.retake() {
+		if p.shed.tookSpare(func() { reset(c) }) {
 			p.fds.dialed()
-			reset(c)
-			p.shed.retake()
 			p.shed.report(&p.stats, syscall.EMFILE, sp.name.String(), true)
 			return false
 		}

@@ -134,3 +134,39 @@ func TestShedderRetakeAsksForAShedOnlyForWantOfDescriptors(t *testing.T) {
 		s.close()
 	}
 }
+
+// TestShedderTookSpare: a socket opened while the spare is missing for
+// want of descriptors is ended, and the spare takes its number back; with
+// the spare in hand, or missing for another reason, the socket is kept.
+func TestShedderTookSpare(t *testing.T) {
+	for _, tc := range []struct {
+		missing bool
+		err     error
+		took    bool
+	}{
+		{false, nil, false},
+		{true, syscall.EMFILE, true},
+		{true, syscall.EACCES, false},
+	} {
+		s := newShedder()
+		if tc.missing {
+			s.close()
+			s.missing.Store(true)
+			opens := 0
+			s.open = func() (*os.File, error) {
+				if opens++; opens == 1 {
+					return nil, tc.err
+				}
+				return os.Open(os.DevNull)
+			}
+		}
+		ended := false
+		if got := s.tookSpare(func() { ended = true }); got != tc.took || ended != tc.took {
+			t.Errorf("spare missing %v (%v): tookSpare = %v, socket ended %v; want %v", tc.missing, tc.err, got, ended, tc.took)
+		}
+		if tc.took && (s.spare == nil || s.missing.Load()) {
+			t.Errorf("spare missing (%v): not taken back after the socket ended", tc.err)
+		}
+		s.close()
+	}
+}

@@ -112,6 +112,9 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 				resetTCP(tc) // down to the reserve (fdreserve.go)
 				return nil, p.fds.errFDReserve()
 			}
+			if p.shed.tookSpare(func() { resetTCP(tc) }) {
+				return nil, syscall.EMFILE
+			}
 			if header != nil {
 				if err := sendHeader(ctx, tc, header); err != nil {
 					resetTCP(tc)

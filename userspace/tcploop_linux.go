@@ -243,13 +243,7 @@ func (l *tcpListener) accept(a *tcpAccepter) bool {
 			p.shed.report(&p.stats, p.fds.errFDReserve(), l.sp.name.String(), true)
 			continue
 		}
-		if !p.shed.retake() {
-			// This connection took the last descriptor, one another
-			// loop's shed had freed for a moment while the spare was
-			// closed: shed it, so the spare takes the number back and
-			// the clients after it are reset, not left waiting.
-			resetFD(nfd)
-			p.shed.retake()
+		if p.shed.tookSpare(func() { resetFD(nfd) }) {
 			p.shed.report(&p.stats, unix.EMFILE, l.sp.name.String(), true)
 			continue
 		}
