@@ -2,11 +2,14 @@
 
 package userspace
 
-import "net"
+import (
+	"net"
+	"syscall"
+)
 
-// tcpQueued would return drainQueued's next for ln; this system's
+// queuedConns would return drainQueued's next for ln; this system's
 // listeners cannot accept without waiting, and closing one ends what it
 // queued.
-func tcpQueued(*net.TCPListener) func() (*net.TCPConn, bool) {
+func queuedConns(syscall.Conn) func() (*net.TCPConn, bool) {
 	return func() (*net.TCPConn, bool) { return nil, false }
 }

@@ -1,18 +1,19 @@
-//go:build unix && (!linux || goroutines)
+//go:build unix
 
 package userspace
 
 import (
 	"net"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// tcpQueued returns drainQueued's next for ln: a connection queued on it,
-// without waiting for one (Go's Accept would wait). Another goroutine may
-// accept from ln meanwhile.
-func tcpQueued(ln *net.TCPListener) func() (*net.TCPConn, bool) {
+// queuedConns returns drainQueued's next for the listening socket ln: a
+// connection queued on it, without waiting for one (Go's Accept would
+// wait). Another goroutine may accept from ln meanwhile.
+func queuedConns(ln syscall.Conn) func() (*net.TCPConn, bool) {
 	rc, err := ln.SyscallConn()
 	return func() (*net.TCPConn, bool) {
 		if err != nil {

@@ -78,9 +78,14 @@ func (l *sctpListener) port() uint16 { return l.ln.Addr().Port() }
 // so do those still queued on the socket (drainQueued).
 func (l *sctpListener) close() {
 	l.once.Do(func() {
+		next := queuedConns(l.ln)
 		queued := func() (*sctp.Conn, bool) {
-			c, err := l.ln.AcceptQueued()
-			return c, err == nil && c != nil
+			tc, ok := next()
+			if !ok {
+				return nil, false
+			}
+			c, err := sctp.Accepted(tc)
+			return c, err == nil
 		}
 		drainQueued(l.sp, &l.sp.p.stats.SCTPAccepted, queued, keepAccepted(l.sp, abortSCTP), l.serve)
 		l.ln.Close()

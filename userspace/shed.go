@@ -96,11 +96,11 @@ const (
 )
 
 // retake takes the spare back if it is missing. It reports false only
-// when the spare is missing for want of descriptors: the connection the
-// caller just accepted took the last one, and shedding it gives the spare
-// its number. Callers call it after accepting a connection: a descriptor
-// was free then, and the check costs one atomic load while the spare is
-// in hand. A spare that cannot be opened for another reason (no
+// when the spare is missing for want of descriptors: the socket the
+// caller just opened for a connection took the last one, and ending it
+// gives the spare its number (see tookSpare). A descriptor was free when
+// the caller opened it, and the check costs one atomic load while the
+// spare is in hand. A spare that cannot be opened for another reason (no
 // /dev/null) never costs a connection.
 func (s *shedder) retake() bool {
 	if !s.missing.Load() {

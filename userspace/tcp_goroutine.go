@@ -61,7 +61,7 @@ func (l *tcpListener) port() uint16 {
 // so do those still queued on the socket (drainQueued).
 func (l *tcpListener) close() {
 	l.once.Do(func() {
-		drainQueued(l.sp, &l.sp.p.stats.TCPAccepted, tcpQueued(l.ln), keepAccepted(l.sp, resetTCP), l.serveConn)
+		drainQueued(l.sp, &l.sp.p.stats.TCPAccepted, queuedConns(l.ln), keepAccepted(l.sp, resetTCP), l.serveConn)
 		l.ln.Close()
 		l.sp.p.fds.listenerClosed()
 	})

@@ -140,13 +140,14 @@ func (l *Listener) Accept() (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return accepted(c)
+	return Accepted(c)
 }
 
-// accepted makes an accepted socket an association. Its options are set
-// again: not every kernel copies them from the listener. Dial sets them
-// before connecting.
-func accepted(c *net.TCPConn) (*Conn, error) {
+// Accepted makes an association of c, a socket accepted on a Listener's
+// descriptor (see SyscallConn), as Accept does; it closes c if it cannot.
+// Its options are set again: not every kernel copies them from the
+// listener. Dial sets them before connecting.
+func Accepted(c *net.TCPConn) (*Conn, error) {
 	var serr error
 	err := withFD(c, func(fd int) { serr = setOptions(fd, Options{}) })
 	if err == nil {
@@ -161,40 +162,6 @@ func accepted(c *net.TCPConn) (*Conn, error) {
 		return nil, err
 	}
 	return sc, nil
-}
-
-// AcceptQueued returns an association the kernel has queued on the
-// listener, without waiting for one: nil, and no error, when none is
-// queued. Another goroutine may Accept meanwhile.
-func (l *Listener) AcceptQueued() (*Conn, error) {
-	rc, err := l.ln.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	nfd := -1
-	for {
-		var aerr error
-		if err := rc.Control(func(fd uintptr) { nfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_CLOEXEC) }); err != nil {
-			return nil, err
-		}
-		switch aerr {
-		case unix.EINTR, unix.ECONNABORTED:
-			continue
-		case unix.EAGAIN:
-			return nil, nil
-		}
-		if aerr != nil {
-			return nil, os.NewSyscallError("accept4", aerr)
-		}
-		break
-	}
-	f := os.NewFile(uintptr(nfd), "sctp")
-	nc, err := net.FileConn(f) // a duplicate, non-blocking
-	f.Close()
-	if err != nil {
-		return nil, err
-	}
-	return accepted(nc.(*net.TCPConn))
 }
 
 // withFD runs f with c's descriptor.
