@@ -24,12 +24,14 @@ func isResourceExhausted(err error) bool {
 // spare back. The client sees a reset at once and the proxy keeps running
 // (the legacy proxier panicked here: kubernetes/kubernetes#6716).
 type shedder struct {
-	open func() (*os.File, error) // opens a spare; a test may replace it
+	open  func() (*os.File, error) // opens a spare; a test may replace it
+	pause func()                   // withSpare's wait between attempts; a test may replace it
 
 	mu    sync.Mutex // guards spare
 	spare *os.File
-	// missing says the spare could not be taken back: retake tries again
-	// after each accepted connection, which a free descriptor allowed.
+	// missing says the spare is given up (withSpare) or could not be
+	// taken back: retake tries again after each socket opened for a
+	// connection, which a free descriptor allowed.
 	missing atomic.Bool
 
 	logged  logThrottle
@@ -37,38 +39,51 @@ type shedder struct {
 }
 
 func newShedder() *shedder {
-	s := &shedder{open: func() (*os.File, error) { return os.Open(os.DevNull) }}
+	s := &shedder{
+		open:  func() (*os.File, error) { return os.Open(os.DevNull) },
+		pause: func() { time.Sleep(spareRetry) },
+	}
 	_ = s.retakeLocked()
 	return s
 }
 
 // withSpare gives up the spare descriptor while f runs (f accepts and
 // resets one connection, and says what came of it), then takes it back.
-// Another goroutine or loop may take the freed descriptor first (a dial, a
-// scrape of /metrics reading /proc/self/fd): f then fails, and withSpare
-// tries again, twice at most, a moment later, since such a descriptor is
-// usually given back at once. If f still fails, the spare may be missing
-// until retake gets it back: withSpare reports shedFailed, and the caller
-// should wait a little before it accepts again, or it would spin on a
-// listener it cannot drain.
+// Another goroutine or loop may take the freed descriptor first (a dial,
+// an accept, a scrape of /metrics reading /proc/self/fd): f then fails,
+// and withSpare tries again, twice at most, a moment later, since such a
+// descriptor is usually given back at once. The spare counts as missing
+// from the moment it is given up, so that a socket opened for a connection
+// meanwhile waits for the attempt to end and then, if it holds the spare's
+// number, gives it back (tookSpare); withSpare waits between attempts
+// unlocked, to let it. If f still fails, the spare may be missing until
+// retake gets it back: withSpare reports shedFailed, and the caller should
+// wait a little before it accepts again, or it would spin on a listener it
+// cannot drain.
 func (s *shedder) withSpare(f func() shedResult) shedResult {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var r shedResult
 	for try := range spareTries {
 		if try > 0 {
-			time.Sleep(spareRetry)
+			s.pause()
 		}
-		if s.spare != nil {
-			s.spare.Close()
-			s.spare = nil
-		}
-		r = f()
-		_ = s.retakeLocked()
-		if r != shedFailed {
+		if r = s.shedOnce(f); r != shedFailed {
 			break
 		}
 	}
+	return r
+}
+
+// shedOnce is one attempt of withSpare.
+func (s *shedder) shedOnce(f func() shedResult) shedResult {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.spare != nil {
+		s.missing.Store(true) // before the number is free (see withSpare)
+		s.spare.Close()
+		s.spare = nil
+	}
+	r := f()
+	_ = s.retakeLocked()
 	return r
 }
 

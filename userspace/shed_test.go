@@ -2,8 +2,10 @@ package userspace
 
 import (
 	"os"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestShedderTakesBackItsSpare: when the spare descriptor cannot be taken
@@ -168,5 +170,90 @@ func TestShedderTookSpare(t *testing.T) {
 			t.Errorf("spare missing (%v): not taken back after the socket ended", tc.err)
 		}
 		s.close()
+	}
+}
+
+// spareHeldElsewhere is a shedder whose spare cannot be opened while the
+// returned flag is set: a socket opened for a connection holds the number
+// the spare had.
+func spareHeldElsewhere(t *testing.T) (*shedder, *atomic.Bool) {
+	s := newShedder()
+	t.Cleanup(s.close)
+	var held atomic.Bool
+	s.open = func() (*os.File, error) {
+		if held.Load() {
+			return nil, syscall.EMFILE
+		}
+		return os.Open(os.DevNull)
+	}
+	return s, &held
+}
+
+// TestShedderSocketOpenedWhileTheSpareIsGivenUp: a socket opened for a
+// connection by another loop (its accept, or a dial) while a shed has
+// given the spare up may take the spare's number. Its check waits for the
+// shed to end, then gives the number back. It used to find the spare in
+// hand, since the spare counted as missing only once the shed could not
+// take it back: the connection kept the number, the spare was lost, and
+// the clients after it waited instead of being reset (a CI run of
+// TestBinaryOutOfDescriptorsShedsNewClients).
+func TestShedderSocketOpenedWhileTheSpareIsGivenUp(t *testing.T) {
+	s, held := spareHeldElsewhere(t)
+	checked := make(chan bool, 1)
+	r := s.withSpare(func() shedResult {
+		held.Store(true) // the other loop's socket takes the number
+		go func() { checked <- s.tookSpare(func() { held.Store(false) }) }()
+		select {
+		case took := <-checked:
+			t.Fatalf("the socket's check returned %v while the shed was under way; want it to wait", took)
+		case <-time.After(100 * time.Millisecond):
+		}
+		return shedNone // its own accept found nothing waiting
+	})
+	if r != shedNone {
+		t.Fatalf("withSpare = %v, want shedNone", r)
+	}
+	if took := <-checked; !took || held.Load() {
+		t.Fatalf("tookSpare = %v, socket still open %v; want it ended", took, held.Load())
+	}
+	if s.spare == nil || s.missing.Load() {
+		t.Fatal("the spare was not taken back")
+	}
+}
+
+// TestShedderLetsTheSocketOnItsNumberEndBetweenTries: when a shed's own
+// accept fails because a connection's socket took the freed number, the
+// socket's check can end it while the shedder waits to try again, and the
+// next try sheds the connection with the spare. The shedder used to hold
+// its lock while it waited, so every try failed and the client waited.
+func TestShedderLetsTheSocketOnItsNumberEndBetweenTries(t *testing.T) {
+	s, held := spareHeldElsewhere(t)
+	s.pause = func() {
+		checked := make(chan bool, 1)
+		go func() { checked <- s.tookSpare(func() { held.Store(false) }) }()
+		select {
+		case took := <-checked:
+			if !took {
+				t.Error("the socket on the spare's number was kept")
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("the socket's check waited for the shedder's pause")
+		}
+	}
+	tries := 0
+	r := s.withSpare(func() shedResult {
+		if tries++; tries == 1 {
+			held.Store(true) // another loop's socket took the freed number
+		}
+		if held.Load() {
+			return shedFailed // accept: EMFILE
+		}
+		return shedOne
+	})
+	if r != shedOne || tries != 2 {
+		t.Fatalf("withSpare = %v after %d tries; want a shed on the second", r, tries)
+	}
+	if s.spare == nil || s.missing.Load() {
+		t.Fatal("the spare was not taken back")
 	}
 }
