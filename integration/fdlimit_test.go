@@ -304,19 +304,14 @@ func outOfDescriptorsSheds(t *testing.T, bin string) {
 
 	// No descriptor free at all, not even one for accept: the limit is the
 	// lowest free descriptor, so the proxy's spare is below it and every
-	// other one up to it is open.
-	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	open := map[int]bool{}
-	for _, e := range entries {
-		n, _ := strconv.Atoi(e.Name())
-		open[n] = true
-	}
+	// other one up to it is open. The spare's number is free for a moment
+	// while a loop that woke for the last client sheds: the highest of a
+	// few reads is the lowest free one, since no connection opens or
+	// closes meanwhile.
 	lowest := 0
-	for open[lowest] {
-		lowest++
+	for range 5 {
+		lowest = max(lowest, lowestFreeFD(t, pid))
+		time.Sleep(20 * time.Millisecond)
 	}
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(lowest), Max: uint64(lowest)}, nil); err != nil {
 		t.Fatalf("prlimit: %v", err)
@@ -375,6 +370,25 @@ func outOfDescriptorsSheds(t *testing.T, bin string) {
 	t.Logf("%d clients echoed, %d reset, shed_total %v, accepted_total %v", i, resets, shed, accepted)
 }
 
+// lowestFreeFD is the lowest descriptor number process pid has not open.
+func lowestFreeFD(t *testing.T, pid int) int {
+	t.Helper()
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := map[int]bool{}
+	for _, e := range entries {
+		n, _ := strconv.Atoi(e.Name())
+		open[n] = true
+	}
+	lowest := 0
+	for open[lowest] {
+		lowest++
+	}
+	return lowest
+}
+
 // loopbackNodePortManifest is a NodePort Service name, on node port np,
 // with one endpoint at 127.0.0.1:endpointPort.
 func loopbackNodePortManifest(name string, np, endpointPort int) string {
@@ -397,7 +411,10 @@ endpoints: [{addresses: ["127.0.0.1"]}]
 // proxyWithFewDescriptors starts bin on a NodePort Service whose endpoint
 // is 127.0.0.1:endpointPort and, once it serves, limits its open files to
 // those it holds and spare more. It returns the proxy, the node port and
-// the limit.
+// the limit. It counts the open files once every listener is open (the
+// node port, the proxy port, and /metrics when args ask for it), so that
+// none opens later, within the limit: the spare, given up for a moment
+// to shed a client, could lose its number to one.
 func proxyWithFewDescriptors(t *testing.T, bin string, endpointPort, spare int, args ...string) (*proxyProc, int, uint64) {
 	t.Helper()
 	np := freePort(t)
@@ -405,6 +422,12 @@ func proxyWithFewDescriptors(t *testing.T, bin string, endpointPort, spare int, 
 	writeFile(t, file, loopbackNodePortManifest("few", np, endpointPort))
 	p := startCommand(t, bin, append(proxyArgs(file), args...)...)
 	p.waitLog(0, `"Serving".*via="node-port"`, 1, 20*time.Second)
+	p.waitLog(0, `"Serving".*via="proxy-port"`, 1, 20*time.Second)
+	for _, a := range args {
+		if addr, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok && addr != "" {
+			p.waitLog(0, `"Serving /metrics"`, 1, 20*time.Second)
+		}
+	}
 	pid := p.cmd.Process.Pid
 	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
