@@ -91,6 +91,45 @@ func TestBinaryInitOnly(t *testing.T) {
 			}
 		})
 	}
+
+	// A --manifests file is read as a start reads it: one a start would
+	// refuse fails --init-only as it fails the start (exit 1, naming the
+	// file, the line and the field); a good one passes, and nothing is
+	// served.
+	good := filepath.Join(dir, "good.yaml")
+	writeFile(t, good, loopbackNodePortManifest("init", freePort(t), 9))
+	broken := filepath.Join(dir, "broken.yaml")
+	writeFile(t, broken, "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec:\n  ports: [{port: 99999}]\n")
+	missing := filepath.Join(dir, "none.yaml")
+	for _, tc := range []struct {
+		name, file, want string
+		code             int
+	}{
+		{"good manifests", good, "--init-only: nothing needs privileged set-up", 0},
+		{"a bad field in the manifests", broken, broken + ":5: document 1 (Service x/a): spec.ports[0].port: 99999 is out of range 1-65535", 1},
+		{"no manifest file", missing, "manifests: open " + missing + ": no such file or directory", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			px := startProxy(t, "--init-only", "--portal=none", "--manifests", tc.file)
+			err := px.waitExit(10 * time.Second)
+			code := 0
+			var exit *exec.ExitError
+			if errors.As(err, &exit) {
+				code = exit.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tc.code {
+				t.Fatalf("exit status %d, want %d:\n%s", code, tc.code, px.log())
+			}
+			if !strings.Contains(px.log(), tc.want) {
+				t.Errorf("the log does not say %q:\n%s", tc.want, px.log())
+			}
+			if strings.Contains(px.log(), "Starting kube-userspace-proxy") || strings.Contains(px.log(), `"Serving"`) {
+				t.Errorf("--init-only started the proxy:\n%s", px.log())
+			}
+		})
+	}
 }
 
 // TestBinaryAutoPortalInCluster: following a cluster, --portal=auto

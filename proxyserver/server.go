@@ -43,12 +43,19 @@ func Run(ctx context.Context, cfg *Config) error {
 		// proxy itself can run with fewer privileges; a userspace proxy
 		// sets none. As kube-proxy's, which builds its API client first,
 		// it fails as a start would without a source of services.
-		if _, err := nodeName(cfg.HostnameOverride); err != nil {
+		node, err := nodeName(cfg.HostnameOverride)
+		if err != nil {
 			return err
 		}
 		if cfg.Manifests == "" {
 			if _, err := clusterClient(cfg); err != nil {
 				return err
+			}
+		} else {
+			// A file a start would refuse fails this check too.
+			src := &source.Manifests{Path: cfg.Manifests, Options: manifestOptions(cfg, node)}
+			if err := src.Check(ctx); err != nil {
+				return err // says "manifests:" itself
 			}
 		}
 		klog.InfoS("Options are valid; --init-only: nothing needs privileged set-up in a userspace proxy, exiting")
@@ -310,14 +317,8 @@ func Run(ctx context.Context, cfg *Config) error {
 
 	if cfg.Manifests != "" {
 		src := &source.Manifests{
-			Path: cfg.Manifests,
-			Options: source.Options{
-				NodeName:          node,
-				AllowLoopback:     true, // the manifest's author owns this host
-				AllowNoClusterIP:  true, // no cluster allocates ClusterIPs here
-				HostAddrs:         userspace.HostAddrs,
-				NodePortAddresses: cfg.nodePorts,
-			},
+			Path:        cfg.Manifests,
+			Options:     manifestOptions(cfg, node),
 			Status:      dv.sourceRead,
 			HostChanged: hostChanged,
 		}
@@ -469,6 +470,18 @@ func cleanup(ctx context.Context, cfg *Config) error {
 	}
 	klog.InfoS("Cleanup done")
 	return nil
+}
+
+// manifestOptions is how the --manifests source reads the file for this
+// node, at start and for --init-only.
+func manifestOptions(cfg *Config, node string) source.Options {
+	return source.Options{
+		NodeName:          node,
+		AllowLoopback:     true, // the manifest's author owns this host
+		AllowNoClusterIP:  true, // no cluster allocates ClusterIPs here
+		HostAddrs:         userspace.HostAddrs,
+		NodePortAddresses: cfg.nodePorts,
+	}
 }
 
 func nodeName(override string) (string, error) {

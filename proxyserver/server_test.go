@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -168,17 +170,29 @@ func TestPreferredPorts(t *testing.T) {
 // without a source of services (no --manifests, kubeconfig or --master,
 // and not in a cluster), with the same error, as kube-proxy's, which
 // builds its API client first; with one it exits cleanly. It said the
-// options were valid and exited 0.
+// options were valid and exited 0. A --manifests file is read as a start
+// reads it: it said the same of a file a start refuses, or of none.
 func TestInitOnlyChecksTheSource(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	dir := t.TempDir()
+	good, broken := filepath.Join(dir, "services.yaml"), filepath.Join(dir, "broken.yaml")
+	const service = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: x}\nspec:\n  ports: [{port: %d}]\n"
+	if err := os.WriteFile(good, fmt.Appendf(nil, service, 80), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(broken, fmt.Appendf(nil, service, 99999), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		set  func(c *Config)
 		want string // substring of Run's error; "" for none
 	}{
 		{"no source", func(*Config) {}, "no source of services: give --manifests FILE or --kubeconfig/--master, or run inside a cluster"},
-		{"manifests", func(c *Config) { c.Manifests = "services.yaml" }, ""},
+		{"manifests", func(c *Config) { c.Manifests = good }, ""},
+		{"broken manifests", func(c *Config) { c.Manifests = broken }, "manifests: " + broken + ":5: document 1 (Service x/a): spec.ports[0].port: 99999 is out of range 1-65535"},
+		{"no manifest file", func(c *Config) { c.Manifests = filepath.Join(dir, "none.yaml") }, "manifests: open " + filepath.Join(dir, "none.yaml")},
 		{"master", func(c *Config) { c.Master = "http://127.0.0.1:9" }, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -98,37 +98,25 @@ const (
 // apply is called from Run's goroutine, one call at a time. Run returns nil
 // when ctx is done, after every goroutine it started has finished.
 func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
-	if m.Path == "" {
-		return errors.New("manifests: no file given")
-	}
-	path, err := filepath.Abs(m.Path)
+	l, err := m.newLoader()
 	if err != nil {
-		return fmt.Errorf("manifests: %w", err)
+		return err
 	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		return fmt.Errorf("manifests: watch %s: %w", path, err)
+		return fmt.Errorf("manifests: watch %s: %w", l.path, err)
 	}
 	defer w.Close() // waits for the watcher's goroutine
-	l := &loader{name: m.Path, path: path, dir: filepath.Dir(path), opts: m.Options, watcher: w, reloaded: m.reloaded, status: m.Status,
-		read: m.read}
-	if l.read == nil {
-		l.read = readManifest
-	}
+	l.watcher = w
 	// Watch before the first read, so no edit falls between the two.
 	if err := w.Add(l.dir); err != nil {
 		return fmt.Errorf("manifests: watch %s: %w", l.dir, err)
 	}
 	l.dirInfo, _ = os.Stat(l.dir)
 	l.fileInfo, _ = os.Stat(l.path)
-	snap, _, err := l.load(ctx)
-	if ctx.Err() != nil {
-		return nil // stopped while the file was parsed
-	}
-	if err != nil {
-		// Nothing logs the problems of a first read, as logRejected
-		// does an edit's: their lines go in the message.
-		return fmt.Errorf("manifests: %w", withLines(err))
+	snap, err := l.first(ctx)
+	if err != nil || ctx.Err() != nil {
+		return err
 	}
 	l.current = snap
 	l.follow()
@@ -192,6 +180,50 @@ func (m *Manifests) Run(ctx context.Context, apply func(state.Snapshot)) error {
 			}
 		}
 	}
+}
+
+// Check reads the file once, as Run's first read does, and returns the
+// error that would stop Run from starting, or nil; it watches nothing and
+// applies nothing (--init-only). Warnings are logged as Run logs them.
+func (m *Manifests) Check(ctx context.Context) error {
+	l, err := m.newLoader()
+	if err != nil {
+		return err
+	}
+	_, err = l.first(ctx)
+	return err
+}
+
+// newLoader is the loader of m's file, without a watcher yet.
+func (m *Manifests) newLoader() (*loader, error) {
+	if m.Path == "" {
+		return nil, errors.New("manifests: no file given")
+	}
+	path, err := filepath.Abs(m.Path)
+	if err != nil {
+		return nil, fmt.Errorf("manifests: %w", err)
+	}
+	l := &loader{name: m.Path, path: path, dir: filepath.Dir(path), opts: m.Options, reloaded: m.reloaded, status: m.Status,
+		read: m.read}
+	if l.read == nil {
+		l.read = readManifest
+	}
+	return l, nil
+}
+
+// first is the first read of the file, which must be good for the proxy
+// to start. Stopped meanwhile (ctx done), it returns no error.
+func (l *loader) first(ctx context.Context) (state.Snapshot, error) {
+	snap, _, err := l.load(ctx)
+	if ctx.Err() != nil {
+		return state.Snapshot{}, nil // stopped while the file was parsed
+	}
+	if err != nil {
+		// Nothing logs the problems of a first read, as logRejected
+		// does an edit's: their lines go in the message.
+		return state.Snapshot{}, fmt.Errorf("manifests: %w", withLines(err))
+	}
+	return snap, nil
 }
 
 // loader reads the manifest file and remembers what it last saw, so that

@@ -724,3 +724,37 @@ func TestManifestsStatusNamesLines(t *testing.T) {
 		})
 	}
 }
+
+// TestManifestsCheck: Check reads the file as Run's first read does: a
+// good file is nil, and a broken or missing one is the error that stops
+// Run, naming the file, the line and the field.
+func TestManifestsCheck(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	broken := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(good, []byte(manifestWith("127.0.0.1")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(broken, []byte(strings.Replace(manifestWith("127.0.0.1"), "127.0.0.1", "127.0.0.300", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ path, want string }{
+		{good, ""},
+		{broken, "manifests: " + broken + ":"},
+		{filepath.Join(dir, "none.yaml"), "no such file or directory"},
+	} {
+		m := &Manifests{Path: tc.path, Options: Options{AllowLoopback: true}}
+		err := m.Check(context.Background())
+		t.Logf("%s: %v", filepath.Base(tc.path), err)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("Check(%s) = %v, want %q", filepath.Base(tc.path), err, tc.want)
+		}
+		if tc.want == "" {
+			continue
+		}
+		runErr := m.Run(context.Background(), func(state.Snapshot) { t.Errorf("Run applied %s", tc.path) })
+		if runErr == nil || runErr.Error() != err.Error() {
+			t.Errorf("Run(%s) = %v; Check said %v", filepath.Base(tc.path), runErr, err)
+		}
+	}
+}
