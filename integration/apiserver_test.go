@@ -47,10 +47,14 @@ const serviceCIDR = "198.18.0.0/16"
 const adminToken = "kup-integration-admin"
 
 // limitedToken authenticates as limitedUser, who may do only what RBAC
-// objects a test creates allow.
+// objects a test creates allow. A test that runs in parallel with another
+// that grants limitedUser roles has a user of its own (listOnlyUser): the
+// other's grants would be its too.
 const (
-	limitedToken = "kup-integration-limited"
-	limitedUser  = "kup-limited"
+	limitedToken  = "kup-integration-limited"
+	limitedUser   = "kup-limited"
+	listOnlyToken = "kup-integration-list-only"
+	listOnlyUser  = "kup-list-only"
 )
 
 // apiServer is an etcd and a kube-apiserver on loopback, shared by the
@@ -181,7 +185,11 @@ func startAPIServer() (api *apiServer, skip bool, err error) {
 	if err := writeServiceAccountKey(saKey); err != nil {
 		return nil, false, err
 	}
-	if err := os.WriteFile(tokens, []byte(adminToken+`,admin,admin,"system:masters"`+"\n"+limitedToken+","+limitedUser+","+limitedUser+"\n"), 0o600); err != nil {
+	users := adminToken + `,admin,admin,"system:masters"` + "\n"
+	for _, u := range [][2]string{{limitedToken, limitedUser}, {listOnlyToken, listOnlyUser}} {
+		users += u[0] + "," + u[1] + "," + u[1] + "\n"
+	}
+	if err := os.WriteFile(tokens, []byte(users), 0o600); err != nil {
 		return nil, false, err
 	}
 	certDir := filepath.Join(dir, "certs")

@@ -37,6 +37,12 @@ func createNode(t *testing.T, c kubernetes.Interface, node *corev1.Node) {
 // limitedUser, both deleted when the test ends.
 func bindClusterRole(t *testing.T, c kubernetes.Interface, name string, rules ...rbacv1.PolicyRule) {
 	t.Helper()
+	bindClusterRoleTo(t, c, limitedUser, name, rules...)
+}
+
+// bindClusterRoleTo is bindClusterRole for user.
+func bindClusterRoleTo(t *testing.T, c kubernetes.Interface, user, name string, rules ...rbacv1.PolicyRule) {
+	t.Helper()
 	ctx := context.Background()
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
 	if _, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
@@ -45,7 +51,7 @@ func bindClusterRole(t *testing.T, c kubernetes.Interface, name string, rules ..
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
-		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: limitedUser}},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},
 	}
 	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -108,11 +114,13 @@ func TestBinaryListWithoutWatchSaysSo(t *testing.T) {
 	c := api.Client
 	name := fmt.Sprintf("kup-rbac-list-%d", time.Now().UnixNano())
 	read := []string{"get", "list", "watch"}
-	bindClusterRole(t, c, name,
+	// Its own user: TestBinaryForbiddenNodeSaysSo, run alongside, lets
+	// limitedUser watch EndpointSlices.
+	bindClusterRoleTo(t, c, listOnlyUser, name,
 		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"services", "nodes"}, Verbs: read},
 		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list"}})
 	kubeconfig := filepath.Join(t.TempDir(), "limited.kubeconfig")
-	if err := api.kubeconfigFor(limitedToken, kubeconfig); err != nil {
+	if err := api.kubeconfigFor(listOnlyToken, kubeconfig); err != nil {
 		t.Fatal(err)
 	}
 	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
@@ -125,7 +133,7 @@ func TestBinaryListWithoutWatchSaysSo(t *testing.T) {
 		t.Errorf("the proxy says reading is forbidden though it lists:\n%s", px.log())
 	}
 
-	bindClusterRole(t, c, name+"-watch",
+	bindClusterRoleTo(t, c, listOnlyUser, name+"-watch",
 		rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"watch"}})
 	// client-go retries with a back-off of up to a minute.
 	px.waitLog(0, `"The API server lets the proxy watch again; changes are served as they come" resource="endpointslices"`, 1, 90*time.Second)
