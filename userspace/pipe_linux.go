@@ -35,8 +35,9 @@ type pipe struct{ r, w int }
 var idlePipes = make(chan *pipe, maxIdlePipes)
 
 // getPipe takes a pipe from the pool, or makes one whose descriptors are
-// under fds's ceiling.
-func getPipe(fds *fdCeilings) (*pipe, error) {
+// under px's ceiling and not on the spare's number: the pool would keep
+// it (tookSpare).
+func getPipe(px *Proxier) (*pipe, error) {
 	select {
 	case p := <-idlePipes:
 		return p, nil
@@ -46,10 +47,16 @@ func getPipe(fds *fdCeilings) (*pipe, error) {
 	if err := unix.Pipe2(pfd[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		return nil, err
 	}
-	if !fds.connFD(max(pfd[0], pfd[1])) {
-		rawClose(pfd[0]) // down to the reserve (fdreserve.go)
+	closePipe := func() {
+		rawClose(pfd[0])
 		rawClose(pfd[1])
-		return nil, fds.errFDReserve()
+	}
+	if !px.fds.connFD(max(pfd[0], pfd[1])) {
+		closePipe() // down to the reserve (fdreserve.go)
+		return nil, px.fds.errFDReserve()
+	}
+	if px.shed.tookSpare(closePipe) {
+		return nil, unix.EMFILE
 	}
 	// Best effort: a larger pipe means fewer splice calls for bulk
 	// transfers; the default (64 KiB) is fine too.

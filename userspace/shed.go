@@ -126,12 +126,13 @@ func (s *shedder) retake() bool {
 	return !isResourceExhausted(s.retakeLocked())
 }
 
-// tookSpare checks a socket just opened for a connection, accepted or
-// dialed: when the spare is missing for want of descriptors (retake), the
-// socket took the number a shed elsewhere had freed for a moment while the
-// spare was closed. Then it ends the socket with end, so that the spare
-// takes the number back and the clients after it are reset, not left
-// waiting; and it reports true, for the caller to count a shed.
+// tookSpare checks a socket just opened for a connection (accepted or
+// dialed) or for a UDP session: when the spare is missing for want of
+// descriptors (retake), the socket took the number a shed elsewhere had
+// freed for a moment while the spare was closed. Then it ends the socket
+// with end, so that the spare takes the number back and the clients after
+// it are reset, not left waiting; and it reports true, for the caller to
+// count a shed.
 func (s *shedder) tookSpare(end func()) bool {
 	if s.retake() {
 		return false

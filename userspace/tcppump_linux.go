@@ -327,7 +327,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			continue
 		}
 		var err error
-		if d.p, err = getPipe(&p.fds); err != nil {
+		if d.p, err = getPipe(p); err != nil {
 			// Out of descriptors for a pipe: copy through the scratch
 			// buffer instead, as for small reads. A connection already
 			// being served must not be cut for want of a pipe; pipes are

@@ -264,7 +264,7 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 	if !ok {
 		return nil
 	}
-	fd, err := dialEndpointUDP(ep, &l.sp.p.fds)
+	fd, err := dialEndpointUDP(ep, p)
 	if err != nil {
 		l.sp.udpDialFailed(ep, err)
 		return nil
@@ -290,16 +290,19 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 }
 
 // dialEndpointUDP returns a non-blocking UDP socket connected to ep, under
-// fds's ceiling.
-func dialEndpointUDP(ep netip.AddrPort, fds *fdCeilings) (int, error) {
+// p's descriptor ceiling and not on the spare's number (tookSpare).
+func dialEndpointUDP(ep netip.AddrPort, p *Proxier) (int, error) {
 	f := familyOf(ep.Addr())
 	fd, err := udpSocket(f)
 	if err != nil {
 		return -1, err
 	}
-	if !fds.connFD(fd) {
+	if !p.fds.connFD(fd) {
 		rawClose(fd) // down to the reserve (fdreserve.go)
-		return -1, fds.errFDReserve()
+		return -1, p.fds.errFDReserve()
+	}
+	if p.shed.tookSpare(func() { rawClose(fd) }) {
+		return -1, unix.EMFILE
 	}
 	growRcvBuf(fd) // see frontendRcvBuf
 	if err := rawConnect(fd, f, ep); err != nil {
