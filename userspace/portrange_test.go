@@ -256,7 +256,9 @@ func noPanic(t *testing.T, what string, f func()) {
 // fail.
 func TestPreferredPortPastAShrunkRange(t *testing.T) {
 	be := startTCPBackend(t, "a")
-	r := PortRange{Base: 26540, Size: 4}
+	// Free ports, and free just outside too, so that a proxy port taken
+	// there would bind.
+	r := PortRange{Base: freePortRun(t, 6) + 1, Size: 4}
 	for _, prev := range []uint16{r.Base + uint16(r.Size), r.Base - 1} {
 		t.Run(fmt.Sprint(prev), func(t *testing.T) {
 			p := newTestProxier(t, Config{PortRange: r,
