@@ -118,12 +118,31 @@ func (c *fdCeilings) errFDReserve() error { return c.errReserve.Load() }
 // pipe, is one the data plane may keep.
 func (c *fdCeilings) connFD(fd int) bool { return int64(fd) < c.conns.Load() }
 
-// conn reports whether sc, a connection Go's net package (or package
-// sctp) opened, may be kept (see connFD). It costs a small allocation and
-// no system call.
-func (c *fdCeilings) conn(sc syscall.Conn) bool {
+// keepFD checks fd, the highest descriptor just opened for a connection,
+// a UDP session or a pipe: it must be under the ceiling (connFD), and not
+// hold the spare's number (shedder.tookSpare). It returns nil to keep it;
+// otherwise it has ended it with end, and says why: the reserve's error,
+// or EMFILE.
+func (p *Proxier) keepFD(fd int, end func()) error {
+	if !p.fds.connFD(fd) {
+		end() // down to the reserve
+		return p.fds.errFDReserve()
+	}
+	if p.shed.tookSpare(end) {
+		return syscall.EMFILE
+	}
+	return nil
+}
+
+// keepConn is keepFD for a connection Go's net package (or package sctp)
+// opened. Reading its descriptor costs a small allocation and no system
+// call; one that cannot be read counts as under the ceiling.
+func (p *Proxier) keepConn(sc syscall.Conn, end func()) error {
 	fd, ok := fdOf(sc)
-	return !ok || c.connFD(fd)
+	if !ok {
+		fd = -1
+	}
+	return p.keepFD(fd, end)
 }
 
 // accepted reports whether sc, a connection a goroutine accept loop just

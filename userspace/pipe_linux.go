@@ -51,12 +51,8 @@ func getPipe(px *Proxier) (*pipe, error) {
 		rawClose(pfd[0])
 		rawClose(pfd[1])
 	}
-	if !px.fds.connFD(max(pfd[0], pfd[1])) {
-		closePipe() // down to the reserve (fdreserve.go)
-		return nil, px.fds.errFDReserve()
-	}
-	if px.shed.tookSpare(closePipe) {
-		return nil, unix.EMFILE
+	if err := px.keepFD(max(pfd[0], pfd[1]), closePipe); err != nil {
+		return nil, err
 	}
 	// Best effort: a larger pipe means fewer splice calls for bulk
 	// transfers; the default (64 KiB) is fine too.

@@ -128,14 +128,11 @@ func (l *sctpListener) serve(client *sctp.Conn) {
 			// counts from here, and is up at the deadline whatever.
 			clock.start(nil)
 			c, err := sctp.Dial(ctx, ep, sctp.Options{OutStreams: in, SendBuffer: maxSCTPMessage / 2})
-			switch {
-			case err != nil:
+			if err != nil {
 				return nil, err
-			case !p.fds.conn(c):
-				c.Abort() // down to the reserve (fdreserve.go)
-				return nil, p.fds.errFDReserve()
-			case p.shed.tookSpare(func() { c.Abort() }):
-				return nil, unix.EMFILE
+			}
+			if err := p.keepConn(c, func() { c.Abort() }); err != nil {
+				return nil, err
 			}
 			return c, nil
 		})

@@ -152,15 +152,7 @@ func TestShedderTookSpare(t *testing.T) {
 	} {
 		s := newShedder()
 		if tc.missing {
-			s.close()
-			s.missing.Store(true)
-			opens := 0
-			s.open = func() (*os.File, error) {
-				if opens++; opens == 1 {
-					return nil, tc.err
-				}
-				return os.Open(os.DevNull)
-			}
+			loseSpare(s, tc.err)
 		}
 		ended := false
 		if got := s.tookSpare(func() { ended = true }); got != tc.took || ended != tc.took {
@@ -170,6 +162,24 @@ func TestShedderTookSpare(t *testing.T) {
 			t.Errorf("spare missing (%v): not taken back after the socket ended", tc.err)
 		}
 		s.close()
+	}
+}
+
+// loseSpare makes s's spare missing, as a shed elsewhere leaves it when a
+// socket took its number: its next reopening fails with err, and those
+// after it succeed (the socket was ended). It holds s's lock, under which
+// the loops open the spare.
+func loseSpare(s *shedder, err error) {
+	s.close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.missing.Store(true)
+	opens := 0
+	s.open = func() (*os.File, error) {
+		if opens++; opens == 1 {
+			return nil, err
+		}
+		return os.Open(os.DevNull)
 	}
 }
 

@@ -3,7 +3,6 @@
 package userspace
 
 import (
-	"os"
 	"syscall"
 	"testing"
 
@@ -22,17 +21,7 @@ func TestUDPSessionOnTheSparesNumberIsDropped(t *testing.T) {
 	p := newTestProxier(t, Config{})
 	name := spn("dns", "dns", state.UDP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 53, ClusterEndpoints: eps(be.addr())})
-	p.shed.close()
-	p.shed.mu.Lock() // the loops read open under it
-	p.shed.missing.Store(true)
-	opens := 0
-	p.shed.open = func() (*os.File, error) {
-		if opens++; opens == 1 {
-			return nil, syscall.EMFILE // the session's socket holds the number
-		}
-		return os.Open(os.DevNull)
-	}
-	p.shed.mu.Unlock()
+	loseSpare(p.shed, syscall.EMFILE) // the session's socket holds the number
 
 	c := dialUDP(t, proxyAddr(t, p, name))
 	if _, err := c.Write([]byte("first")); err != nil {

@@ -164,15 +164,7 @@ func TestKeepAcceptedShedsTheConnectionThatTookTheSparesNumber(t *testing.T) {
 	}{{syscall.EMFILE, false}, {syscall.EACCES, true}} {
 		p := newTestProxier(t, Config{})
 		sp := &servicePort{p: p, name: state.ServicePortName{Namespace: "test", Name: "web", Port: "http", Protocol: state.TCP}}
-		p.shed.close()
-		p.shed.missing.Store(true)
-		opens := 0
-		p.shed.open = func() (*os.File, error) {
-			if opens++; opens == 1 {
-				return nil, tc.openErr
-			}
-			return os.Open(os.DevNull)
-		}
+		loseSpare(p.shed, tc.openErr)
 		ln, _ := listenForShed(t)
 		client, err := net.Dial("tcp4", ln.Addr().String())
 		if err != nil {

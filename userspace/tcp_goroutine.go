@@ -108,12 +108,8 @@ func (l *tcpListener) serveConn(c *net.TCPConn) {
 				return nil, err
 			}
 			tc := c.(*net.TCPConn)
-			if !p.fds.conn(tc) {
-				resetTCP(tc) // down to the reserve (fdreserve.go)
-				return nil, p.fds.errFDReserve()
-			}
-			if p.shed.tookSpare(func() { resetTCP(tc) }) {
-				return nil, syscall.EMFILE
+			if err := p.keepConn(tc, func() { resetTCP(tc) }); err != nil {
+				return nil, err
 			}
 			if header != nil {
 				if err := sendHeader(ctx, tc, header); err != nil {

@@ -22,13 +22,8 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 	c.deadline = time.Now().Add(p.cfg.DialTimeouts[c.attempt])
 	fam := familyOf(ep.Addr())
 	fd, err := rawSocket(domainOf(fam), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-	switch {
-	case err != nil:
-	case !p.fds.connFD(fd):
-		rawClose(fd) // down to the reserve (fdreserve.go)
-		err = p.fds.errFDReserve()
-	case p.shed.tookSpare(func() { rawClose(fd) }):
-		err = unix.EMFILE
+	if err == nil {
+		err = p.keepFD(fd, func() { rawClose(fd) })
 	}
 	if err != nil {
 		if isResourceExhausted(err) {

@@ -237,14 +237,10 @@ func (l *tcpListener) accept(a *tcpAccepter) bool {
 			return false
 		}
 		p.stats.TCPAccepted.Add(1)
-		if !p.fds.connFD(nfd) {
-			// Down to the reserve (fdreserve.go): shed it, as at EMFILE.
-			resetFD(nfd)
-			p.shed.report(&p.stats, p.fds.errFDReserve(), l.sp.name.String(), true)
-			continue
-		}
-		if p.shed.tookSpare(func() { resetFD(nfd) }) {
-			p.shed.report(&p.stats, unix.EMFILE, l.sp.name.String(), true)
+		if err := p.keepFD(nfd, func() { resetFD(nfd) }); err != nil {
+			// Down to the reserve (fdreserve.go), or on the spare's
+			// number: shed it, as at EMFILE.
+			p.shed.report(&p.stats, err, l.sp.name.String(), true)
 			continue
 		}
 		if !l.sp.admits(l.role, l.addr, client) || l.role == roleNodePort && l.servesServiceAddrs(nfd, client) {

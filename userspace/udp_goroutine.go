@@ -190,13 +190,8 @@ func (l *udpListener) session(client netip.AddrPort, dst netip.Addr) *udpSession
 		return nil
 	}
 	conn, err := net.DialUDP(udpNetwork(ep), nil, net.UDPAddrFromAddrPort(ep))
-	switch {
-	case err != nil:
-	case !p.fds.conn(conn):
-		conn.Close() // down to the reserve (fdreserve.go)
-		err = p.fds.errFDReserve()
-	case p.shed.tookSpare(func() { conn.Close() }):
-		err = syscall.EMFILE
+	if err == nil {
+		err = p.keepConn(conn, func() { conn.Close() })
 	}
 	if err != nil {
 		l.sp.udpDialFailed(ep, err)

@@ -297,12 +297,8 @@ func dialEndpointUDP(ep netip.AddrPort, p *Proxier) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	if !p.fds.connFD(fd) {
-		rawClose(fd) // down to the reserve (fdreserve.go)
-		return -1, p.fds.errFDReserve()
-	}
-	if p.shed.tookSpare(func() { rawClose(fd) }) {
-		return -1, unix.EMFILE
+	if err := p.keepFD(fd, func() { rawClose(fd) }); err != nil {
+		return -1, err
 	}
 	growRcvBuf(fd) // see frontendRcvBuf
 	if err := rawConnect(fd, f, ep); err != nil {
