@@ -8,7 +8,7 @@ PROXY    := $(BIN)/kube-userspace-proxy
 FUZZTIME ?= 10s
 export GOFLAGS ?= -buildvcs=false
 
-.PHONY: all build run demo test check fmt vet staticcheck unit integration test-sctp fuzz bench deps clean
+.PHONY: all build run demo test check fmt vet vet-linux vet-other staticcheck unit integration test-sctp fuzz bench deps clean
 
 all: build
 
@@ -35,8 +35,14 @@ demo: build
 	./hack/demo.sh
 
 ## test: everything CI runs: build, check, integration tests, the SCTP tests
-## in a VM, a short fuzz pass.
-test: deps build check integration test-sctp fuzz
+## in a VM, a short fuzz pass. Work that only compiles runs beside tests that
+## mostly wait, at the lowest CPU priority (hack/beside.sh): the build of
+## kube-apiserver and etcd beside the unit tests, the vets for other systems,
+## staticcheck and the SCTP VM's binaries beside the integration tests.
+test: deps
+	./hack/beside.sh ./hack/kube-tools.sh -- $(MAKE) --no-print-directory build fmt vet-linux unit
+	./hack/beside.sh '$(MAKE) --no-print-directory vet-other staticcheck && SCTP_BUILD_ONLY=1 ./hack/test-sctp.sh' -- $(MAKE) --no-print-directory integration
+	$(MAKE) --no-print-directory test-sctp fuzz
 	@echo "make test: all passed"
 
 deps:
@@ -49,10 +55,15 @@ fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-vet:
+vet: vet-linux vet-other
+
+vet-linux:
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./integration/...
 	$(GO) vet -tags goroutines ./userspace
+
+# The other systems the proxy builds for.
+vet-other:
 	GOOS=darwin $(GO) vet ./...
 	GOOS=freebsd $(GO) vet ./...
 	GOOS=windows $(GO) vet ./...

@@ -25,6 +25,10 @@
 #                     "-test.v -test.run=SCTP -test.timeout=360s"); keep
 #                     -test.timeout below VM_TIMEOUT (default 420s)
 #   SCTPVM_BUILD      build directory (default bin/sctpvm, not committed)
+#   SCTP_BUILD_ONLY   1: install qemu, fetch the kernel and build the
+#                     binaries, then exit 0 without booting (`make test`
+#                     does this beside the integration tests, so that its
+#                     later run only links)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -113,6 +117,10 @@ if ((${#tests[@]} == 0)); then
 	exit 1
 fi
 
+if [[ "${SCTP_BUILD_ONLY:-}" == 1 ]]; then
+	say "SCTP_BUILD_ONLY=1: built in $((SECONDS - started))s; not booting"
+	exit 0
+fi
 say "$((SECONDS - started))s before boot"
 # run-vm.sh prints the closing count line and exits with the result.
 exec "$here/sctpvm/run-vm.sh" -file "$build/kube-userspace-proxy:/bin/kube-userspace-proxy" \
