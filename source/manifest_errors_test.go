@@ -236,6 +236,27 @@ endpoints:
 			},
 		},
 		{
+			// Refused since 1.36 (StrictIPCIDRValidation) in every field
+			// the proxy reads an address from, as in an endpoint.
+			name: "IPv4-mapped addresses in a Service",
+			data: svcHead + `spec:
+  type: LoadBalancer
+  clusterIP: "::ffff:10.0.0.1"
+  clusterIPs: ["::ffff:10.0.0.1"]
+  externalIPs: [192.0.2.1, "::ffff:192.0.2.2"]
+  ports: [{port: 80, nodePort: 30080}]
+status:
+  loadBalancer:
+    ingress: [{ip: "::ffff:198.51.100.1"}]
+`,
+			want: []string{
+				"document 1 (Service demo/web): spec.clusterIP: ::ffff:10.0.0.1 is an IPv4-mapped IPv6 address, which the API server refuses (write 10.0.0.1)",
+				"document 1 (Service demo/web): spec.clusterIPs[0]: ::ffff:10.0.0.1 is an IPv4-mapped IPv6 address, which the API server refuses (write 10.0.0.1)",
+				"document 1 (Service demo/web): spec.externalIPs[1]: ::ffff:192.0.2.2 is an IPv4-mapped IPv6 address, which the API server refuses (write 192.0.2.2)",
+				"document 1 (Service demo/web): status.loadBalancer.ingress[0].ip: ::ffff:198.51.100.1 is an IPv4-mapped IPv6 address, which the API server refuses (write 198.51.100.1)",
+			},
+		},
+		{
 			name: "duplicate objects name both documents, also inside a List",
 			data: good + "---\n" + sliceHead + "addressType: IPv4\n---\n" +
 				"apiVersion: v1\nkind: List\nitems:\n- " + strings.ReplaceAll(strings.TrimSpace(sliceHead), "\n", "\n  ") + "\n  addressType: IPv4\n",

@@ -386,6 +386,46 @@ spec:
 			},
 		},
 		{
+			// The API server warns of these (GetWarningsForIP) and
+			// takes them; so does the proxy. Ingress IPs and endpoint
+			// addresses it takes without a word.
+			name: "IPv6 addresses not in canonical form",
+			data: `apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: "FD5E:B1B5::10"
+  externalIPs: ["fd5e:b1b5::20", "fd5e:b1b5:0:0:0:0:0:21"]
+  ports: [{port: 80}]
+status:
+  loadBalancer:
+    ingress: [{ip: "fd5e:b1b5:0::30"}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dual}
+spec:
+  clusterIP: 198.18.0.10
+  clusterIPs: [198.18.0.10, "fd5e:b1b5:0::40"]
+  ipFamilyPolicy: PreferDualStack
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+endpoints: [{addresses: ["FD5E:B1B5::2"]}]
+ports: [{port: 80}]
+`,
+			wantServices: 2,
+			wantSlcs:     1,
+			wantWarnings: []string{
+				"demo.yaml: document 1 (Service default/web): spec.clusterIP: FD5E:B1B5::10 is an IPv6 address not in its canonical form: the API server takes it with a warning (write fd5e:b1b5::10)",
+				"demo.yaml: document 1 (Service default/web): spec.externalIPs[1]: fd5e:b1b5:0:0:0:0:0:21 is an IPv6 address not in its canonical form: the API server takes it with a warning (write fd5e:b1b5::21)",
+				"demo.yaml: document 2 (Service default/dual): spec.clusterIPs[1]: fd5e:b1b5:0::40 is an IPv6 address not in its canonical form: the API server takes it with a warning (write fd5e:b1b5::40)",
+			},
+		},
+		{
 			// A node port number of one protocol in two Services: a
 			// cluster would refuse it; both are served. One Service's
 			// ports of two protocols may share the number.

@@ -82,12 +82,22 @@ func (fs *findings) ip(p *field.Path, s string, family discoveryv1.AddressType) 
 		// The API server's family check (k8s.io/utils/net.IsIPv6String)
 		// counts it as IPv4.
 		fs.errorf(p, "%s is an IPv4-mapped address, not an IPv6 address: the API server refuses it here (write %s in an IPv4 EndpointSlice)", s, ip.Unmap())
-	case family == discoveryv1.AddressTypeIPv4 && ip.Is4In6():
+	case ip.Is4In6():
 		// IPv4 to the family check (IsIPv4String), but refused since
-		// 1.36 (StrictIPCIDRValidation), as leading zeros are.
+		// 1.36 (StrictIPCIDRValidation), as leading zeros are, in every
+		// address field the proxy reads.
 		fs.errorf(p, "%s is an IPv4-mapped IPv6 address, which the API server refuses (write %s)", s, ip.Unmap())
 	case family == discoveryv1.AddressTypeIPv4 && !ip.Is4(), family == discoveryv1.AddressTypeIPv6 && !ip.Is6():
 		fs.errorf(p, "%s is not an %s address", s, family)
+	}
+}
+
+// canonicalIPv6 warns of an IPv6 address not written in its canonical
+// form (RFC 5952), as the API server warns of one in spec.clusterIPs and
+// spec.externalIPs. The proxy reads it all the same.
+func (fs *findings) canonicalIPv6(p *field.Path, s string) {
+	if ip, err := netip.ParseAddr(s); err == nil && ip.Is6() && !ip.Is4In6() && ip.String() != s {
+		fs.warnf(p, "%s is an IPv6 address not in its canonical form: the API server takes it with a warning (write %s)", s, ip)
 	}
 }
 
@@ -124,6 +134,7 @@ func validateService(svc *corev1.Service) []finding {
 	validateIPFamilyPolicy(&fs, svc)
 	for i, s := range svc.Spec.ExternalIPs {
 		fs.ip(spec.Child("externalIPs").Index(i), s, "")
+		fs.canonicalIPv6(spec.Child("externalIPs").Index(i), s)
 	}
 	if ranges := svc.Spec.LoadBalancerSourceRanges; len(ranges) > 0 {
 		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
@@ -275,10 +286,13 @@ func orTCP(p corev1.Protocol) corev1.Protocol {
 // clusterIP.
 func validateClusterIPs(fs *findings, svc *corev1.Service) {
 	spec := field.NewPath("spec")
+	ips := svc.Spec.ClusterIPs
 	if ip := svc.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
 		fs.ip(spec.Child("clusterIP"), ip, "")
+		if len(ips) == 0 { // else clusterIPs[0] is warned of
+			fs.canonicalIPv6(spec.Child("clusterIP"), ip)
+		}
 	}
-	ips := svc.Spec.ClusterIPs
 	if len(ips) == 0 {
 		return
 	}
@@ -298,6 +312,7 @@ func validateClusterIPs(fs *findings, svc *corev1.Service) {
 			continue
 		}
 		fs.ip(p.Index(i), s, "")
+		fs.canonicalIPv6(p.Index(i), s)
 	}
 	if len(ips) == 2 {
 		a, errA := parseIP(ips[0])
