@@ -195,13 +195,35 @@ func (c *fdCeilings) listenerFD(fd int) error {
 // counted.
 func (c *fdCeilings) listenerClosed() { c.listeners.Add(-1) }
 
-// listenerConn is listenerFD for a socket Go's net package opened.
-func (c *fdCeilings) listenerConn(sc syscall.Conn) error {
+// keepListener checks fd, a listening socket just opened: it must have
+// room among the listeners (fds.listenerFD), and not hold the spare's
+// number (shedder.tookSpare), which it would keep for as long as its port
+// is served, leaving new clients waiting instead of reset while
+// descriptors run out. It returns nil to keep it, counted; otherwise it
+// has closed it with end, and says why: the listeners' or the reserve's
+// error, or EMFILE, which the next sync tries again after, as after any
+// listener refused for want of descriptors.
+func (p *Proxier) keepListener(fd int, end func()) error {
+	if err := p.fds.listenerFD(fd); err != nil {
+		end()
+		return err
+	}
+	if p.shed.tookSpare(end) {
+		p.fds.listenerClosed()
+		return syscall.EMFILE
+	}
+	return nil
+}
+
+// keepListenerConn is keepListener for a socket Go's net package (or
+// package sctp) opened; one whose descriptor cannot be read is counted
+// all the same.
+func (p *Proxier) keepListenerConn(sc syscall.Conn, end func()) error {
 	fd, ok := fdOf(sc)
 	if !ok {
-		fd = -1 // unknown: counted all the same
+		fd = -1
 	}
-	return c.listenerFD(fd)
+	return p.keepListener(fd, end)
 }
 
 // fdOf returns sc's descriptor.
@@ -240,8 +262,7 @@ func (p *Proxier) CountListener(ln net.Listener) (net.Listener, error) {
 	if !ok {
 		return ln, nil
 	}
-	if err := p.fds.listenerConn(sc); err != nil {
-		ln.Close()
+	if err := p.keepListenerConn(sc, func() { ln.Close() }); err != nil {
 		return nil, err
 	}
 	return &countedListener{Listener: ln, fds: &p.fds}, nil

@@ -62,8 +62,7 @@ func listenSCTP(sp *servicePort, k sockKey) (socket, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := sp.p.fds.listenerConn(ln); err != nil {
-		ln.Close()
+	if err := sp.p.keepListenerConn(ln, func() { ln.Close() }); err != nil {
 		return nil, err
 	}
 	l := &sctpListener{sp: sp, role: k.role, addr: k.addr.Addr(), ln: ln, done: make(chan struct{})}

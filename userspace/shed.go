@@ -127,12 +127,12 @@ func (s *shedder) retake() bool {
 }
 
 // tookSpare checks a socket just opened for a connection (accepted or
-// dialed) or for a UDP session: when the spare is missing for want of
-// descriptors (retake), the socket took the number a shed elsewhere had
-// freed for a moment while the spare was closed. Then it ends the socket
-// with end, so that the spare takes the number back and the clients after
-// it are reset, not left waiting; and it reports true, for the caller to
-// count a shed.
+// dialed), a UDP session, a splice pipe or a listener: when the spare is
+// missing for want of descriptors (retake), the socket took the number a
+// shed elsewhere had freed for a moment while the spare was closed. Then
+// it ends the socket with end, so that the spare takes the number back and
+// the clients after it are reset, not left waiting; and it reports true,
+// for the caller to count a shed (or, for a listener, refuse it).
 func (s *shedder) tookSpare(end func()) bool {
 	if s.retake() {
 		return false

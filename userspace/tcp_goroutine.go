@@ -43,8 +43,7 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 		return nil, err
 	}
 	ln := nl.(*net.TCPListener)
-	if err := sp.p.fds.listenerConn(ln); err != nil {
-		ln.Close()
+	if err := sp.p.keepListenerConn(ln, func() { ln.Close() }); err != nil {
 		return nil, err
 	}
 	l := &tcpListener{sp: sp, role: k.role, addr: k.addr.Addr(), ln: ln, done: make(chan struct{})}

@@ -43,8 +43,7 @@ func listenTCP(sp *servicePort, k sockKey) (socket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("socket: %w", err)
 	}
-	if err := sp.p.fds.listenerFD(fd); err != nil {
-		unix.Close(fd)
+	if err := sp.p.keepListener(fd, func() { unix.Close(fd) }); err != nil {
 		return nil, fmt.Errorf("socket: %w", err)
 	}
 	fail := func(op string, err error) (socket, error) {

@@ -56,8 +56,7 @@ func listenUDP(sp *servicePort, k sockKey) (socket, error) {
 		conn.Close()
 		return nil, err
 	}
-	if err := sp.p.fds.listenerConn(conn); err != nil {
-		conn.Close()
+	if err := sp.p.keepListenerConn(conn, func() { conn.Close() }); err != nil {
 		return nil, err
 	}
 	_ = l.rc.Control(func(fd uintptr) { growRcvBuf(int(fd)) })

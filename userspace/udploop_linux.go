@@ -82,8 +82,7 @@ func (g *udpGroup) add(l *udpListener, addr netip.AddrPort, shared bool) error {
 	if err != nil {
 		return err
 	}
-	if err := l.sp.p.fds.listenerFD(fd); err != nil {
-		unix.Close(fd)
+	if err := l.sp.p.keepListener(fd, func() { unix.Close(fd) }); err != nil {
 		return err
 	}
 	l.fd, l.port = fd, port // before the loop can see an event for it

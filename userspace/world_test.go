@@ -364,8 +364,7 @@ func withoutAcceptLoop(t *testing.T, p *Proxier, name state.ServicePortName, ln 
 	io.Closer
 }) (*servicePort, chan struct{}) {
 	t.Helper()
-	if err := p.fds.listenerConn(ln); err != nil {
-		ln.Close()
+	if err := p.keepListenerConn(ln, func() { ln.Close() }); err != nil {
 		t.Fatal(err)
 	}
 	p.mu.Lock()
