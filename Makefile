@@ -83,7 +83,7 @@ unit:
 
 ## integration: end-to-end tests of the real binary with real clients, in
 ## network namespaces (root) and against a real kube-apiserver and etcd,
-## which hack/kube-tools.sh builds once into ~/.cache (about 15 minutes cold).
+## which hack/kube-tools.sh builds once into ~/.cache (about 6 minutes cold).
 integration: build
 	./hack/kube-tools.sh
 	KUP_PROXY_BIN=$(CURDIR)/$(PROXY) $(GO) test -tags integration -count=1 -timeout 30m -v ./integration/...

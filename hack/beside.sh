@@ -9,7 +9,8 @@
 # Usage: beside.sh BESIDE -- MAIN [ARG...]
 #
 # MAIN's output goes through as it comes; BESIDE's is kept and printed once
-# MAIN ends, so the two never interleave. If MAIN fails, BESIDE is stopped
+# MAIN ends, so the two never interleave, under a line that says how long
+# each took. If MAIN fails, BESIDE is stopped
 # and what it printed so far is shown. The exit status is MAIN's when it
 # failed, else BESIDE's.
 set -euo pipefail
@@ -22,19 +23,23 @@ beside=$1
 shift 2
 
 log=$(mktemp)
+took=$(mktemp)
 # Its own process group, so that stopping it stops the go commands under it.
-setsid -w nice -n 19 bash -c "$beside" >"$log" 2>&1 </dev/null &
+# It writes how long it took to $took.
+setsid -w nice -n 19 bash -c 'bash -c "$1"; s=$?; echo "$SECONDS" >"$2"; exit $s' beside "$beside" "$took" \
+	>"$log" 2>&1 </dev/null &
 pid=$!
 stop() {
 	# Before it has made its group, it has nothing under it yet.
 	kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
 	wait "$pid" 2>/dev/null || true
 }
-trap 'stop; rm -f "$log"' EXIT
+trap 'stop; rm -f "$log" "$took"' EXIT
 trap 'exit 130' INT TERM
 
 status=0
 "$@" || status=$?
+main_took=$SECONDS
 
 show() {
 	echo "---- $1: $beside"
@@ -52,4 +57,4 @@ if ((bstatus != 0)); then
 	show "FAILED (exit $bstatus), run beside $*"
 	exit "$bstatus"
 fi
-show "passed, run beside $*"
+show "passed in $(cat "$took")s (beside $*, ${main_took}s)"

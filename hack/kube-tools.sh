@@ -3,7 +3,8 @@
 # tests run, from the versions pinned in hack/tools/kube/go.mod, into a cache
 # outside the repository. It is idempotent: a binary whose stamp matches the
 # pinned versions is reused, so only the first run pays for the build (about
-# 4 min for etcd and 6-16 min for kube-apiserver on 2 cores).
+# 1 min for etcd and 5 min for kube-apiserver on 2 cores, more when the
+# module downloads are slow).
 #
 # On success it prints, on stdout, one NAME=PATH line per binary:
 #   ETCD=/root/.cache/kube-userspace-proxy/bin/etcd
