@@ -27,36 +27,7 @@ import (
 // then the endpoint's listener is closed, so that the kernel's
 // retransmitted SYN, a second later, is refused.
 func TestTCPEndpointsGoneDuringFailover(t *testing.T) {
-	// An endpoint whose accept queue is full drops SYNs: a listener with a
-	// backlog of 0 that never accepts, and one connection already queued.
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	closeListener := func() {
-		if !closed {
-			closed = true
-			unix.Close(fd)
-		}
-	}
-	defer closeListener()
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stuck := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
-	filler, err := net.Dial("tcp4", stuck.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer filler.Close()
+	stuck, closeListener := synDroppingEndpoint(t)
 
 	// Attempts far longer than the retransmit: the first fails by refusal.
 	p := newTestProxier(t, Config{DialTimeouts: []time.Duration{20 * time.Second, 20 * time.Second}})
@@ -84,6 +55,44 @@ func TestTCPEndpointsGoneDuringFailover(t *testing.T) {
 	if s.TCPNoEndpoints != 1 || s.TCPDialFailures != 1 || s.TCPDialGiveUps != 0 {
 		t.Fatalf("no endpoints %d, dial failures %d, give-ups %d; want 1, 1 and 0", s.TCPNoEndpoints, s.TCPDialFailures, s.TCPDialGiveUps)
 	}
+}
+
+// synDroppingEndpoint is an endpoint on 127.0.0.1 that drops SYNs, as one
+// whose accept queue is full does: a listener with a backlog of 0 that
+// never accepts, and one connection already queued. Its close, which
+// cleanup calls too, closes the listener, after which a retransmitted SYN
+// is refused.
+func synDroppingEndpoint(t *testing.T) (netip.AddrPort, func()) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	closeListener := func() {
+		if !closed {
+			closed = true
+			unix.Close(fd)
+		}
+	}
+	t.Cleanup(closeListener)
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
+	filler, err := net.Dial("tcp4", ep.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { filler.Close() })
+	return ep, closeListener
 }
 
 // synSentTo counts this network namespace's IPv4 TCP sockets connecting
