@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # beside.sh runs two jobs at once: BESIDE, a shell command, at the lowest
 # CPU priority (nice 19), while MAIN runs as usual. `make test` uses it to
-# do its compile-only work (vet for other systems, staticcheck, the SCTP
-# VM's binaries) while the integration tests, which mostly wait, run: the
+# do its compile-only work while tests that mostly wait run: the build of
+# kube-apiserver and etcd beside the unit tests; the vets for other systems,
+# staticcheck and the SCTP VM's binaries beside the integration tests. The
 # compiles take the CPU those tests leave idle and yield it whenever they
 # want it.
 #
@@ -10,9 +11,8 @@
 #
 # MAIN's output goes through as it comes; BESIDE's is kept and printed once
 # MAIN ends, so the two never interleave, under a line that says how long
-# each took. If MAIN fails, BESIDE is stopped
-# and what it printed so far is shown. The exit status is MAIN's when it
-# failed, else BESIDE's.
+# each took. If MAIN fails, BESIDE is stopped and what it printed so far is
+# shown. The exit status is MAIN's when it failed, else BESIDE's.
 set -euo pipefail
 
 if (($# < 3)) || [[ "$2" != -- ]]; then
