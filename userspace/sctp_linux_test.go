@@ -504,3 +504,18 @@ func TestSCTPClosingListenerServesQueuedAssociations(t *testing.T) {
 		t.Errorf("%d associations counted as accepted, want %d", a, n)
 	}
 }
+
+// TestSCTPListenerOnTheSparesNumberIsRefused: TestListenerOnTheSparesNumberIsRefused
+// for an SCTP listening socket: one that took the spare descriptor's
+// number is closed, the spare takes the number back and the sync fails
+// with EMFILE; the next Apply serves the port.
+func TestSCTPListenerOnTheSparesNumberIsRefused(t *testing.T) {
+	sctptest.Require(t)
+	_, ep := sctpBackends(t, "a")
+	p := newTestProxier(t, Config{})
+	sp := state.ServicePort{Name: spn("sig", "", state.SCTP), Port: 3868, ClusterEndpoints: ep}
+	refusedOnTheSparesNumber(t, p, sp)
+	if got := sctptest.WhoAt(t, sctpProxyAddr(t, p, sp.Name)); got != "a" {
+		t.Fatalf("with the spare back, reached %q", got)
+	}
+}

@@ -5,6 +5,7 @@ package userspace
 import (
 	"errors"
 	"net"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -46,24 +47,7 @@ func TestListenerOnTheSparesNumberIsRefused(t *testing.T) {
 		t.Run(string(tc.sp.Name.Protocol), func(t *testing.T) {
 			p := newTestProxier(t, Config{})
 			mustApply(t, p, warm)
-			listeners := p.fds.listeners.Load()
-
-			loseSpare(p.shed, syscall.EMFILE) // the listener holds the number
-			err := p.Apply(state.NewSnapshot([]state.ServicePort{warm, tc.sp}))
-			if !errors.Is(err, syscall.EMFILE) {
-				t.Fatalf("Apply with the listener on the spare's number: %v, want EMFILE", err)
-			}
-			if port := p.ProxyPort(tc.sp.Name); port != 0 {
-				t.Errorf("port %d served on the spare's number", port)
-			}
-			if p.shed.missing.Load() {
-				t.Error("the spare was not taken back")
-			}
-			if n := p.fds.listeners.Load(); n != listeners {
-				t.Errorf("%d listeners counted, want %d", n, listeners)
-			}
-
-			mustApply(t, p, warm, tc.sp)
+			refusedOnTheSparesNumber(t, p, tc.sp, warm)
 			if err := tc.served(t, proxyAddr(t, p, tc.sp.Name)); err != nil {
 				t.Fatalf("with the spare back: %v", err)
 			}
@@ -91,4 +75,29 @@ func TestListenerOnTheSparesNumberIsRefused(t *testing.T) {
 			t.Errorf("%d listeners counted, want %d", n, listeners)
 		}
 	})
+}
+
+// refusedOnTheSparesNumber adds sp to p, which serves others, while the
+// spare descriptor is lost: sp's listener, the first descriptor opened,
+// holds its number. It checks that Apply fails with EMFILE, that sp is not
+// served, and that the spare is back and the listener uncounted; then it
+// applies again, for the caller to check that sp is served.
+func refusedOnTheSparesNumber(t *testing.T, p *Proxier, sp state.ServicePort, others ...state.ServicePort) {
+	t.Helper()
+	ports := append(slices.Clone(others), sp)
+	listeners := p.fds.listeners.Load()
+	loseSpare(p.shed, syscall.EMFILE)
+	if err := p.Apply(state.NewSnapshot(ports)); !errors.Is(err, syscall.EMFILE) {
+		t.Fatalf("Apply with the listener on the spare's number: %v, want EMFILE", err)
+	}
+	if port := p.ProxyPort(sp.Name); port != 0 {
+		t.Errorf("port %d served on the spare's number", port)
+	}
+	if p.shed.missing.Load() {
+		t.Error("the spare was not taken back")
+	}
+	if n := p.fds.listeners.Load(); n != listeners {
+		t.Errorf("%d listeners counted, want %d", n, listeners)
+	}
+	mustApply(t, p, ports...)
 }

@@ -38,13 +38,7 @@ func TestTCPEndpointsGoneDuringFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	settle(t, "the proxy's SYN to the endpoint is pending", func() error {
-		n, err := synSentTo(stuck)
-		if err == nil && n != 1 {
-			err = fmt.Errorf("%d connections to %s in SYN_SENT, want 1", n, stuck)
-		}
-		return err
-	})
+	settleSynSent(t, "the proxy's SYN to the endpoint is pending", stuck)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 80}) // the endpoints go
 	closeListener()                                          // the retransmitted SYN is refused
 	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
@@ -93,6 +87,19 @@ func synDroppingEndpoint(t *testing.T) (netip.AddrPort, func()) {
 	}
 	t.Cleanup(func() { filler.Close() })
 	return ep, closeListener
+}
+
+// settleSynSent waits until one socket of this network namespace is
+// connecting (SYN_SENT) to ep's port.
+func settleSynSent(t *testing.T, what string, ep netip.AddrPort) {
+	t.Helper()
+	settle(t, what, func() error {
+		n, err := synSentTo(ep)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("%d connections to %s in SYN_SENT, want 1", n, ep)
+		}
+		return err
+	})
 }
 
 // synSentTo counts this network namespace's IPv4 TCP sockets connecting
