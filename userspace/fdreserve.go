@@ -138,11 +138,7 @@ func (p *Proxier) keepFD(fd int, end func()) error {
 // opened. Reading its descriptor costs a small allocation and no system
 // call; one that cannot be read counts as under the ceiling.
 func (p *Proxier) keepConn(sc syscall.Conn, end func()) error {
-	fd, ok := fdOf(sc)
-	if !ok {
-		fd = -1
-	}
-	return p.keepFD(fd, end)
+	return p.keepFD(fdOf(sc), end)
 }
 
 // accepted reports whether sc, a connection a goroutine accept loop just
@@ -156,7 +152,7 @@ func (p *Proxier) keepConn(sc syscall.Conn, end func()) error {
 // reset, later ones served).
 func (c *fdCeilings) accepted(sc syscall.Conn) bool {
 	n := c.dialing.Add(1)
-	if fd, ok := fdOf(sc); !ok || int64(fd) < c.conns.Load()-n {
+	if fd := fdOf(sc); fd < 0 || int64(fd) < c.conns.Load()-n {
 		return true
 	}
 	c.dialing.Add(-1)
@@ -219,24 +215,21 @@ func (p *Proxier) keepListener(fd int, end func()) error {
 // package sctp) opened; one whose descriptor cannot be read is counted
 // all the same.
 func (p *Proxier) keepListenerConn(sc syscall.Conn, end func()) error {
-	fd, ok := fdOf(sc)
-	if !ok {
-		fd = -1
-	}
-	return p.keepListener(fd, end)
+	return p.keepListener(fdOf(sc), end)
 }
 
-// fdOf returns sc's descriptor.
-func fdOf(sc syscall.Conn) (int, bool) {
+// fdOf returns sc's descriptor, or -1 when it cannot be read (which the
+// checks take as under every ceiling).
+func fdOf(sc syscall.Conn) int {
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return 0, false
+		return -1
 	}
 	fd := -1
 	if rc.Control(func(f uintptr) { fd = int(f) }) != nil || fd < 0 {
-		return 0, false
+		return -1
 	}
-	return fd, true
+	return fd
 }
 
 // readFDLimit sets p's ceilings from the process's RLIMIT_NOFILE. New
