@@ -24,16 +24,16 @@ import (
 // TestSCTPDialOnTheSparesNumberIsShed: TestTCPDialOnTheSparesNumberIsShed
 // for SCTP, whose dial checks its socket once it has connected. An SCTP
 // listener that cannot take an association answers its INIT with an ABORT,
-// so the first attempt waits on an endpoint behind a blackhole route
-// instead, whose INITs go nowhere. The spare is lost while it waits, and the
-// next attempt's socket, to an endpoint that answers, takes the spare's
-// number: the association is shed, the spare is back, and the next client
-// is served.
+// so the first attempt waits instead on an endpoint whose packets a dummy
+// link drops. The spare is lost while it waits (its time, 1 s, leaves the
+// slow VM room to get there first), and the next attempt's socket, to an
+// endpoint that answers, takes the spare's number: the association is
+// shed, the spare is back, and the next client is served.
 func TestSCTPDialOnTheSparesNumberIsShed(t *testing.T) {
 	sctptest.Require(t)
 	stuck := blackholedEndpoint(t)
 	_, fine := sctpBackends(t, "fine")
-	p := newTestProxier(t, Config{DialTimeouts: []time.Duration{250 * time.Millisecond, 5 * time.Second}})
+	p := newTestProxier(t, Config{DialTimeouts: []time.Duration{time.Second, 5 * time.Second}})
 	name := spn("sig", "", state.SCTP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 3868, ClusterEndpoints: eps(stuck)})
 	addr := sctpProxyAddr(t, p, name)
