@@ -3,13 +3,11 @@
 package userspace
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -111,23 +109,9 @@ func blackholedEndpoint(t *testing.T) netip.AddrPort {
 // sctpAssocsTo counts the SCTP associations, in any state, whose peer
 // port is ep's, from /proc/net/sctp/assocs.
 func sctpAssocsTo(ep netip.AddrPort) (int, error) {
-	f, err := os.Open("/proc/net/sctp/assocs")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Scan() // the header
-	n := 0
-	for sc.Scan() {
-		// ASSOC SOCK STY SST ST HBKT ASSOC-ID TX_QUEUE RX_QUEUE UID INODE LPORT RPORT ...
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 13 {
-			continue
-		}
-		if port, err := strconv.Atoi(fields[12]); err == nil && port == int(ep.Port()) {
-			n++
-		}
-	}
-	return n, sc.Err()
+	// ASSOC SOCK STY SST ST HBKT ASSOC-ID TX_QUEUE RX_QUEUE UID INODE LPORT RPORT ...
+	return countProcRows("/proc/net/sctp/assocs", 13, func(fields []string) bool {
+		port, err := strconv.Atoi(fields[12])
+		return err == nil && port == int(ep.Port())
+	})
 }

@@ -105,22 +105,27 @@ func settleSynSent(t *testing.T, what string, ep netip.AddrPort) {
 // synSentTo counts this network namespace's IPv4 TCP sockets connecting
 // (SYN_SENT) to ep's port, from /proc/net/tcp.
 func synSentTo(ep netip.AddrPort) (int, error) {
-	f, err := os.Open("/proc/net/tcp")
+	// The port alone: the address is written in the host's byte order.
+	want := fmt.Sprintf(":%04X", ep.Port())
+	return countProcRows("/proc/net/tcp", 4, func(fields []string) bool {
+		st, err := strconv.ParseUint(fields[3], 16, 8)
+		return err == nil && st == 2 && strings.HasSuffix(fields[2], want) // TCP_SYN_SENT
+	})
+}
+
+// countProcRows counts the rows of a /proc table (a header line, then
+// space-separated fields) that have at least minFields fields and match.
+func countProcRows(path string, minFields int, match func(fields []string) bool) (int, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return 0, err
 	}
 	defer f.Close()
-	// The port alone: the address is written in the host's byte order.
-	want := fmt.Sprintf(":%04X", ep.Port())
 	n := 0
 	sc := bufio.NewScanner(f)
 	sc.Scan() // the header
 	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 4 {
-			continue
-		}
-		if st, err := strconv.ParseUint(fields[3], 16, 8); err == nil && st == 2 && strings.HasSuffix(fields[2], want) { // TCP_SYN_SENT
+		if fields := strings.Fields(sc.Text()); len(fields) >= minFields && match(fields) {
 			n++
 		}
 	}
