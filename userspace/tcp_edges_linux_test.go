@@ -93,10 +93,17 @@ func synDroppingEndpoint(t *testing.T) (netip.AddrPort, func()) {
 // connecting (SYN_SENT) to ep's port.
 func settleSynSent(t *testing.T, what string, ep netip.AddrPort) {
 	t.Helper()
+	settleOne(t, what, "connections to "+ep.String()+" in SYN_SENT", func() (int, error) { return synSentTo(ep) })
+}
+
+// settleOne waits, as settle does, until count says there is exactly one
+// of what it counts, which of names in the error.
+func settleOne(t *testing.T, what, of string, count func() (int, error)) {
+	t.Helper()
 	settle(t, what, func() error {
-		n, err := synSentTo(ep)
+		n, err := count()
 		if err == nil && n != 1 {
-			err = fmt.Errorf("%d connections to %s in SYN_SENT, want 1", n, ep)
+			err = fmt.Errorf("%d %s, want 1", n, of)
 		}
 		return err
 	})
