@@ -33,8 +33,7 @@ func (c *tcpConn) dial(ep netip.AddrPort) {
 		c.abort()
 		return
 	}
-	_ = setTCPOptions(fd)
-	c.bfd = fd
+	c.bfd = fd // its options are set once they matter (see keepAliveAfter)
 	err = rawConnect(fd, fam, ep)
 	if err != nil && err != unix.EINPROGRESS {
 		c.dialFailed(err)

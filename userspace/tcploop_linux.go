@@ -99,13 +99,63 @@ func domainOf(f family) int {
 // setTCPOptions turns on TCP_NODELAY (we forward what arrives at once) and
 // keep-alive (a peer that vanished is noticed and its fds freed).
 func setTCPOptions(fd int) error {
-	if err := rawSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+	if err := setNoDelay(fd); err != nil {
 		return err
 	}
+	return setKeepAlive(fd)
+}
+
+func setNoDelay(fd int) error {
+	return rawSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+}
+
+func setKeepAlive(fd int) error {
 	if err := rawSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1); err != nil {
 		return err
 	}
 	return rawSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle.Seconds()))
+}
+
+// The endpoint's socket gets the same options as the client's, but only
+// once they can matter, which saves its three setsockopt calls on a short
+// connection, a sixth of the system calls it costs (bench/README.md):
+//
+//   - TCP_NODELAY before its second write, or a first one too big for one
+//     segment. Nagle's algorithm holds back only a small segment sent while
+//     data is unacknowledged, so a first write of one segment goes out at
+//     once either way.
+//   - Keep-alive once the connection has lived keepAliveAfter. The first
+//     probe is due keepAlive.Idle after the socket last heard from its
+//     peer, so it comes at most keepAliveAfter later than it would have.
+//     A connection half-closed or draining by then is bounded by its own
+//     timer instead (see expired).
+const (
+	keepAliveAfter = time.Second
+	// oneSegment is a write that fits one segment on the paths one meets:
+	// below 536, the MSS IPv4 assumes when the peer announces none (RFC
+	// 9293, 3.7.1). A peer that announces less may wait one round trip for
+	// the tail of a first write.
+	oneSegment = 512
+)
+
+// Bits of tcpConn.endpointOpts.
+const (
+	endpointWritten   = 1 << iota // something was written to the endpoint
+	endpointNoDelay               // TCP_NODELAY is on
+	endpointKeepAlive             // keep-alive is on
+)
+
+// beforeEndpointWrite sets TCP_NODELAY on the endpoint's socket, when
+// needed, before n bytes are written to it.
+func (c *tcpConn) beforeEndpointWrite(n int) {
+	if c.endpointOpts&endpointNoDelay != 0 {
+		return
+	}
+	if c.endpointOpts&endpointWritten != 0 || n > oneSegment {
+		_ = setNoDelay(c.bfd)
+		c.endpointOpts |= endpointNoDelay
+	}
+	c.endpointOpts |= endpointWritten
 }
 
 func (l *tcpListener) port() uint16 { return l.port_ }
@@ -297,6 +347,10 @@ type tcpConn struct {
 	dialing bool
 	active  bool // counted in TCPActive
 	closed  bool
+	// endpointOpts says which of the options set late on the endpoint's
+	// socket it has (see beforeEndpointWrite): in the padding, as
+	// drainUnacked below.
+	endpointOpts uint8
 	// drainUnacked is what the other side had not acknowledged when a
 	// drain without a deadline last looked (see stalled); here, in the
 	// padding after the flags, so connections keep their size.
@@ -468,6 +522,7 @@ func (l *tcpListener) proxyHeader(v state.ProxyProtocol, cfd int, client netip.A
 func (c *tcpConn) sendHeader() bool {
 	h := c.header
 	for h.sent < h.n {
+		c.beforeEndpointWrite(h.n - h.sent)
 		n, err := rawWrite(c.bfd, h.buf[h.sent:h.n])
 		switch err {
 		case nil:
@@ -487,8 +542,10 @@ func (c *tcpConn) sendHeader() bool {
 
 // expired handles the connection's timer: a dial that took too long, a
 // connection one side of which failed that has delivered what that side
-// sent or may wait no longer, or a half-closed connection that stayed
-// silent too long: nothing moved and nothing waited to be sent.
+// sent or may wait no longer, a half-closed connection that stayed
+// silent too long (nothing moved and nothing waited to be sent), or an
+// open one that has lived long enough for keep-alive on its endpoint's
+// socket.
 func (c *tcpConn) expired(now time.Time) time.Time {
 	p := c.l.sp.p
 	switch {
@@ -539,6 +596,12 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 		}
 		p.stats.HalfCloseTimeouts.Add(1)
 		c.abortBecause(whyHalfCloseSilent)
+	case c.endpointOpts&endpointKeepAlive == 0:
+		if d := c.since.Add(keepAliveAfter); d.After(now) {
+			return d
+		}
+		_ = setKeepAlive(c.bfd)
+		c.endpointOpts |= endpointKeepAlive
 	}
 	return time.Time{}
 }

@@ -35,15 +35,15 @@ const smallRead = 16 << 10
 // connected starts proxying once the endpoint accepted the connection.
 func (c *tcpConn) connected() {
 	c.dialing = false
-	c.lp.unschedule(&c.timer)
+	// Always: the line that ends the connection is logged from another
+	// file, which --vmodule may set to another level than this one.
+	c.since = time.Now()
+	c.lp.schedule(&c.timer, c.since.Add(keepAliveAfter)) // see keepAliveAfter
 	if c.race != nil {
 		c.endRace()
 	}
 	c.active = true
 	c.l.sp.connOpened(&c.l.sp.p.stats.TCPActive)
-	// Always: the line that ends the connection is logged from another
-	// file, which --vmodule may set to another level than this one.
-	c.since = time.Now()
 	if klog.V(4).Enabled() {
 		klog.InfoS("Proxying connection", "service", c.l.sp.name, "client", c.client, "endpoint", c.endpoint)
 	}
@@ -223,6 +223,9 @@ func (c *tcpConn) pumpDir(i int) bool {
 	}
 	for {
 		if len(d.buf) > 0 {
+			if i == 0 {
+				c.beforeEndpointWrite(len(d.buf))
+			}
 			n, err := rawWrite(dst, d.buf)
 			switch err {
 			case nil:
@@ -240,6 +243,9 @@ func (c *tcpConn) pumpDir(i int) bool {
 		}
 		d.buf = nil
 		if d.pending > 0 {
+			if i == 0 {
+				c.beforeEndpointWrite(d.pending)
+			}
 			n, err := rawSplice(d.p.r, dst, d.pending, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 			switch err {
 			case nil:
@@ -310,6 +316,9 @@ func (c *tcpConn) pumpDir(i int) bool {
 			d.bulk = n == len(scratch) && !c.lp.pipesShort()
 			if n < len(scratch) && !c.hup[i] {
 				c.readable[i] = false
+			}
+			if i == 0 {
+				c.beforeEndpointWrite(n)
 			}
 			m, err := rawWrite(dst, scratch[:n])
 			switch err {
