@@ -54,11 +54,21 @@ type Host struct {
 	GOMAXPROCS int    `json:"gomaxprocs"`
 	Kernel     string `json:"kernel,omitempty"`
 	Go         string `json:"go"`
-	// LoadAvg is the 1-minute load average when the run started: well
-	// above CPUs means other work shared the machine and the numbers are
-	// noisy.
+	// LoadAvg is the 1-minute load average when the run started. It
+	// stays high for minutes after a burst of processes that has ended
+	// (the idle test with socat runs 9,000), so BusyAtStart, not this,
+	// says whether other work shared the machine.
 	LoadAvg float64 `json:"loadavg"`
+	// BusyAtStart is the share of the machine's CPU time that was busy
+	// in the second before the run started (0 to 1); negative if it
+	// could not be measured. Above BusyMachine, other work shared the
+	// machine and the numbers are noisy.
+	BusyAtStart float64 `json:"busy_at_start"`
 }
+
+// BusyMachine is the BusyAtStart above which the header warns that the
+// numbers are noisy: an idle machine measures a few percent at most.
+const BusyMachine = 0.2
 
 // Run is everything one benchmark run produced.
 type Run struct {
@@ -107,8 +117,12 @@ func writeHeader(b *strings.Builder, run Run) {
 	if run.Interrupted {
 		b.WriteString("INTERRUPTED: the results below are partial\n")
 	}
-	fmt.Fprintf(b, "Load average at start: %.2f", run.Host.LoadAvg)
-	if run.Host.CPUs > 0 && run.Host.LoadAvg > float64(run.Host.CPUs) {
+	if run.Host.BusyAtStart >= 0 {
+		fmt.Fprintf(b, "Machine busy at start: %.0f%% of its CPU time over 1s (load average %.2f)", 100*run.Host.BusyAtStart, run.Host.LoadAvg)
+	} else {
+		fmt.Fprintf(b, "Machine busy at start: not measured (load average %.2f)", run.Host.LoadAvg)
+	}
+	if run.Host.BusyAtStart > BusyMachine {
 		b.WriteString(" (busy machine: expect noisy numbers; run again when idle)")
 	}
 	b.WriteString("\nAll traffic on 127.0.0.1; load generator, backends and proxy share the CPUs.\n\npeers:\n")

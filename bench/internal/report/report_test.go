@@ -153,3 +153,36 @@ func TestWriteJSON(t *testing.T) {
 		t.Fatalf("round trip lost results: %+v", back.Results)
 	}
 }
+
+// The header warns of a busy machine by what was busy when the run
+// started, not by the load average, which stays high for minutes after a
+// burst of processes has ended.
+func TestWriteTextBusyMachine(t *testing.T) {
+	const warning = "busy machine: expect noisy numbers"
+	tests := []struct {
+		name       string
+		busy, load float64
+		want       string
+	}{
+		{name: "idle after a burst", busy: 0.01, load: 163, want: "Machine busy at start: 1% of its CPU time over 1s (load average 163.00)"},
+		{name: "busy", busy: 0.6, load: 1.5, want: "Machine busy at start: 60% of its CPU time over 1s (load average 1.50) (" + warning},
+		{name: "not measured", busy: -1, load: 0.3, want: "Machine busy at start: not measured (load average 0.30)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			run := sampleRun()
+			run.Host = Host{CPUs: 2, LoadAvg: tc.load, BusyAtStart: tc.busy}
+			var b strings.Builder
+			if err := WriteText(&b, run); err != nil {
+				t.Fatal(err)
+			}
+			out := b.String()
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("header lacks %q:\n%s", tc.want, out)
+			}
+			if warned := strings.Contains(out, warning); warned != (tc.busy > BusyMachine) {
+				t.Errorf("warned %v at %.0f%% busy, load average %.2f:\n%s", warned, 100*tc.busy, tc.load, out)
+			}
+		})
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/peer"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/procstat"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/report"
 )
 
@@ -262,7 +263,23 @@ func host() report.Host {
 			h.LoadAvg, _ = strconv.ParseFloat(f[0], 64)
 		}
 	}
+	h.BusyAtStart = busyOver(time.Second)
 	return h
+}
+
+// busyOver returns the busy share of the machine's CPU time over the next
+// d, or -1 if it cannot be read.
+func busyOver(d time.Duration) float64 {
+	before, err := procstat.System()
+	if err != nil {
+		return -1
+	}
+	time.Sleep(d)
+	after, err := procstat.System()
+	if err != nil {
+		return -1
+	}
+	return before.Utilization(after)
 }
 
 // medianOfRounds merges the results of several rounds: each test and peer
