@@ -140,3 +140,31 @@ func TestBigFirstWriteSetsNoDelay(t *testing.T) {
 		t.Errorf("dialed socket after a first write of %d bytes: TCP_NODELAY=%d, want 1", oneSegment+1, got.noDelay)
 	}
 }
+
+// TestKeepAliveWhenHalfClosedEarly: an endpoint that sends and
+// half-closes in the connection's first second leaves it half-closed,
+// waiting for the client, with the endpoint's socket in CLOSE_WAIT.
+// Keep-alive still goes on that socket once the connection has lived
+// keepAliveAfter, so an endpoint that vanishes meanwhile is found
+// (TestBinaryKeepAliveAfterFINDoesNotCutDelivery follows that through).
+func TestKeepAliveWhenHalfClosedEarly(t *testing.T) {
+	c, b, _, dialed := proxiedSockets(t)
+	if _, err := b.Write([]byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c) // to the EOF: the proxy passed the FIN on
+	if err != nil || string(got) != "reply" {
+		t.Fatalf("the client read %q, then %v; want \"reply\" and EOF", got, err)
+	}
+	settleWithin(t, keepAliveAfter+5*time.Second, "keep-alive on the dialed socket of the half-closed connection", func() error {
+		if got := tcpOptsOf(dialed); got.keepAlive != 1 || got.keepIdle != allOpts.keepIdle {
+			return errorf("dialed socket: %+v, want keep-alive on with an idle time of %d s", got, allOpts.keepIdle)
+		}
+		return nil
+	})
+	send(t, c, b, []byte("the client still sends"))
+}

@@ -124,11 +124,10 @@ func setKeepAlive(fd int) error {
 //     segment. Nagle's algorithm holds back only a small segment sent while
 //     data is unacknowledged, so a first write of one segment goes out at
 //     once either way.
-//   - Keep-alive once the connection has lived keepAliveAfter. The first
-//     probe is due keepAlive.Idle after the socket last heard from its
-//     peer, so it comes at most keepAliveAfter later than it would have.
-//     A connection half-closed or draining by then is bounded by its own
-//     timer instead (see expired).
+//   - Keep-alive once the connection has lived keepAliveAfter, from its
+//     timer (see setTimer). The first probe is due keepAlive.Idle after
+//     the socket last heard from its peer, so it comes at most
+//     keepAliveAfter later than it would have.
 const (
 	keepAliveAfter = time.Second
 	// oneSegment is a write that fits one segment on the paths one meets:
@@ -543,11 +542,10 @@ func (c *tcpConn) sendHeader() bool {
 // expired handles the connection's timer: a dial that took too long, a
 // connection one side of which failed that has delivered what that side
 // sent or may wait no longer, a half-closed connection that stayed
-// silent too long (nothing moved and nothing waited to be sent), or an
-// open one that has lived long enough for keep-alive on its endpoint's
-// socket.
+// silent too long (nothing moved and nothing waited to be sent), and,
+// whatever else it waits for, keep-alive on the endpoint's socket once
+// the connection has lived keepAliveAfter.
 func (c *tcpConn) expired(now time.Time) time.Time {
-	p := c.l.sp.p
 	switch {
 	case c.closed:
 		return time.Time{}
@@ -560,6 +558,44 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 			return c.deadline
 		}
 		return time.Time{}
+	}
+	if due := c.keepAliveDue(); !due.IsZero() && !due.After(now) {
+		_ = setKeepAlive(c.bfd)
+		c.endpointOpts |= endpointKeepAlive
+	}
+	next := c.connectedExpired(now)
+	if due := c.keepAliveDue(); !due.IsZero() && !c.closed && (next.IsZero() || due.Before(next)) {
+		return due
+	}
+	return next
+}
+
+// keepAliveDue is when keep-alive goes on the endpoint's socket, or zero
+// once it is on (or before the endpoint is connected).
+func (c *tcpConn) keepAliveDue() time.Time {
+	if c.endpointOpts&endpointKeepAlive != 0 || c.since.IsZero() {
+		return time.Time{}
+	}
+	return c.since.Add(keepAliveAfter)
+}
+
+// setTimer schedules the connected connection's timer at d, or sooner
+// if keep-alive is due sooner on the endpoint's socket: a connection
+// half-closed or draining by then needs it as much as an open one (a
+// side that vanished while the other still sends is found by it).
+func (c *tcpConn) setTimer(d time.Time) {
+	if due := c.keepAliveDue(); !due.IsZero() && due.Before(d) {
+		d = due
+	}
+	c.lp.schedule(&c.timer, d)
+}
+
+// connectedExpired is expired for a connected connection: the drain of
+// one that failed, or the silence of one half-closed. It returns the
+// next deadline, or zero when there is none.
+func (c *tcpConn) connectedExpired(now time.Time) time.Time {
+	p := c.l.sp.p
+	switch {
 	case c.failing:
 		if !c.finFirst && !now.Before(c.deadline) || c.delivered() {
 			c.abort()
@@ -596,12 +632,6 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 		}
 		p.stats.HalfCloseTimeouts.Add(1)
 		c.abortBecause(whyHalfCloseSilent)
-	case c.endpointOpts&endpointKeepAlive == 0:
-		if d := c.since.Add(keepAliveAfter); d.After(now) {
-			return d
-		}
-		_ = setKeepAlive(c.bfd)
-		c.endpointOpts |= endpointKeepAlive
 	}
 	return time.Time{}
 }

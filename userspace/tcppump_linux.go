@@ -117,7 +117,7 @@ func (c *tcpConn) fail(x int, why string, finFirst bool) {
 	c.readable[x], c.hup[x] = true, true
 	now := time.Now()
 	c.deadline = now.Add(resetDrain)
-	c.lp.schedule(&c.timer, c.deadline)
+	c.setTimer(c.deadline)
 	if finFirst {
 		c.lastProgress = now
 		c.drainUnacked = c.unackedBy(1 - x)
@@ -158,7 +158,7 @@ func (c *tcpConn) drain() {
 	case c.dirs[c.failedSide].shut:
 		// All written, not all acknowledged: look again soon.
 		if next := c.nextDrainPoll(time.Now()); !next.IsZero() {
-			c.lp.schedule(&c.timer, next)
+			c.setTimer(next)
 		}
 	}
 }
@@ -285,7 +285,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 					}
 					c.halfClosed = true
 					c.lastProgress = time.Now()
-					c.lp.schedule(&c.timer, c.lastProgress.Add(p.cfg.TCPHalfCloseTimeout))
+					c.setTimer(c.lastProgress.Add(p.cfg.TCPHalfCloseTimeout))
 				}
 			}
 			return true
