@@ -6,8 +6,12 @@
 #   bench/run.sh            # the full run, about 2-3 minutes on 2 cores
 #   bench/run.sh -short     # a smoke run, about 30 seconds (45 with builds)
 #   bench/run.sh -peers none,haproxy -tests latency
+#   bench/run.sh -base main -rounds 6 -tests connrate,udp
 #
-# Every argument is handed to bin/bench/loadgen; see `bin/bench/loadgen -h`.
+# -base REF (first) builds the git revision REF as well and runs it as the
+# peer kube-userspace-proxy-base, beside the working tree's build, to
+# compare the two; without -peers, only those two run. Every other
+# argument is handed to bin/bench/loadgen; see `bin/bench/loadgen -h`.
 # -tests takes groups: throughput, connrate, latency, udp, idle.
 # Missing peers are installed with apt-get when we are root; a peer that
 # cannot be installed is reported as unavailable and the others still run.
@@ -76,6 +80,19 @@ install_peers() {
 	stop_service_started_by_install haproxy /run/haproxy.pid
 }
 
+base_ref=""
+case "${1:-}" in
+-base | --base)
+	[ $# -ge 2 ] || { log "-base needs a git revision"; exit 2; }
+	base_ref=$2
+	shift 2
+	;;
+-base=* | --base=*)
+	base_ref=${1#*=}
+	shift
+	;;
+esac
+
 install_peers
 
 log "building the load generator, backends and go-iocopy"
@@ -90,4 +107,31 @@ if ! make --no-print-directory -s build PROXY="$proxy"; then
 	proxy=""
 fi
 
-exec bin/bench/loadgen -proxy="$proxy" -json=bench/results/latest.json "$@"
+# build_base builds the git revision $1 as make build would, from a
+# temporary worktree, into bin/bench/base/.
+build_base() {
+	local ref=$1 tree
+	tree=$(mktemp -d)
+	if ! git worktree add -q --detach "$tree" "$ref"; then
+		rmdir "$tree"
+		log "-base: no git revision $ref"
+		return 1
+	fi
+	log "building $ref as bin/bench/base/kube-userspace-proxy"
+	local rc=0
+	make --no-print-directory -s -C "$tree" build PROXY="$PWD/bin/bench/base/kube-userspace-proxy" || rc=$?
+	git worktree remove --force "$tree"
+	return $rc
+}
+
+base_args=()
+if [ -n "$base_ref" ]; then
+	build_base "$base_ref" || exit 1
+	base_args=(-proxy-base=bin/bench/base/kube-userspace-proxy)
+	case " $* " in
+	*" -peers"* | *" --peers"*) ;;
+	*) base_args+=(-peers=kube-userspace-proxy,kube-userspace-proxy-base) ;;
+	esac
+fi
+
+exec bin/bench/loadgen -proxy="$proxy" -json=bench/results/latest.json "${base_args[@]}" "$@"

@@ -51,6 +51,7 @@ func bench(ctx context.Context) int {
 	flag.StringVar(&groups, "tests", strings.Join(suite.Groups(), ","), "comma-separated test groups to run")
 	flag.StringVar(&cfg.BinDir, "bin-dir", filepath.Dir(self), "directory holding the backend and iocopy programs")
 	flag.StringVar(&cfg.ProxyBin, "proxy", "bin/kube-userspace-proxy", "kube-userspace-proxy program (empty: not built)")
+	flag.StringVar(&cfg.BaseProxyBin, "proxy-base", "", "another build of kube-userspace-proxy, run as the peer "+peer.OursBase+" (name it in -peers) to compare two builds")
 	flag.IntVar(&cfg.IdleConns, "idle-conns", 0, "idle connections to hold (0: 9000, or 1000 with -short)")
 	flag.IntVar(&cfg.Rounds, "rounds", 1, "run the peers this many times, interleaved, and report each value as the median of the rounds with its range")
 	flag.StringVar(&jsonPath, "json", "bench/results/latest.json", "write the results as JSON here (empty: don't)")

@@ -13,16 +13,20 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/process"
 )
 
-// startOurs runs kube-userspace-proxy from a manifest file with one NodePort
-// Service per benchmark service. With --portal=none it listens on the
-// NodePorts at 127.0.0.1 itself and touches no kernel state. The ClusterIP
-// in the manifest is never contacted.
-func startOurs(_ context.Context, env Env) (*Instance, error) {
-	if env.ProxyBin == "" {
+// startOurs runs the kube-userspace-proxy program bin as the peer name,
+// from a manifest file with one NodePort Service per benchmark service.
+// With --portal=none it listens on the NodePorts at 127.0.0.1 itself and
+// touches no kernel state. The ClusterIP in the manifest is never
+// contacted.
+func startOurs(_ context.Context, env Env, name, bin string) (*Instance, error) {
+	if bin == "" {
+		if name == OursBase {
+			return nil, errors.New("peer: no program given for kube-userspace-proxy-base (loadgen -proxy-base)")
+		}
 		return nil, errors.New("peer: kube-userspace-proxy was not built (bench/run.sh builds ./cmd/kube-userspace-proxy)")
 	}
-	if _, err := os.Stat(env.ProxyBin); err != nil {
-		return nil, fmt.Errorf("peer: kube-userspace-proxy: %w", err)
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("peer: %s: %w", name, err)
 	}
 	front, err := frontends(env.Ports, true)
 	if err != nil {
@@ -36,7 +40,7 @@ func startOurs(_ context.Context, env Env) (*Instance, error) {
 	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
 		return nil, fmt.Errorf("peer: %w", err)
 	}
-	p, err := launch(env, "kube-userspace-proxy", env.ProxyBin,
+	p, err := launch(env, name, bin,
 		"--manifests", file,
 		"--portal=none",
 		"--bind-address=127.0.0.1",
@@ -47,7 +51,7 @@ func startOurs(_ context.Context, env Env) (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Instance{Name: Ours, Front: front, procs: []*process.Process{p}}, nil
+	return &Instance{Name: name, Front: front, procs: []*process.Process{p}}, nil
 }
 
 // manifests renders a NodePort Service and its EndpointSlice: each frontend

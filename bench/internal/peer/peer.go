@@ -24,11 +24,21 @@ const (
 	NginxHalfClose = "nginx-halfclose"
 	Socat          = "socat"
 	IOCopy         = "go-iocopy"
+	// OursBase is another build of kube-userspace-proxy (Env.BaseProxyBin),
+	// run like Ours: the ratios of Ours to it, round by round, compare two
+	// builds. Only run when asked for by name.
+	OursBase = "kube-userspace-proxy-base"
 )
 
-// Names returns every peer, in the order the benchmark runs them.
+// Names returns the peers a run has by default, in the order the
+// benchmark runs them.
 func Names() []string {
 	return []string{None, Ours, HAProxy, Nginx, NginxHalfClose, Socat, IOCopy}
+}
+
+// Known returns every peer a run may ask for: Names and OursBase.
+func Known() []string {
+	return append(Names(), OursBase)
 }
 
 // ErrUnknown is returned for a peer name this package does not know.
@@ -51,6 +61,9 @@ type Env struct {
 	// ProxyBin is the kube-userspace-proxy program. If empty, that peer is
 	// unavailable.
 	ProxyBin string
+	// BaseProxyBin is the program of the OursBase peer. If empty, that
+	// peer is unavailable.
+	BaseProxyBin string
 }
 
 // Instance is a running peer.
@@ -96,7 +109,11 @@ func Start(ctx context.Context, name string, env Env) (*Instance, error) {
 	case None:
 		return &Instance{Name: None, Front: env.Backends}, nil
 	case Ours:
-		start = startOurs
+		start = func(ctx context.Context, env Env) (*Instance, error) { return startOurs(ctx, env, Ours, env.ProxyBin) }
+	case OursBase:
+		start = func(ctx context.Context, env Env) (*Instance, error) {
+			return startOurs(ctx, env, OursBase, env.BaseProxyBin)
+		}
 	case HAProxy:
 		start = startHAProxy
 	case Nginx, NginxHalfClose:
@@ -136,11 +153,16 @@ func Version(ctx context.Context, name string, env Env) string {
 	var argv []string
 	var trim string
 	switch name {
-	case Ours:
-		if env.ProxyBin == "" {
+	case Ours, OursBase:
+		bin := env.ProxyBin
+		if name == OursBase {
+			bin = env.BaseProxyBin
+		}
+		if bin == "" {
 			return ""
 		}
-		argv = []string{env.ProxyBin, "--version"}
+		// "kube-userspace-proxy c3d5c44 commit …": the build's version.
+		argv, trim = []string{bin, "--version"}, "kube-userspace-proxy "
 	case HAProxy:
 		argv, trim = []string{"haproxy", "-v"}, "HAProxy version "
 	case Nginx, NginxHalfClose:

@@ -1,6 +1,9 @@
 package peer
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -83,5 +86,28 @@ func TestSocatArgs(t *testing.T) {
 	want := "socat TCP4-LISTEN:30001,bind=127.0.0.1,reuseaddr,fork,backlog=4096 TCP4:127.0.0.1:31001"
 	if strings.Join(got, " ") != want {
 		t.Fatalf("socatArgs = %q, want %q", strings.Join(got, " "), want)
+	}
+}
+
+// TestVersionOfOurBuilds: each of our two peers reports the version of
+// its own program, as `--version` prints it.
+func TestVersionOfOurBuilds(t *testing.T) {
+	dir := t.TempDir()
+	prog := func(name, version string) string {
+		path := filepath.Join(dir, name)
+		script := "#!/bin/sh\necho 'kube-userspace-proxy " + version + " commit 0123456789ab go1.26 linux/amd64, event loops'\n"
+		if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	env := Env{ProxyBin: prog("tree", "ce92303-dirty"), BaseProxyBin: prog("base", "c3d5c44")}
+	for name, want := range map[string]string{Ours: "ce92303-dirty", OursBase: "c3d5c44"} {
+		if got := Version(context.Background(), name, env); got != want {
+			t.Errorf("Version(%s) = %q, want %q", name, got, want)
+		}
+	}
+	if got := Version(context.Background(), OursBase, Env{ProxyBin: env.ProxyBin}); got != "" {
+		t.Errorf("Version(%s) without its program = %q, want none", OursBase, got)
 	}
 }

@@ -50,6 +50,10 @@ type Config struct {
 	// ProxyBin is the kube-userspace-proxy program. If empty, that peer is
 	// reported as not built.
 	ProxyBin string
+	// BaseProxyBin is another build of kube-userspace-proxy, run as the
+	// peer peer.OursBase to compare two builds. Required when Peers has
+	// that peer.
+	BaseProxyBin string
 	// IdleConns is the number of idle connections of the idle test. If
 	// zero, 9000 (1000 when Short).
 	IdleConns int
@@ -71,9 +75,12 @@ func (c *Config) Validate() error {
 		c.Peers = peer.Names()
 	}
 	for _, p := range c.Peers {
-		if !slices.Contains(peer.Names(), p) {
-			return fmt.Errorf("suite: unknown peer %q (known: %s)", p, strings.Join(peer.Names(), ", "))
+		if !slices.Contains(peer.Known(), p) {
+			return fmt.Errorf("suite: unknown peer %q (known: %s)", p, strings.Join(peer.Known(), ", "))
 		}
+	}
+	if slices.Contains(c.Peers, peer.OursBase) && c.BaseProxyBin == "" {
+		return fmt.Errorf("suite: peer %s needs the program of the build to compare with (loadgen -proxy-base)", peer.OursBase)
 	}
 	if len(c.Groups) == 0 {
 		c.Groups = Groups()
@@ -137,10 +144,11 @@ func Run(ctx context.Context, cfg Config) (report.Run, error) {
 	defer os.RemoveAll(dir)
 
 	env := peer.Env{
-		Dir:       dir,
-		Ports:     peer.NewPorts(),
-		IOCopyBin: filepath.Join(cfg.BinDir, "iocopy"),
-		ProxyBin:  cfg.ProxyBin,
+		Dir:          dir,
+		Ports:        peer.NewPorts(),
+		IOCopyBin:    filepath.Join(cfg.BinDir, "iocopy"),
+		ProxyBin:     cfg.ProxyBin,
+		BaseProxyBin: cfg.BaseProxyBin,
 	}
 	backends, err := peer.StartBackends(ctx, env, filepath.Join(cfg.BinDir, "backend"))
 	if err != nil {

@@ -2,6 +2,7 @@ package suite
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,6 +21,8 @@ func TestValidate(t *testing.T) {
 		{name: "unknown group", cfg: Config{BinDir: "x", Groups: []string{"http"}}, wantErr: "unknown test group"},
 		{name: "no bin dir", cfg: Config{}, wantErr: "BinDir"},
 		{name: "negative rounds", cfg: Config{BinDir: "x", Rounds: -1}, wantErr: "Rounds is -1"},
+		{name: "base build", cfg: Config{BinDir: "x", Peers: []string{peer.Ours, peer.OursBase}, BaseProxyBin: "/tmp/base/kube-userspace-proxy"}},
+		{name: "base build without its program", cfg: Config{BinDir: "x", Peers: []string{peer.Ours, peer.OursBase}}, wantErr: "loadgen -proxy-base"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,6 +54,9 @@ func TestValidateDefaults(t *testing.T) {
 	}
 	if len(full.Peers) != len(peer.Names()) || len(full.Groups) != len(Groups()) {
 		t.Fatalf("defaults: peers %v, groups %v", full.Peers, full.Groups)
+	}
+	if slices.Contains(full.Peers, peer.OursBase) {
+		t.Fatalf("defaults: peers %v include %s, which needs a program of its own", full.Peers, peer.OursBase)
 	}
 }
 
