@@ -144,10 +144,10 @@ const (
 	endpointKeepAlive             // keep-alive is on
 )
 
-// beforeEndpointWrite sets TCP_NODELAY on the endpoint's socket, when
-// needed, before n bytes are written to it.
-func (c *tcpConn) beforeEndpointWrite(n int) {
-	if c.endpointOpts&endpointNoDelay != 0 {
+// beforeWrite is called before n bytes of direction i are written: to
+// the endpoint (i is 0), it sets TCP_NODELAY on its socket when needed.
+func (c *tcpConn) beforeWrite(i, n int) {
+	if i != 0 || c.endpointOpts&endpointNoDelay != 0 {
 		return
 	}
 	if c.endpointOpts&endpointWritten != 0 || n > oneSegment {
@@ -347,7 +347,7 @@ type tcpConn struct {
 	active  bool // counted in TCPActive
 	closed  bool
 	// endpointOpts says which of the options set late on the endpoint's
-	// socket it has (see beforeEndpointWrite): in the padding, as
+	// socket it has (see beforeWrite): in the padding, as
 	// drainUnacked below.
 	endpointOpts uint8
 	// drainUnacked is what the other side had not acknowledged when a
@@ -521,7 +521,7 @@ func (l *tcpListener) proxyHeader(v state.ProxyProtocol, cfd int, client netip.A
 func (c *tcpConn) sendHeader() bool {
 	h := c.header
 	for h.sent < h.n {
-		c.beforeEndpointWrite(h.n - h.sent)
+		c.beforeWrite(0, h.n-h.sent)
 		n, err := rawWrite(c.bfd, h.buf[h.sent:h.n])
 		switch err {
 		case nil:

@@ -223,9 +223,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 	}
 	for {
 		if len(d.buf) > 0 {
-			if i == 0 {
-				c.beforeEndpointWrite(len(d.buf))
-			}
+			c.beforeWrite(i, len(d.buf))
 			n, err := rawWrite(dst, d.buf)
 			switch err {
 			case nil:
@@ -243,9 +241,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 		}
 		d.buf = nil
 		if d.pending > 0 {
-			if i == 0 {
-				c.beforeEndpointWrite(d.pending)
-			}
+			c.beforeWrite(i, d.pending)
 			n, err := rawSplice(d.p.r, dst, d.pending, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 			switch err {
 			case nil:
@@ -317,9 +313,7 @@ func (c *tcpConn) pumpDir(i int) bool {
 			if n < len(scratch) && !c.hup[i] {
 				c.readable[i] = false
 			}
-			if i == 0 {
-				c.beforeEndpointWrite(n)
-			}
+			c.beforeWrite(i, n)
 			m, err := rawWrite(dst, scratch[:n])
 			switch err {
 			case nil:
