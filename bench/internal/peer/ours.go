@@ -13,12 +13,13 @@ import (
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/bench/internal/process"
 )
 
-// startOurs runs the kube-userspace-proxy program bin as the peer name,
-// from a manifest file with one NodePort Service per benchmark service.
-// With --portal=none it listens on the NodePorts at 127.0.0.1 itself and
-// touches no kernel state. The ClusterIP in the manifest is never
-// contacted.
-func startOurs(_ context.Context, env Env, name, bin string) (*Instance, error) {
+// startOurs runs our peer name (Ours or OursBase, each with its own
+// program) from a manifest file with one NodePort Service per benchmark
+// service. With --portal=none it listens on the NodePorts at 127.0.0.1
+// itself and touches no kernel state. The ClusterIP in the manifest is
+// never contacted.
+func startOurs(_ context.Context, env Env, name string) (*Instance, error) {
+	bin := env.ourBin(name)
 	if bin == "" {
 		if name == OursBase {
 			return nil, errors.New("peer: no program given for kube-userspace-proxy-base (loadgen -proxy-base)")

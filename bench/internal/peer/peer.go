@@ -66,6 +66,14 @@ type Env struct {
 	BaseProxyBin string
 }
 
+// ourBin returns the program of our peer name, Ours or OursBase.
+func (env Env) ourBin(name string) string {
+	if name == OursBase {
+		return env.BaseProxyBin
+	}
+	return env.ProxyBin
+}
+
 // Instance is a running peer.
 type Instance struct {
 	Name  string
@@ -108,12 +116,8 @@ func Start(ctx context.Context, name string, env Env) (*Instance, error) {
 	switch name {
 	case None:
 		return &Instance{Name: None, Front: env.Backends}, nil
-	case Ours:
-		start = func(ctx context.Context, env Env) (*Instance, error) { return startOurs(ctx, env, Ours, env.ProxyBin) }
-	case OursBase:
-		start = func(ctx context.Context, env Env) (*Instance, error) {
-			return startOurs(ctx, env, OursBase, env.BaseProxyBin)
-		}
+	case Ours, OursBase:
+		start = func(ctx context.Context, env Env) (*Instance, error) { return startOurs(ctx, env, name) }
 	case HAProxy:
 		start = startHAProxy
 	case Nginx, NginxHalfClose:
@@ -154,10 +158,7 @@ func Version(ctx context.Context, name string, env Env) string {
 	var trim string
 	switch name {
 	case Ours, OursBase:
-		bin := env.ProxyBin
-		if name == OursBase {
-			bin = env.BaseProxyBin
-		}
+		bin := env.ourBin(name)
 		if bin == "" {
 			return ""
 		}
