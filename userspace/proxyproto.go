@@ -28,7 +28,10 @@ var proxyV2Signature = [12]byte{0x0D, 0x0A, 0x0D, 0x0A, 0x00, 0x0D, 0x0A, 0x51, 
 // connection from src to dst, the frontend the client addressed.
 // IPv4-mapped IPv6 addresses are written as IPv4. When src or dst is
 // unknown, or their families differ, the header says so (v1 "UNKNOWN",
-// v2 AF_UNSPEC) and the endpoint uses the connection's own addresses.
+// v2 the command LOCAL with AF_UNSPEC) and the endpoint uses the
+// connection's own addresses. For v2 that is the form a receiver must
+// accept (section 2.2: it may refuse the command PROXY with AF_UNSPEC),
+// and the one HAProxy sends when it has no addresses to name.
 func appendProxyHeader(b []byte, v state.ProxyProtocol, src, dst netip.AddrPort) []byte {
 	sa, da := src.Addr().Unmap().WithZone(""), dst.Addr().Unmap().WithZone("")
 	known := src.IsValid() && dst.IsValid() && sa.Is4() == da.Is4()
@@ -50,10 +53,11 @@ func appendProxyHeader(b []byte, v state.ProxyProtocol, src, dst netip.AddrPort)
 		return append(b, "\r\n"...)
 	}
 	b = append(b, proxyV2Signature[:]...)
+	if !known {
+		return append(b, 0x20, 0x00, 0, 0) // version 2, command LOCAL; AF_UNSPEC, UNSPEC; no addresses
+	}
 	b = append(b, 0x21) // version 2, command PROXY
 	switch {
-	case !known:
-		return append(b, 0x00, 0, 0) // AF_UNSPEC, UNSPEC; no addresses
 	case sa.Is4():
 		b = append(b, 0x11) // AF_INET, STREAM
 		b = binary.BigEndian.AppendUint16(b, 12)

@@ -9,13 +9,14 @@ import (
 )
 
 // TestProxyHeaderUnknownAddress: when the client's address or the
-// frontend's is unknown, the header says so (v1 "UNKNOWN", v2 AF_UNSPEC
-// with no addresses), whatever family the known one is: an IPv6 address
-// beside an unknown one must not pass for a pair of one family.
+// frontend's is unknown, the header says so (v1 "UNKNOWN", v2 the
+// command LOCAL, AF_UNSPEC, with no addresses), whatever family the
+// known one is: an IPv6 address beside an unknown one must not pass for
+// a pair of one family.
 func TestProxyHeaderUnknownAddress(t *testing.T) {
 	v6 := netip.MustParseAddrPort("[fd5e:b1b5::10]:443")
 	v4 := netip.MustParseAddrPort("198.18.0.10:80")
-	const v2Unknown = "0d0a0d0a000d0a515549540a" + "21" + "00" + "0000"
+	const v2Unknown = "0d0a0d0a000d0a515549540a" + "20" + "00" + "0000"
 	for _, tc := range []struct {
 		name     string
 		src, dst netip.AddrPort

@@ -45,7 +45,7 @@ func TestProxyHeaderEncoding(t *testing.T) {
 		{"v2 IPv4-mapped is IPv4", state.ProxyProtocolV2, ap("[::ffff:192.0.2.1]:1"), ap("[::ffff:192.0.2.2]:2"),
 			v2 + "21" + "11" + "000c" + "c0000201" + "c0000202" + "0001" + "0002"},
 		{"v2 families differ", state.ProxyProtocolV2, ap("192.0.2.1:1"), ap("[2001:db8::1]:2"),
-			v2 + "21" + "00" + "0000"},
+			v2 + "20" + "00" + "0000"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
