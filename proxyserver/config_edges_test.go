@@ -5,60 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 )
-
-// TestValidateBounds: each bound Validate keeps, from both sides where
-// both are meant: kube-proxy takes 0 for the API client's QPS and burst
-// (only a negative one is refused) and a minimum sync period of 0 or equal
-// to the sync period; the data plane's timeouts must be greater than 0,
-// --udp-max-sessions is positive or -1; --manifests stands alone beside
-// --master as beside --kubeconfig, and without --config the error does
-// not speak of a file.
-func TestValidateBounds(t *testing.T) {
-	tests := []struct {
-		name string
-		args []string
-		want string // substring of the error; empty means valid
-	}{
-		{name: "qps and burst 0", args: []string{"--kube-api-qps=0", "--kube-api-burst=0"}},
-		{name: "negative qps", args: []string{"--kube-api-qps=-0.5"}, want: "--kube-api-qps: must not be negative, got -0.5"},
-		{name: "negative burst", args: []string{"--kube-api-burst=-1"}, want: "--kube-api-burst: must not be negative, got -1"},
-		{name: "udp timeout 0", args: []string{"--udp-timeout=0s"}, want: "--udp-timeout: must be greater than 0, got 0s"},
-		{name: "udp reply timeout 0", args: []string{"--udp-reply-timeout=0s"}, want: "--udp-reply-timeout: must be greater than 0, got 0s"},
-		{name: "udp sessions -2", args: []string{"--udp-max-sessions=-2"}, want: "--udp-max-sessions: must be a positive number or -1, got -2"},
-		{name: "udp sessions 1", args: []string{"--udp-max-sessions=1"}},
-		{name: "half-close timeout 0", args: []string{"--tcp-half-close-timeout=0s"}, want: "--tcp-half-close-timeout: must be greater than 0, got 0s"},
-		{name: "min sync period 0", args: []string{"--iptables-min-sync-period=0s"}},
-		{name: "negative min sync period", args: []string{"--iptables-min-sync-period=-1s"}, want: "--iptables-min-sync-period: must not be negative, got -1s"},
-		{name: "min sync period equal to sync period", args: []string{"--iptables-min-sync-period=30s", "--iptables-sync-period=30s"}},
-		{name: "manifests and master", args: []string{"--master=https://192.0.2.1:6443"},
-			want: "--manifests and --kubeconfig/--master both name a source of services: give one"},
-		{name: "manifests and kubeconfig without a file", args: []string{"--kubeconfig=/k"},
-			want: "--manifests and --kubeconfig/--master both name a source of services: give one"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			c := NewConfig()
-			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-			c.AddFlags(fs)
-			if err := fs.Parse(append([]string{"--manifests=x.yaml"}, tc.args...)); err != nil {
-				t.Fatal(err)
-			}
-			err := c.Validate()
-			if tc.want == "" {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Validate error = %v, want it to say %q", err, tc.want)
-			}
-		})
-	}
-}
 
 // TestConfigFileFlagsThatWin: beside --config, --hostname-override and
 // --udp-timeout still apply, so an error in them names the flag, not the

@@ -19,6 +19,28 @@ func TestValidate(t *testing.T) {
 		want string // substring of the error; empty means valid
 	}{
 		{name: "defaults with a file", args: []string{"--manifests", "x.yaml"}},
+		// Each bound from both sides where both are meant: kube-proxy
+		// takes 0 for the API client's QPS and burst (only a negative one
+		// is refused) and a minimum sync period of 0 or equal to the sync
+		// period; the data plane's timeouts must be greater than 0,
+		// --udp-max-sessions is positive or -1; --manifests stands alone
+		// beside --master as beside --kubeconfig, and without --config the
+		// error does not speak of a file.
+		{name: "qps and burst 0", args: []string{"--manifests=x.yaml", "--kube-api-qps=0", "--kube-api-burst=0"}},
+		{name: "negative qps", args: []string{"--manifests=x.yaml", "--kube-api-qps=-0.5"}, want: "--kube-api-qps: must not be negative, got -0.5"},
+		{name: "negative burst", args: []string{"--manifests=x.yaml", "--kube-api-burst=-1"}, want: "--kube-api-burst: must not be negative, got -1"},
+		{name: "udp timeout 0", args: []string{"--manifests=x.yaml", "--udp-timeout=0s"}, want: "--udp-timeout: must be greater than 0, got 0s"},
+		{name: "udp reply timeout 0", args: []string{"--manifests=x.yaml", "--udp-reply-timeout=0s"}, want: "--udp-reply-timeout: must be greater than 0, got 0s"},
+		{name: "udp sessions -2", args: []string{"--manifests=x.yaml", "--udp-max-sessions=-2"}, want: "--udp-max-sessions: must be a positive number or -1, got -2"},
+		{name: "udp sessions 1", args: []string{"--manifests=x.yaml", "--udp-max-sessions=1"}},
+		{name: "half-close timeout 0", args: []string{"--manifests=x.yaml", "--tcp-half-close-timeout=0s"}, want: "--tcp-half-close-timeout: must be greater than 0, got 0s"},
+		{name: "min sync period 0", args: []string{"--manifests=x.yaml", "--iptables-min-sync-period=0s"}},
+		{name: "negative min sync period", args: []string{"--manifests=x.yaml", "--iptables-min-sync-period=-1s"}, want: "--iptables-min-sync-period: must not be negative, got -1s"},
+		{name: "min sync period equal to sync period", args: []string{"--manifests=x.yaml", "--iptables-min-sync-period=30s", "--iptables-sync-period=30s"}},
+		{name: "manifests and master", args: []string{"--manifests=x.yaml", "--master=https://192.0.2.1:6443"},
+			want: "--manifests and --kubeconfig/--master both name a source of services: give one"},
+		{name: "manifests and kubeconfig without a file", args: []string{"--manifests=x.yaml", "--kubeconfig=/k"},
+			want: "--manifests and --kubeconfig/--master both name a source of services: give one"},
 		{name: "all good", args: []string{"--manifests", "x.yaml", "--bind-address", "::", "--proxy-port-range", "30000+99",
 			"--nodeport-addresses", "127.0.0.0/8, 10.0.0.0/8", "--udp-max-sessions", "-1", "--portal", "none"}},
 		{name: "two sources", args: []string{"--manifests", "x", "--kubeconfig", "k"}, want: "give one"},
