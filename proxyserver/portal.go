@@ -317,8 +317,7 @@ func (k *kernelSync) sync(ctx context.Context, portals []portal.Portal) error {
 	}
 	start := time.Now()
 	if err := k.pt.Sync(ctx, portals); err != nil {
-		k.synced = false // retry even if nothing changes
-		k.lastTime = now
+		k.synced = false // retry at the next call, even if nothing changes and the min period is not over
 		return kernelError{err}
 	}
 	var removed []portal.Portal // what rules the portal removed held (our chains in the other backend)
