@@ -318,10 +318,24 @@ func TestLoaderRelevant(t *testing.T) {
 	}
 }
 
-// TestLoaderRewatch: once the file's directory is replaced (moved aside
-// and made again), the poll watches the new one, whose events then come,
-// not the old one, where the watch went with it.
+// TestLoaderRewatch: once the file's directory is replaced, moved aside
+// or deleted, and made again, the poll watches the new one, whose events
+// then come. A directory deleted and made again often gets the inode
+// number of the old one back, so it looks like the one watched; but the
+// watch ended with the old one.
 func TestLoaderRewatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gone func(dir string) error
+	}{
+		{"moved aside", func(dir string) error { return os.Rename(dir, dir+".old") }},
+		{"deleted", os.RemoveAll},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testLoaderRewatch(t, tc.gone) })
+	}
+}
+
+func testLoaderRewatch(t *testing.T, gone func(dir string) error) {
 	dir := filepath.Join(t.TempDir(), "conf")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -338,7 +352,7 @@ func TestLoaderRewatch(t *testing.T) {
 	if l.dirInfo, err = os.Stat(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(dir, dir+".old"); err != nil {
+	if err := gone(dir); err != nil {
 		t.Fatal(err)
 	}
 	// Run takes the events as they come: so does this, until the
@@ -361,8 +375,8 @@ func TestLoaderRewatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.dirInfo == nil || !os.SameFile(fi, l.dirInfo) {
-		t.Fatal("the new directory is not the one watched")
+	if l.dirInfo == nil || !os.SameFile(fi, l.dirInfo) || !slices.Contains(w.WatchList(), dir) {
+		t.Fatalf("the new directory is not the one watched (watching %q)", w.WatchList())
 	}
 	if err := os.WriteFile(l.path, []byte("a: 1\n"), 0o644); err != nil {
 		t.Fatal(err)

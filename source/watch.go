@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -455,10 +456,13 @@ func readManifest(path string) ([]byte, error) {
 // link that now points elsewhere (the watch stays on the old target).
 const statPoll = 500 * time.Millisecond
 
-// rewatch watches dir again when it is no longer the directory watched.
+// rewatch watches dir again when it is no longer the directory watched:
+// another directory is at its path, or the watch ended with the one that
+// was (a directory deleted and made again often gets the freed inode
+// number back, so it looks like the same one, but the watch is gone).
 func (l *loader) rewatch() {
 	fi, err := os.Stat(l.dir)
-	if err != nil || l.dirInfo != nil && os.SameFile(fi, l.dirInfo) {
+	if err != nil || l.dirInfo != nil && os.SameFile(fi, l.dirInfo) && slices.Contains(l.watcher.WatchList(), l.dir) {
 		return // gone for now, or still the one watched
 	}
 	_ = l.watcher.Remove(l.dir) // its watch may have ended with it
