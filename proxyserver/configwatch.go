@@ -39,9 +39,9 @@ type configWatch struct {
 	Same func(loaded, now []byte) bool
 	// Debounce is how long the directory must stay quiet after an event
 	// before the file is read again, so a swap in several steps is read
-	// once it is done; a read that finds the file empty, or that differs
-	// from the read one Debounce later, is a write still under way and
-	// is read again. If zero, 100ms.
+	// once it is done; a read that finds the file empty, or gone, or
+	// that differs from the read one Debounce later, is a write or a swap
+	// still under way and is read again. If zero, 100ms.
 	Debounce time.Duration
 	// Resync is how often the file is read without an event, for
 	// filesystems that deliver none. If zero, 1 minute.
@@ -77,8 +77,11 @@ func (w *configWatch) run(ctx context.Context) error {
 		}
 		want := w.dirs()
 		for d, fi := range watched {
+			// A directory deleted and made again often gets the freed
+			// inode number back: SameFile, but its watch ended with the
+			// old one.
 			now, err := os.Stat(d)
-			if slices.Contains(want, d) && err == nil && os.SameFile(fi, now) {
+			if slices.Contains(want, d) && err == nil && os.SameFile(fi, now) && slices.Contains(fw.WatchList(), d) {
 				continue
 			}
 			_ = fw.Remove(d) // may be gone with the directory
@@ -109,6 +112,7 @@ func (w *configWatch) run(ctx context.Context) error {
 	defer tick.Stop()
 	quiet := time.NewTimer(0) // read once at start: it may have changed since it was loaded
 	var pending []byte        // what the last read found while a write seemed under way
+	var pendingHow string     // or how it found the file gone or unreadable
 	var unsettled bool
 	var emptySince time.Time // when reads began to find the file empty
 	var toldSame []byte      // the content last said to differ in form only
@@ -133,7 +137,7 @@ func (w *configWatch) run(ctx context.Context) error {
 				klog.ErrorS(refused, "A file the options were read from cannot be used: going on with the options read before, and watching it for a usable one", "file", w.Path, "what", what)
 				toldRefused = refused.Error()
 			}
-			pending, unsettled, emptySince = nil, false, time.Time{}
+			pending, pendingHow, unsettled, emptySince = nil, "", false, time.Time{}
 			continue
 		}
 		if toldRefused != "" {
@@ -146,6 +150,13 @@ func (w *configWatch) run(ctx context.Context) error {
 			emptySince = time.Now()
 		}
 		switch {
+		case how != "" && (!unsettled || how != pendingHow):
+			// Gone or unreadable for the first time: perhaps a swap in
+			// several steps (mv conf conf.old; mv conf.new conf) read
+			// between them. Gone a pause later too, it is.
+			pending, pendingHow, unsettled = nil, how, true
+			quiet.Reset(debounce)
+			continue
 		case how != "" || bytes.Equal(data, w.Loaded):
 			unsettled = false
 		case len(data) > 0 && w.Same != nil && w.Same(w.Loaded, data):
@@ -159,7 +170,7 @@ func (w *configWatch) run(ctx context.Context) error {
 		case len(data) == 0 || !unsettled || !bytes.Equal(data, pending):
 			// Empty (truncated, not yet written) or not yet read twice
 			// alike: perhaps a write under way. Read again after a pause.
-			pending, unsettled = data, true
+			pending, pendingHow, unsettled = data, "", true
 			quiet.Reset(debounce)
 			continue
 		default:

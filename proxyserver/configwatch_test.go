@@ -143,6 +143,30 @@ func TestConfigWatch(t *testing.T) {
 			time.Sleep(200 * time.Millisecond) // the debounced read after the moves
 			write(t, path, updated)
 		}, "has new content"},
+		{"directory deleted and made again, then written in place", func(t *testing.T, dir string) string {
+			d := filepath.Join(dir, "conf")
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			write(t, filepath.Join(d, "config.conf"), old)
+			return filepath.Join(d, "config.conf")
+		}, func(t *testing.T, dir, path string) {
+			// rm -r conf; mkdir conf: the new directory often has the
+			// old one's inode number, but not its watch. First let the
+			// watch be set on the old one (were it not yet, it would be
+			// set on the new one, and the case would pass for nothing).
+			time.Sleep(100 * time.Millisecond)
+			d := filepath.Join(dir, "conf")
+			if err := os.RemoveAll(d); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			write(t, path, old)
+			time.Sleep(200 * time.Millisecond) // the debounced read after the remake
+			write(t, path, updated)
+		}, "has new content"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -169,5 +193,57 @@ func TestConfigWatch(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestConfigWatchSwapReadBetweenItsMoves: a directory swapped in two
+// steps (mv conf conf.old, then mv conf.new conf) whose file a read finds
+// gone between them is no change when the file is back at the next read,
+// a debounce later: only a file gone at two reads in a row is gone. Here
+// the second move comes 300 ms after the first, between the read a
+// debounce (250 ms) after it and the next; then an edit in place is still
+// seen.
+func TestConfigWatchSwapReadBetweenItsMoves(t *testing.T) {
+	const old, updated = "mode: userspace\n", "mode: userspace\nportRange: 40000-40100\n"
+	dir := filepath.Join(t.TempDir(), "conf")
+	path := filepath.Join(dir, "config.conf")
+	for _, d := range []string{dir, dir + ".new"} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "config.conf"), []byte(old), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		w := &configWatch{Path: path, Loaded: []byte(old), Same: sameYAML, Debounce: 250 * time.Millisecond, Resync: time.Hour}
+		done <- w.run(ctx)
+	}()
+	time.Sleep(100 * time.Millisecond) // the watch set on conf, and its first read made
+	if err := os.Rename(dir, dir+".old"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := os.Rename(dir+".new", dir); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("run = %v during the swap, want no change", err)
+	case <-time.After(time.Second):
+	}
+	if err := os.WriteFile(path, []byte(updated), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, errConfigChanged) || !strings.Contains(err.Error(), "has new content") {
+			t.Fatalf("run = %v, want a change with %q", err, "has new content")
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("no change reported for the edit after the swap")
 	}
 }
