@@ -576,6 +576,12 @@ func (m *manifest) decodeError(at origin, data []byte, obj runtime.Object, err e
 	switch {
 	case runtime.IsNotRegisteredError(err):
 		apiVersion, _ := apiVersionKind(data)
+		if !readsGroup(apiVersion) {
+			// Another API group's kind, whatever its name (Knative's
+			// Service, KubeEdge's Device): not a misspelling.
+			m.warnings = append(m.warnings, problem("", fmt.Errorf("apiVersion %q kind %q is not a Service or EndpointSlice; skipped", apiVersion, kind)))
+			return
+		}
 		if want, ok := kindVersions[kind]; ok {
 			// A kind the proxy reads, at a version it does not: skipping
 			// it would drop the object, as a misspelt kind would.
@@ -807,6 +813,16 @@ var clusterScoped = map[string]bool{
 var kindVersions = map[string]string{
 	"Service": "v1", "ServiceList": "v1", "List": "v1",
 	"EndpointSlice": "discovery.k8s.io/v1", "EndpointSliceList": "discovery.k8s.io/v1",
+}
+
+// readsGroup reports whether apiVersion is, or looks like a misspelling
+// of, a version of an API group the proxy reads: the core group (no
+// group: "v1") or discovery.k8s.io. Only there is a kind near Service or
+// EndpointSlice, or one of them at another version, taken for a mistake
+// that would drop the object.
+func readsGroup(apiVersion string) bool {
+	group, _, found := strings.Cut(apiVersion, "/")
+	return !found || editDistance(strings.ToLower(group), "discovery.k8s.io") <= 2
 }
 
 // nearKind returns the kind the proxy reads that kind looks like a

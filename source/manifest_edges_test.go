@@ -45,12 +45,17 @@ func TestNearKindEdges(t *testing.T) {
 		{"all lower case, long", "discovery.k8s.io/v1", "ENDPOINTSLICE", `kind: "ENDPOINTSLICE" is not a kind; did you mean EndpointSlice?`},
 		{"two letters left out", "discovery.k8s.io/v1", "EndpontSlce", `kind: "EndpontSlce" is not a kind; did you mean EndpointSlice?`},
 		{"three letters off", "example.com/v1", "Servers", ""},
+		// Only in the groups the proxy reads: elsewhere such a kind is
+		// another resource.
+		{"another group's Service", "serving.knative.dev/v1", "Service", ""},
+		{"another group's kind two letters off", "devices.kubeedge.io/v1beta1", "Device", ""},
+		{"a group two letters off", "discovery.k8s.oi/v1", "EndpointSlice", `apiVersion: "discovery.k8s.oi/v1" is not a version of EndpointSlice this proxy reads: want discovery.k8s.io/v1 (kubectl refuses it too)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			data := "apiVersion: " + tc.apiVersion + "\nkind: " + tc.kind + "\nmetadata: {name: web}\n"
 			warnings, errs := problemStrings(data)
 			if tc.want == "" {
-				want := `demo.yaml: document 1 (` + tc.kind + ` default/web): apiVersion "example.com/v1" kind "` + tc.kind + `" is not a Service or EndpointSlice; skipped`
+				want := `demo.yaml: document 1 (` + tc.kind + ` default/web): apiVersion "` + tc.apiVersion + `" kind "` + tc.kind + `" is not a Service or EndpointSlice; skipped`
 				if len(errs) != 0 || !slices.Equal(warnings, []string{want}) {
 					t.Fatalf("warnings %q, errors %q; want only the warning %q", warnings, errs, want)
 				}
