@@ -49,6 +49,15 @@ func TestConfigWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// inConfDir sets the file up in a directory of its own, conf.
+	inConfDir := func(t *testing.T, dir string) string {
+		d := filepath.Join(dir, "conf")
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		write(t, filepath.Join(d, "config.conf"), old)
+		return filepath.Join(d, "config.conf")
+	}
 	tests := []struct {
 		name   string
 		setup  func(t *testing.T, dir string) string // returns the path
@@ -119,14 +128,7 @@ func TestConfigWatch(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, ""},
-		{"directory replaced, then written in place", func(t *testing.T, dir string) string {
-			d := filepath.Join(dir, "conf")
-			if err := os.Mkdir(d, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			write(t, filepath.Join(d, "config.conf"), old)
-			return filepath.Join(d, "config.conf")
-		}, func(t *testing.T, dir, path string) {
+		{"directory replaced, then written in place", inConfDir, func(t *testing.T, dir, path string) {
 			// mv conf conf.old; mv conf.new conf: the watch set on conf
 			// follows conf.old unless it is set again.
 			d := filepath.Join(dir, "conf")
@@ -143,14 +145,7 @@ func TestConfigWatch(t *testing.T) {
 			time.Sleep(200 * time.Millisecond) // the debounced read after the moves
 			write(t, path, updated)
 		}, "has new content"},
-		{"directory deleted and made again, then written in place", func(t *testing.T, dir string) string {
-			d := filepath.Join(dir, "conf")
-			if err := os.Mkdir(d, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			write(t, filepath.Join(d, "config.conf"), old)
-			return filepath.Join(d, "config.conf")
-		}, func(t *testing.T, dir, path string) {
+		{"directory deleted and made again, then written in place", inConfDir, func(t *testing.T, dir, path string) {
 			// rm -r conf; mkdir conf: the new directory often has the
 			// old one's inode number, but not its watch. First let the
 			// watch be set on the old one (were it not yet, it would be

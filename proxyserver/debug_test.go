@@ -103,17 +103,7 @@ func TestDebugServicesSaysWhatThePortalDoes(t *testing.T) {
 				ClusterIPs: tc.ips, InternalLocal: tc.itp, ExternalLocal: tc.etp, ClusterEndpoints: tc.cluster, LocalEndpoints: tc.local}
 			var b strings.Builder
 			d.write(&b, &debugSnapshot{snap: state.NewSnapshot([]state.ServicePort{sp})})
-			view := b.String()
-			for _, want := range tc.want {
-				if !strings.Contains(view, want) {
-					t.Errorf("lacks %q:\n%s", want, view)
-				}
-			}
-			for _, not := range tc.not {
-				if strings.Contains(view, not) {
-					t.Errorf("says %q:\n%s", not, view)
-				}
-			}
+			checkSays(t, b.String(), tc.want, tc.not)
 		})
 	}
 }
@@ -281,5 +271,21 @@ func TestDebugServicesTellsWhatFailedAndWhatLingers(t *testing.T) {
 	d.applied(deadOnly, nil)
 	if v := view(); !strings.Contains(v, "1 connection of service ports no longer served still open") {
 		t.Errorf("the deleted Service's open connection is not counted:\n%s", v)
+	}
+}
+
+// checkSays fails t for each of want the view lacks and each of not it
+// says.
+func checkSays(t *testing.T, view string, want, not []string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(view, w) {
+			t.Errorf("lacks %q:\n%s", w, view)
+		}
+	}
+	for _, n := range not {
+		if strings.Contains(view, n) {
+			t.Errorf("says %q:\n%s", n, view)
+		}
 	}
 }

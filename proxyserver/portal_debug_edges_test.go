@@ -520,17 +520,7 @@ func TestDebugServicesFamilyNotes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var b strings.Builder
 			d.write(&b, &debugSnapshot{snap: state.NewSnapshot([]state.ServicePort{tc.sp})})
-			view := b.String()
-			for _, want := range tc.want {
-				if !strings.Contains(view, want) {
-					t.Errorf("lacks %q:\n%s", want, view)
-				}
-			}
-			for _, not := range tc.not {
-				if strings.Contains(view, not) {
-					t.Errorf("says %q:\n%s", not, view)
-				}
-			}
+			checkSays(t, b.String(), tc.want, tc.not)
 		})
 	}
 }

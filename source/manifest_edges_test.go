@@ -16,7 +16,6 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/regularfile"
-	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 // problemStrings is what a parse of data reports, warnings then errors,
@@ -399,38 +398,6 @@ func testLoaderRewatch(t *testing.T, gone func(dir string) error) {
 			t.Fatalf("no event for %s in the new directory within %s", l.path, watchTimeout)
 		}
 	}
-}
-
-// runManifests runs m until the test ends, with its reloads reported to
-// the returned watchRun, and waits for the first snapshot.
-func runManifests(t *testing.T, m *Manifests) (*watchRun, state.Snapshot) {
-	t.Helper()
-	w := &watchRun{t: t, snaps: make(chan state.Snapshot, 16), reloads: make(chan reloadResult, 64)}
-	m.reloaded = func(o reloadOutcome, err error) { w.reloads <- reloadResult{o, err} }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx, func(s state.Snapshot) { w.snaps <- s }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(watchTimeout):
-			t.Fatal("Run did not return after cancel")
-		}
-		checkNoWatcherGoroutines(t)
-	})
-	select {
-	case s := <-w.snaps:
-		return w, s
-	case err := <-done:
-		t.Fatalf("Run returned at start: %v", err)
-	case <-time.After(watchTimeout):
-		t.Fatal("no first snapshot")
-	}
-	return nil, state.Snapshot{}
 }
 
 // next returns the outcome of the next read of the file.

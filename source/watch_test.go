@@ -65,15 +65,22 @@ func startWatch(t *testing.T, path string) (*watchRun, state.Snapshot) {
 // reads it).
 func startWatchWith(t *testing.T, path string, read func(string) ([]byte, error)) (*watchRun, state.Snapshot) {
 	t.Helper()
-	w := &watchRun{t: t, snaps: make(chan state.Snapshot, 16), reloads: make(chan reloadResult, 64)}
 	m := &Manifests{
 		Path:     path,
 		Options:  Options{AllowLoopback: true, AllowNoClusterIP: true},
 		Debounce: 20 * time.Millisecond,
 		Resync:   -1,
-		reloaded: func(o reloadOutcome, err error) { w.reloads <- reloadResult{o, err} },
 		read:     read,
 	}
+	return runManifests(t, m)
+}
+
+// runManifests runs m until the test ends, with its reloads reported to
+// the returned watchRun, and waits for the first snapshot.
+func runManifests(t *testing.T, m *Manifests) (*watchRun, state.Snapshot) {
+	t.Helper()
+	w := &watchRun{t: t, snaps: make(chan state.Snapshot, 16), reloads: make(chan reloadResult, 64)}
+	m.reloaded = func(o reloadOutcome, err error) { w.reloads <- reloadResult{o, err} }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx, func(s state.Snapshot) { w.snaps <- s }) }()
