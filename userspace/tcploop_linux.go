@@ -564,10 +564,10 @@ func (c *tcpConn) expired(now time.Time) time.Time {
 		c.endpointOpts |= endpointKeepAlive
 	}
 	next := c.connectedExpired(now)
-	if due := c.keepAliveDue(); !due.IsZero() && !c.closed && (next.IsZero() || due.Before(next)) {
-		return due
+	if c.closed {
+		return next
 	}
-	return next
+	return c.soonerForKeepAlive(next)
 }
 
 // keepAliveDue is when keep-alive goes on the endpoint's socket, or zero
@@ -579,15 +579,21 @@ func (c *tcpConn) keepAliveDue() time.Time {
 	return c.since.Add(keepAliveAfter)
 }
 
-// setTimer schedules the connected connection's timer at d, or sooner
-// if keep-alive is due sooner on the endpoint's socket: a connection
+// setTimer schedules the connected connection's timer at d (see
+// soonerForKeepAlive).
+func (c *tcpConn) setTimer(d time.Time) {
+	c.lp.schedule(&c.timer, c.soonerForKeepAlive(d))
+}
+
+// soonerForKeepAlive returns d (zero: no deadline), or when keep-alive is
+// due on the endpoint's socket if that is sooner: a connection
 // half-closed or draining by then needs it as much as an open one (a
 // side that vanished while the other still sends is found by it).
-func (c *tcpConn) setTimer(d time.Time) {
-	if due := c.keepAliveDue(); !due.IsZero() && due.Before(d) {
-		d = due
+func (c *tcpConn) soonerForKeepAlive(d time.Time) time.Time {
+	if due := c.keepAliveDue(); !due.IsZero() && (d.IsZero() || due.Before(d)) {
+		return due
 	}
-	c.lp.schedule(&c.timer, d)
+	return d
 }
 
 // connectedExpired is expired for a connected connection: the drain of

@@ -38,7 +38,7 @@ func (c *tcpConn) connected() {
 	// Always: the line that ends the connection is logged from another
 	// file, which --vmodule may set to another level than this one.
 	c.since = time.Now()
-	c.lp.schedule(&c.timer, c.keepAliveDue())
+	c.setTimer(time.Time{}) // keep-alive's time, see keepAliveAfter
 	if c.race != nil {
 		c.endRace()
 	}
