@@ -97,3 +97,44 @@ func FuzzExcessiveAliasLine(f *testing.F) {
 		}
 	})
 }
+
+// TestExcessiveAliasLineAgreesWithTheDecoder: near where the decoder
+// gives up, a document has a line exactly when the decoder refuses it. An
+// alias of a list of k items costs k+2 decodes, k+1 of them within the
+// alias, so past about 200 aliases of 200 items more than 99% of the
+// decodes are, and the decoder refuses the document; aliases of smaller
+// lists never get there at this length. (Its lower bounds, more than 1,000
+// decodes and 100 of them in aliases, cannot decide alone: a document
+// with so few decodes, 99% of them in aliases, cannot be written.)
+func TestExcessiveAliasLineAgreesWithTheDecoder(t *testing.T) {
+	doc := func(k, n int) string {
+		return "a: &a [" + strings.TrimSuffix(strings.Repeat("1,", k), ",") + "]\n" +
+			"b: [" + strings.TrimSuffix(strings.Repeat("*a,", n), ",") + "]\n"
+	}
+	var docs []string
+	for _, n := range []int{100, 200, 203, 204, 205, 206, 210, 400} {
+		docs = append(docs, doc(200, n))
+	}
+	for _, n := range []int{100, 1000, 3000} {
+		docs = append(docs, doc(100, n), doc(10, n))
+	}
+	refused := 0
+	for _, doc := range docs {
+		_, err := sigsyaml.YAMLToJSON([]byte(doc))
+		decoderRefuses := err != nil && strings.Contains(err.Error(), "excessive aliasing")
+		if err != nil && !decoderRefuses {
+			t.Fatalf("%.40q: %v", doc, err)
+		}
+		if decoderRefuses {
+			refused++
+		}
+		if l := excessiveAliasLine([]byte(doc)); (l != 0) != decoderRefuses {
+			t.Errorf("%d aliases of a list of %d: line %d, but the decoder refuses it: %v",
+				strings.Count(doc, "*a"), strings.Count(doc[:strings.Index(doc, "]")], "1"), l, decoderRefuses)
+		}
+	}
+	if refused == 0 || refused == len(docs) {
+		t.Fatalf("the decoder refused %d of %d documents: none is near its bounds", refused, len(docs))
+	}
+	t.Logf("the decoder refused %d of %d", refused, len(docs))
+}
