@@ -3,6 +3,7 @@ package source
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/regularfile"
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
 // problemStrings is what a parse of data reports, warnings then errors,
@@ -417,10 +419,30 @@ func (w *watchRun) next() reloadResult {
 // node port is left out (kube-proxy translates a connection once), and
 // the snapshot without it applied.
 func TestManifestsHostChangedRebuilds(t *testing.T) {
-	data := `apiVersion: v1
+	w, first, _, hostBecomes := runWithHostAddrs(t, webAndNodePort(31000, "192.0.2.9", "10.0.0.4"))
+	if got := webEndpoints(t, first); !slices.Equal(got, []string{"10.0.0.4:31000", "192.0.2.9:31000"}) {
+		t.Fatalf("first snapshot: %q", got)
+	}
+	hostBecomes("192.0.2.9")
+	if r := w.next(); r.outcome != outcomeApplied || r.err != nil {
+		t.Fatalf("after the host change: outcome %d (%v), want applied", r.outcome, r.err)
+	}
+	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"10.0.0.4:31000"}) {
+		t.Fatalf("after the host change: %q, want 192.0.2.9 left out", got)
+	}
+}
+
+// webAndNodePort is a manifest of a NodePort Service on nodePort and a
+// Service web whose endpoints, at addrs, listen on that same port.
+func webAndNodePort(nodePort int, addrs ...string) string {
+	var eps []string
+	for _, a := range addrs {
+		eps = append(eps, "{addresses: ["+a+"]}")
+	}
+	return fmt.Sprintf(`apiVersion: v1
 kind: Service
 metadata: {name: np, namespace: demo}
-spec: {type: NodePort, ports: [{port: 80, nodePort: 31000}]}
+spec: {type: NodePort, ports: [{port: 80, nodePort: %[1]d}]}
 ---
 apiVersion: v1
 kind: Service
@@ -431,17 +453,23 @@ apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: web-1, namespace: demo, labels: {kubernetes.io/service-name: web}}
 addressType: IPv4
-ports: [{name: http, port: 31000}]
-endpoints: [{addresses: [192.0.2.9]}, {addresses: [10.0.0.4]}]
-`
-	path := filepath.Join(t.TempDir(), "demo.yaml")
+ports: [{name: http, port: %[1]d}]
+endpoints: [%s]
+`, nodePort, strings.Join(eps, ", "))
+}
+
+// runWithHostAddrs runs a Manifests on a file holding data, on a host
+// without addresses until hostBecomes gives it some and says so.
+func runWithHostAddrs(t *testing.T, data string) (w *watchRun, first state.Snapshot, path string, hostBecomes func(addrs ...string)) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "demo.yaml")
 	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var host []netip.Addr
 	changed := make(chan struct{}, 1)
-	w, first := runManifests(t, &Manifests{
+	w, first = runManifests(t, &Manifests{
 		Path: path,
 		Options: Options{AllowNoClusterIP: true, HostAddrs: func() ([]netip.Addr, error) {
 			mu.Lock()
@@ -452,19 +480,16 @@ endpoints: [{addresses: [192.0.2.9]}, {addresses: [10.0.0.4]}]
 		Resync:      -1,
 		HostChanged: changed,
 	})
-	if got := webEndpoints(t, first); !slices.Equal(got, []string{"10.0.0.4:31000", "192.0.2.9:31000"}) {
-		t.Fatalf("first snapshot: %q", got)
+	hostBecomes = func(addrs ...string) {
+		mu.Lock()
+		host = host[:0]
+		for _, a := range addrs {
+			host = append(host, netip.MustParseAddr(a))
+		}
+		mu.Unlock()
+		changed <- struct{}{}
 	}
-	mu.Lock()
-	host = []netip.Addr{netip.MustParseAddr("192.0.2.9")}
-	mu.Unlock()
-	changed <- struct{}{}
-	if r := w.next(); r.outcome != outcomeApplied || r.err != nil {
-		t.Fatalf("after the host change: outcome %d (%v), want applied", r.outcome, r.err)
-	}
-	if got := webEndpoints(t, w.snapshot()); !slices.Equal(got, []string{"10.0.0.4:31000"}) {
-		t.Fatalf("after the host change: %q, want 192.0.2.9 left out", got)
-	}
+	return w, first, path, hostBecomes
 }
 
 // TestManifestsStatusToldUnreadableFile: a file that cannot be read (gone

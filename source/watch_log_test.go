@@ -2,15 +2,12 @@ package source
 
 import (
 	"io"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"k8s.io/klog/v2"
 )
@@ -66,41 +63,8 @@ func linesMatching(s, re string) int {
 // file was read: not its warnings, not what was ignored already.
 func TestManifestRebuildLogsWhatIsNew(t *testing.T) {
 	logs := captureLog(t)
-	data := `apiVersion: v1
-kind: Service
-metadata: {name: np, namespace: demo}
-spec: {type: NodePort, ports: [{port: 80, nodePort: 29999}]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: demo}
-spec: {ports: [{name: http, port: 80}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, namespace: demo, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 29999}]
-endpoints: [{addresses: [192.0.2.9]}, {addresses: [10.0.0.4]}, {addresses: [127.0.0.1]}]
-`
-	path := filepath.Join(t.TempDir(), "demo.yaml")
-	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var host []netip.Addr
-	changed := make(chan struct{}, 1)
-	w, _ := runManifests(t, &Manifests{
-		Path: path,
-		Options: Options{AllowNoClusterIP: true, HostAddrs: func() ([]netip.Addr, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			return slices.Clone(host), nil
-		}},
-		Debounce:    20 * time.Millisecond,
-		Resync:      -1,
-		HostChanged: changed,
-	})
+	data := webAndNodePort(29999, "192.0.2.9", "10.0.0.4", "127.0.0.1")
+	w, _, path, hostBecomes := runWithHostAddrs(t, data)
 	read, n := logs.since(0)
 	for _, want := range []struct {
 		re string
@@ -115,10 +79,7 @@ endpoints: [{addresses: [192.0.2.9]}, {addresses: [10.0.0.4]}, {addresses: [127.
 		}
 	}
 
-	mu.Lock()
-	host = []netip.Addr{netip.MustParseAddr("192.0.2.9")}
-	mu.Unlock()
-	changed <- struct{}{}
+	hostBecomes("192.0.2.9")
 	if r := w.next(); r.outcome != outcomeApplied || r.err != nil {
 		t.Fatalf("after the host change: outcome %d (%v), want applied", r.outcome, r.err)
 	}
