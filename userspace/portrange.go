@@ -40,6 +40,11 @@ func ParsePortRange(s string) (PortRange, error) {
 	if strings.ContainsFunc(s, unicode.IsSpace) {
 		return bad("no spaces are allowed within it, around '-' or '+' or elsewhere (kube-proxy refuses them)")
 	}
+	if strings.Contains(s, "-") && strings.Contains(s, "+") {
+		// Not one form or the other: as kube-proxy, refuse it rather
+		// than read the sign of "1-+5" as part of a number.
+		return bad("it has both '-' and '+'")
+	}
 	var begin, end int
 	var ok bool
 	switch {

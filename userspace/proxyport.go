@@ -312,6 +312,9 @@ func (sp *servicePort) preferredPort(role socketRole) uint16 {
 	if _, held := sp.p.heldFrom(pref, sp.name); held {
 		return 0
 	}
+	if sp.p.ports.isReserved(pref) {
+		return 0 // now a node port this host serves, whatever the range
+	}
 	if r := sp.p.cfg.PortRange; r.Size > 0 && !sp.p.ports.claim(pref) {
 		return 0 // outside the range now, or taken by another service port
 	}

@@ -15,8 +15,10 @@ import (
 )
 
 // TestParsePortRangeEdges: the forms of --proxy-port-range at their
-// limits. begin+offset may end on 65535 itself; a space inside the value
-// is refused with a message that says so.
+// limits. begin+offset may end on 65535 itself; a value that mixes '-'
+// and '+' is none of the three forms, and kube-proxy refuses it (it
+// took "1-+5" as 1-5, reading "+5" as a signed number); a space inside
+// the value is refused with a message that says so.
 func TestParsePortRangeEdges(t *testing.T) {
 	tests := []struct {
 		in      string
@@ -27,6 +29,8 @@ func TestParsePortRangeEdges(t *testing.T) {
 		{in: "65535+0", want: PortRange{Base: 65535, Size: 1}},
 		{in: "1+65534", want: PortRange{Base: 1, Size: 65535}},
 		{in: "65535", want: PortRange{Base: 65535, Size: 1}},
+		{in: "1-+5", wantErr: "invalid port range"},
+		{in: "+1-5", wantErr: "invalid port range"},
 		{in: "1+-5", wantErr: "invalid port range"},
 		{in: "30000 -30100", wantErr: "spaces"},
 	}
@@ -242,10 +246,11 @@ func TestPreferredPortHeldForAnother(t *testing.T) {
 }
 
 // TestPreferredPortNowAHostPort: a previous run's proxy port that a
-// Service now has as its health-check node port is not taken again: the
-// node port has a listener of its own.
+// Service now has as its health-check node port is not taken again, with
+// or without a range: the node port has a listener of its own.
 func TestPreferredPortNowAHostPort(t *testing.T) {
 	t.Run("range", func(t *testing.T) { preferredPortNowAHostPort(t, true) })
+	t.Run("kernel-chosen", func(t *testing.T) { preferredPortNowAHostPort(t, false) })
 }
 
 func preferredPortNowAHostPort(t *testing.T, ranged bool) {
