@@ -54,7 +54,7 @@ func atDescriptorLimit(t *testing.T, f func()) {
 		t.Skipf("getrlimit: %v", err)
 	}
 	low := was
-	low.Cur = uint64(lowestFreeFD(t))
+	setLimit(&low.Cur, lowestFreeFD(t))
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
 		t.Skipf("setrlimit: %v", err)
 	}
@@ -65,6 +65,10 @@ func atDescriptorLimit(t *testing.T, f func()) {
 	}()
 	f()
 }
+
+// setLimit sets a limit of a syscall.Rlimit, an int64 on some systems
+// (FreeBSD) and a uint64 on others.
+func setLimit[T int64 | uint64](limit *T, n int) { *limit = T(n) }
 
 // TestShedFDAtTheDescriptorLimit: with every descriptor taken, a waiting
 // client is accepted on the spare's number and reset, and the spare comes
