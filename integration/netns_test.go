@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netnstest"
 )
 
 // The kernel tests build a small world of network namespaces, all created
@@ -66,29 +68,9 @@ var (
 // netns is a network namespace the test created.
 type netns string
 
-// sweepStaleNetns deletes the namespaces of earlier runs of these tests
-// that died before their cleanup (a timeout panic, SIGKILL): those named
-// kupt<pid>-... whose process is gone.
-func sweepStaleNetns() {
-	out, err := exec.Command("ip", "netns", "list").Output()
-	if err != nil {
-		return
-	}
-	for _, l := range strings.Split(string(out), "\n") {
-		name, _, _ := strings.Cut(strings.TrimSpace(l), " ")
-		var pid int
-		if _, err := fmt.Sscanf(name, "kupt%d-", &pid); err != nil || pid <= 0 || pid == os.Getpid() {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); err == syscall.ESRCH {
-			exec.Command("ip", "netns", "del", name).Run()
-		}
-	}
-}
-
 func newNetns(t *testing.T, role string) netns {
 	t.Helper()
-	nsSweep.Do(sweepStaleNetns)
+	nsSweep.Do(func() { netnstest.SweepStale("kupt") })
 	name := netns(fmt.Sprintf("kupt%d-%d-%s", os.Getpid(), nsSeq.Add(1), role))
 	if out, err := exec.Command("ip", "netns", "add", string(name)).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)

@@ -12,10 +12,12 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kube-userspace-proxy/kube-userspace-proxy/internal/netnstest"
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
 
@@ -39,7 +41,10 @@ const (
 	raceHostNetnsEnv = "KUSP_DIALRACE_HOST_NETNS"
 )
 
-var raceNetnsSeq atomic.Int32
+var (
+	raceNetnsSeq   atomic.Int32
+	raceNetnsSweep sync.Once
+)
 
 // inOwnNetns runs the calling (top-level) test again in a network
 // namespace it creates for it, set up for the dial race tests, and
@@ -73,6 +78,7 @@ func inOwnNetns(t *testing.T) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
+	raceNetnsSweep.Do(func() { netnstest.SweepStale("kup-dialrace-") })
 	name := fmt.Sprintf("kup-dialrace-%d-%d", os.Getpid(), raceNetnsSeq.Add(1))
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		skipOrFail(t, "ip netns add %s: %v: %s", name, err, out)
