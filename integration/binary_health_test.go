@@ -70,9 +70,9 @@ endpoints:
 	// A LoadBalancer without node ports and with no ingress yet still
 	// has its health check, as kube-proxy's NeedsHealthCheck says: the
 	// cloud may probe before it sets the status.
-	noNodePorts := strings.Replace(lb("node", true), fmt.Sprintf(", nodePort: %d}", np), "}", 1)
-	noNodePorts = strings.Replace(noNodePorts, "  type: LoadBalancer\n", "  type: LoadBalancer\n  allocateLoadBalancerNodePorts: false\n", 1)
-	replaceFile(t, file, noNodePorts)
+	withoutNodePorts := strings.Replace(lb("node", true), fmt.Sprintf(", nodePort: %d}", np), "}", 1)
+	withoutNodePorts = strings.Replace(withoutNodePorts, "  type: LoadBalancer\n", "  type: LoadBalancer\n  allocateLoadBalancerNodePorts: false\n", 1)
+	replaceFile(t, file, withoutNodePorts)
 	check("200", `{"service":{"namespace":"e2e","name":"lb"},"localEndpoints":1,"serviceProxyHealthy":true}`)
 	replaceFile(t, file, lb("node", false))
 	check("000", "*") // curl's code when nothing answers

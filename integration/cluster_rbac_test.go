@@ -88,7 +88,7 @@ func TestBinaryForbiddenNodeSaysSo(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelTopologyZone: "zone-rbac"}}}
 	createNode(t, c, node)
 	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
-		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2")
+		noNodePorts, "--hostname-override="+name, "-v=2")
 	// Reported once refused for refusalPersists (10 s): some 12-25 s.
 	px.waitLog(0, `forbids reading what the proxy needs; meanwhile the Node's labels are not known, so topology hints are ignored, until RBAC allows it.*resource="nodes".*verbs="get,list,watch"`, 1, 60*time.Second)
 	px.waitLog(0, `"This node's Node cannot be read yet; serving without its labels`, 1, 30*time.Second)
@@ -124,7 +124,7 @@ func TestBinaryListWithoutWatchSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
-		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2", "--healthz-bind-address=", "--metrics-bind-address=")
+		noNodePorts, "--hostname-override="+name, "-v=2", "--healthz-bind-address=", "--metrics-bind-address=")
 	const refusal = `"The API server lets the proxy list but not watch.*resource="endpointslices" apiGroup="discovery.k8s.io" verbs="list,watch"`
 	px.waitLog(0, `"Synced"`, 1, 30*time.Second)
 	// Reported once refused for refusalPersists (10 s): some 12-25 s.
@@ -162,7 +162,7 @@ func TestBinaryBriefWatchRefusalIsNoRBACProblem(t *testing.T) {
 		t.Fatal(err)
 	}
 	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1",
-		"--nodeport-addresses=127.0.0.1/32", "--hostname-override="+name, "-v=2", "--healthz-bind-address=", "--metrics-bind-address=")
+		noNodePorts, "--hostname-override="+name, "-v=2", "--healthz-bind-address=", "--metrics-bind-address=")
 	px.waitLog(0, `"Failed to watch" err="endpointslices.* cannot watch resource`, 1, 30*time.Second)
 	if strings.Contains(px.log(), "lets the proxy list but not watch") {
 		t.Errorf("the first refusal of a watch was reported as an RBAC problem:\n%s", px.log())
@@ -184,7 +184,7 @@ func TestBinaryNamesMissingNode(t *testing.T) {
 	api := requireAPIServer(t)
 	c := api.Client
 	const report = "The API server has no Node of this name"
-	base := []string{"--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32"}
+	base := []string{"--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", noNodePorts}
 
 	missing := fmt.Sprintf("kup-missing-%d", time.Now().UnixNano())
 	px := startProxy(t, append(base, "--hostname-override="+missing)...)
@@ -213,7 +213,7 @@ func TestBinarySaysCredentialsAreRefused(t *testing.T) {
 	if err := api.kubeconfigFor("not-a-token-the-server-knows", kubeconfig); err != nil {
 		t.Fatal(err)
 	}
-	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32")
+	px := startProxy(t, "--kubeconfig", kubeconfig, "--portal=none", "--bind-address=127.0.0.1", noNodePorts)
 	px.waitLog(0, `"The API server does not accept the proxy's credentials \(401 Unauthorized\)`, 1, 30*time.Second)
 	// client-go retries the first lists within a second or two.
 	px.waitLog(0, `Unauthorized`, 4, 30*time.Second)
@@ -233,7 +233,7 @@ func TestBinaryHealthzFollowsNode(t *testing.T) {
 	name := fmt.Sprintf("kup-healthz-%d", time.Now().UnixNano())
 	createNode(t, c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	hz := freePort(t)
-	px := startProxy(t, "--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32",
+	px := startProxy(t, "--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", noNodePorts,
 		"--hostname-override="+name, fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", hz))
 	px.waitLog(0, `"Informer caches synced"`, 1, 60*time.Second)
 	healthz, livez := fmt.Sprintf("http://127.0.0.1:%d/healthz", hz), fmt.Sprintf("http://127.0.0.1:%d/livez", hz)
@@ -300,12 +300,12 @@ hostnameOverride: %s
 bindAddress: 127.0.0.1
 healthzBindAddress: 127.0.0.1:%d
 metricsBindAddress: 127.0.0.1:%d
-nodePortAddresses: [127.0.0.1/32]
+nodePortAddresses: ["%s"]
 portRange: "%d+99"
 iptables: {syncPeriod: 20s, minSyncPeriod: 500ms}
 clusterCIDR: 10.244.0.0/16
 ipvs: {strictARP: true}
-`, api.Kubeconfig, node, hz, mp, base))
+`, api.Kubeconfig, node, hz, mp, strings.Join(noNodePortCIDRs, `", "`), base))
 	px := startProxy(t, "--config", file, "--portal=none", "--kubeconfig=/nonexistent")
 	px.waitLog(0, `"Flags ignored: the --config file sets these instead, as in kube-proxy" flags=\[[^]]*"--kubeconfig"`, 1, 10*time.Second) // the harness adds its own
 	px.waitLog(0, `"Settings of the --config file that a userspace proxy has no use for are ignored" fields=\["ipvs"\]`, 1, 10*time.Second)

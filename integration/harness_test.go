@@ -93,6 +93,17 @@ type proxyProc struct {
 	notify chan struct{} // closed and replaced on every new line
 }
 
+// noNodePortCIDRs are --nodeport-addresses that match no address of this
+// host, of either family, so a proxy given them serves no node port.
+// Proxies in the host's namespace that follow the shared API server take
+// them (noNodePorts): they would otherwise all listen on the node ports of
+// the NodePort Services that tests running beside them create, on the same
+// addresses, and the later ones' syncs fail with "address already in use".
+var noNodePortCIDRs = []string{"127.0.0.7/32", "::7/128"}
+
+// noNodePorts is the flag for noNodePortCIDRs.
+var noNodePorts = "--nodeport-addresses=" + strings.Join(noNodePortCIDRs, ",")
+
 func startProxy(t *testing.T, args ...string) *proxyProc {
 	t.Helper()
 	// Proxies of tests running side by side in the host's namespace would

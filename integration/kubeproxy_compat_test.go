@@ -278,7 +278,7 @@ func TestBinaryClientMetricsAndConfigz(t *testing.T) {
 	api := requireAPIServer(t)
 	mp := freePort(t)
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d", mp)
-	px := startProxy(t, "--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", "--nodeport-addresses=127.0.0.1/32",
+	px := startProxy(t, "--kubeconfig", api.Kubeconfig, "--portal=none", "--bind-address=127.0.0.1", noNodePorts,
 		"--hostname-override=node", "--metrics-bind-address="+metricsURL[len("http://"):])
 	px.waitLog(0, `"Serving /metrics"`, 1, 20*time.Second)
 	host := regexp.QuoteMeta(strings.TrimPrefix(api.URL, "https://"))
