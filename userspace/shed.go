@@ -27,8 +27,12 @@ type shedder struct {
 	open  func() (*os.File, error) // opens a spare; a test may replace it
 	pause func()                   // withSpare's wait between attempts; a test may replace it
 
-	mu    sync.Mutex // guards spare
+	mu    sync.Mutex // guards spare and closed
 	spare *os.File
+	// closed: close was called; no spare is opened again, since nothing
+	// would close it (a loop may shed after the proxier closed it, before
+	// the loop stops).
+	closed bool
 	// missing says the spare is given up (withSpare) or could not be
 	// taken back: retake tries again after each socket opened for a
 	// connection, which a free descriptor allowed.
@@ -79,8 +83,7 @@ func (s *shedder) shedOnce(f func() shedResult) shedResult {
 	defer s.mu.Unlock()
 	if s.spare != nil {
 		s.missing.Store(true) // before the number is free (see withSpare)
-		s.spare.Close()
-		s.spare = nil
+		s.dropSpareLocked()
 	}
 	r := f()
 	_ = s.retakeLocked()
@@ -142,9 +145,10 @@ func (s *shedder) tookSpare(end func()) bool {
 	return true
 }
 
-// retakeLocked reopens a missing spare, and returns why it could not.
+// retakeLocked reopens a missing spare, unless the shedder is closed, and
+// returns why it could not.
 func (s *shedder) retakeLocked() error {
-	if s.spare != nil {
+	if s.spare != nil || s.closed {
 		return nil
 	}
 	f, err := s.open()
@@ -177,9 +181,18 @@ func (s *shedder) log(err error, service string) {
 	}
 }
 
+// close closes the spare for good. The spare then counts as in hand, so
+// that no socket is ended for want of it.
 func (s *shedder) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.closed = true
+	s.dropSpareLocked()
+	s.missing.Store(false)
+}
+
+// dropSpareLocked closes the spare, if it is open.
+func (s *shedder) dropSpareLocked() {
 	if s.spare != nil {
 		s.spare.Close()
 		s.spare = nil

@@ -109,7 +109,7 @@ func TestShedFDAtTheDescriptorLimit(t *testing.T) {
 	}
 
 	dial()
-	s.close() // the spare is gone
+	dropSpare(s) // the spare is gone
 	atDescriptorLimit(t, func() { r = shed(); missing = s.missing.Load() })
 	if r != shedFailed || !missing {
 		t.Fatalf("at the limit without a spare: shedFD = %v, spare missing %v; want shedFailed, the spare missing", r, missing)

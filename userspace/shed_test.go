@@ -121,8 +121,7 @@ func TestShedderRetakeAsksForAShedOnlyForWantOfDescriptors(t *testing.T) {
 		{syscall.EACCES, true},
 	} {
 		s := newShedder()
-		s.close()
-		s.spare = nil
+		dropSpare(s)
 		s.missing.Store(true)
 		s.open = func() (*os.File, error) {
 			if tc.err != nil {
@@ -170,9 +169,9 @@ func TestShedderTookSpare(t *testing.T) {
 // after it succeed (the socket was ended). It holds s's lock, under which
 // the loops open the spare.
 func loseSpare(s *shedder, err error) {
-	s.close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.dropSpareLocked()
 	s.missing.Store(true)
 	opens := 0
 	s.open = func() (*os.File, error) {
@@ -180,6 +179,46 @@ func loseSpare(s *shedder, err error) {
 			return nil, err
 		}
 		return os.Open(os.DevNull)
+	}
+}
+
+// dropSpare closes s's spare, as a shed does for a moment, and leaves s
+// open.
+func dropSpare(s *shedder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dropSpareLocked()
+}
+
+// TestShedderClosedOpensNoSpare: once closed (the proxier closing), the
+// shedder opens no spare again, which nothing would close: a loop may
+// shed, or open a socket for a connection, before it stops. Sockets are
+// not ended for want of the spare meanwhile, even if it was missing for
+// want of descriptors when the shedder closed.
+func TestShedderClosedOpensNoSpare(t *testing.T) {
+	s := newShedder()
+	loseSpare(s, syscall.EMFILE)
+	s.close()
+	opened := 0
+	s.open = func() (*os.File, error) {
+		opened++
+		return os.Open(os.DevNull)
+	}
+	if r := s.withSpare(func() shedResult { return shedOne }); r != shedOne {
+		t.Errorf("withSpare after close = %v, want shedOne (f's answer)", r)
+	}
+	if !s.retake() {
+		t.Error("retake after close reports the spare missing for want of descriptors")
+	}
+	ended := false
+	if s.tookSpare(func() { ended = true }) || ended {
+		t.Error("a socket opened after close was ended for want of the spare")
+	}
+	if opened != 0 || s.spare != nil {
+		t.Errorf("after close the spare was opened %d times (held: %v), want never", opened, s.spare)
+	}
+	if s.missing.Load() {
+		t.Error("the spare counts as missing after close")
 	}
 }
 
