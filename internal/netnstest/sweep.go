@@ -1,5 +1,5 @@
-// Package netnstest holds what the tests that create network namespaces
-// share.
+//go:build linux
+
 package netnstest
 
 import (
