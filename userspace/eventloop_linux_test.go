@@ -393,16 +393,15 @@ func TestClientResetDuringDialEndsIt(t *testing.T) {
 	})
 	c.(*net.TCPConn).SetLinger(0)
 	c.Close() // a reset
-	start := time.Now()
-	settle(t, "the proxy frees the connection", func() error {
+	// At once; the bound is only far below the dial's minute, after which
+	// the connection would be freed without the reset, so that a busy
+	// machine does not fail the test.
+	settleWithin(t, 20*time.Second, "the proxy frees the connection after the client's reset", func() error {
 		if n := openFDs(t); n != before {
 			return fmt.Errorf("%d fds, want %d as before the client came", n, before)
 		}
 		return nil
 	})
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("the connection was freed %v after the client's reset; want at once", d)
-	}
 }
 
 // TestParsePktinfoKeepsLinkLocalInterface: the event loop reads a link-local
