@@ -188,7 +188,9 @@ func TestProxyPortsSurviveARestart(t *testing.T) {
 	for _, n := range []string{"web", "api", "db", "cache", "queue"} {
 		ports = append(ports, state.ServicePort{Name: spn(n, "", state.TCP), Port: 80, ClusterEndpoints: eps(be.addr())})
 	}
-	r := PortRange{Base: 46700, Size: 200}
+	// A free run outside the ephemeral ports: a fixed one was in them, and
+	// test processes run side by side took the same one.
+	r := PortRange{Base: freePortRun(t, 200), Size: 200}
 	run := func() map[state.ServicePortName]uint16 {
 		p := New(Config{PortRange: r})
 		defer p.Close()
