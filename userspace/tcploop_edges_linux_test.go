@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -789,4 +790,74 @@ func fdTargets() map[string]string {
 		m[e.Name()], _ = os.Readlink("/proc/self/fd/" + e.Name())
 	}
 	return m
+}
+
+// holdingEndpoint is an endpoint that accepts connections and keeps them,
+// silent, until the test ends.
+func holdingEndpoint(t *testing.T) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// TestLoopTimersFireInDeadlineOrder: one loop's timers fire by their own
+// deadlines, whatever others it holds: a connection half-closed a minute
+// from its timeout does not hold back a newer one's keep-alive, due a
+// second after it connected. One loop serves both.
+func TestLoopTimersFireInDeadlineOrder(t *testing.T) {
+	n := runtime.GOMAXPROCS(1) // one event loop
+	t.Cleanup(func() { runtime.GOMAXPROCS(n) })
+	first, second := holdingEndpoint(t), holdingEndpoint(t)
+	p := newTestProxier(t, Config{TCPHalfCloseTimeout: time.Minute})
+	a, b := spn("first", "", state.TCP), spn("second", "", state.TCP)
+	mustApply(t, p, state.ServicePort{Name: a, Port: 80, ClusterEndpoints: eps(first)},
+		state.ServicePort{Name: b, Port: 80, ClusterEndpoints: eps(second)})
+	if len(p.loops) != 1 {
+		t.Fatalf("%d event loops, want 1", len(p.loops))
+	}
+	keepAliveOn := func(fd int) func() error {
+		return func() error {
+			if got := tcpOptsOf(fd); got.keepAlive != 1 {
+				return fmt.Errorf("dialed socket: %+v, want keep-alive on", got)
+			}
+			return nil
+		}
+	}
+	c1, err := net.Dial("tcp4", proxyAddr(t, p, a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	settleWithin(t, keepAliveAfter+5*time.Second, "keep-alive on the first connection", keepAliveOn(endpointSocket(t, p, first)))
+	if err := c1.(*net.TCPConn).CloseWrite(); err != nil { // its timer: the half-close timeout, a minute away
+		t.Fatal(err)
+	}
+	c2, err := net.Dial("tcp4", proxyAddr(t, p, b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	settleWithin(t, keepAliveAfter+5*time.Second, "keep-alive on the second connection", keepAliveOn(endpointSocket(t, p, second)))
 }
