@@ -410,16 +410,7 @@ func TestLoopsForgetEndedConnections(t *testing.T) {
 	name := spn("books", "", state.TCP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(be.addr())})
 	handlers, timers := loopBooks(p) // the listening socket's, and none
-	c, err := net.Dial("tcp4", proxyAddr(t, p, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	r := bufio.NewReader(c)
-	if greeting, err := r.ReadString('\n'); err != nil || greeting != "a\n" {
-		t.Fatalf("greeting %q, %v", greeting, err)
-	}
+	c, r := greeted(t, p, name, "a")
 	dialed := endpointSocket(t, p, be.addr())
 	settleWithin(t, keepAliveAfter+5*time.Second, "keep-alive on the dialed socket", func() error {
 		if got := tcpOptsOf(dialed); got.keepAlive != 1 {

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -38,17 +37,25 @@ func emptyPipePool() {
 // openPipes counts this process's open pipe descriptors.
 func openPipes(t *testing.T) int {
 	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
+	return openOfKind(t, "pipe:")
+}
+
+// greeted connects to name's proxy port, closed when the test ends, and
+// reads the greeting of the tcpBackend named be it reaches; it hands back
+// the connection, its deadline 20 s away, and its reader.
+func greeted(t *testing.T, p *Proxier, name state.ServicePortName, be string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp4", proxyAddr(t, p, name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, e := range ents {
-		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
-			n++
-		}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	r := bufio.NewReader(c)
+	if g, err := r.ReadString('\n'); err != nil || g != be+"\n" {
+		t.Fatalf("greeting %q, %v; want %s", g, err, be)
 	}
-	return n
+	return c, r
 }
 
 // proxiedPair starts a connection through p to ln's endpoint and returns
@@ -156,16 +163,7 @@ func TestTCPIdleConnectionHoldsNoPipe(t *testing.T) {
 	p := newTestProxier(t, Config{})
 	name := spn("idlepipe", "", state.TCP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(be.addr())})
-	c, err := net.Dial("tcp4", proxyAddr(t, p, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	r := bufio.NewReader(c)
-	if g, err := r.ReadString('\n'); err != nil || g != "a\n" {
-		t.Fatalf("greeting %q, %v", g, err)
-	}
+	c, r := greeted(t, p, name, "a")
 	emptyPipePool()
 	before := openPipes(t)
 	for round := range 3 {
@@ -567,16 +565,7 @@ func TestTCPBulkWithoutPipesGoesThroughMemory(t *testing.T) {
 	p := newTestProxier(t, Config{})
 	name := spn("nopipes", "", state.TCP)
 	mustApply(t, p, state.ServicePort{Name: name, Port: 80, ClusterEndpoints: eps(be.addr())})
-	c, err := net.Dial("tcp4", proxyAddr(t, p, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	r := bufio.NewReader(c)
-	if g, err := r.ReadString('\n'); err != nil || g != "a\n" {
-		t.Fatalf("greeting %q, %v", g, err)
-	}
+	c, r := greeted(t, p, name, "a")
 	emptyPipePool()
 	ceiling := p.fds.conns.Load()
 	p.fds.conns.Store(0)
