@@ -51,43 +51,64 @@ func TestTCPEndpointsGoneDuringFailover(t *testing.T) {
 	}
 }
 
-// synDroppingEndpoint is an endpoint on 127.0.0.1 that drops SYNs, as one
-// whose accept queue is full does: a listener with a backlog of 0 that
-// never accepts, and one connection already queued. Its close, which
-// cleanup calls too, closes the listener, after which a retransmitted SYN
-// is refused.
+// synDroppingEndpoint is a heldEndpoint that is never let go. Its close,
+// which cleanup calls too, closes the listener, after which a
+// retransmitted SYN is refused.
 func synDroppingEndpoint(t *testing.T) (netip.AddrPort, func()) {
+	t.Helper()
+	h := newHeldEndpoint(t, "stuck")
+	return h.ep, h.refuse
+}
+
+// heldEndpoint is an endpoint on 127.0.0.1 that drops SYNs, as one whose
+// accept queue is full does (a listener with a backlog of 0 that never
+// accepts, and one connection already queued), until the test lets it go
+// (serve) or closes it (refuse). A connect held there goes on
+// retransmitting its SYN, 1 s, 3 s, 7 s... after the first; the first
+// retransmit after serve connects, the first after refuse is refused.
+type heldEndpoint struct {
+	name string
+	ep   netip.AddrPort
+	ln   net.Listener
+	done chan struct{} // closed once serve's goroutine has ended
+}
+
+func newHeldEndpoint(t *testing.T, name string) *heldEndpoint {
 	t.Helper()
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := false
-	closeListener := func() {
-		if !closed {
-			closed = true
-			unix.Close(fd)
-		}
-	}
-	t.Cleanup(closeListener)
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close() // ln has its own descriptor
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := unix.Listen(fd, 0); err != nil {
 		t.Fatal(err)
 	}
-	sa, err := unix.Getsockname(fd)
+	ln, err := net.FileListener(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ep := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
-	filler, err := net.Dial("tcp4", ep.String())
+	h := &heldEndpoint{name: name, ep: ln.Addr().(*net.TCPAddr).AddrPort(), ln: ln}
+	filler, err := net.Dial("tcp4", h.ep.String()) // fills the accept queue
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { filler.Close() })
-	return ep, closeListener
+	t.Cleanup(func() {
+		filler.Close()
+		ln.Close()
+		if h.done != nil {
+			<-h.done
+		}
+	})
+	return h
 }
+
+// refuse closes the endpoint's listener: SYNs to it are refused from now
+// on.
+func (h *heldEndpoint) refuse() { h.ln.Close() }
 
 // settleSynSent waits until one socket of this network namespace is
 // connecting (SYN_SENT) to ep's port.

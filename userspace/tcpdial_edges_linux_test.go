@@ -7,63 +7,14 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kube-userspace-proxy/kube-userspace-proxy/state"
 )
-
-// heldEndpoint is an endpoint on 127.0.0.1 that drops SYNs, as
-// synDroppingEndpoint does (a listener with a backlog of 0 whose accept
-// queue is full), until the test lets it go (serve) or closes it
-// (refuse). A connect held there goes on retransmitting its SYN, 1 s, 3 s,
-// 7 s... after the first, and the first retransmit after serve connects,
-// the first after refuse is refused.
-type heldEndpoint struct {
-	name string
-	ep   netip.AddrPort
-	ln   net.Listener
-	done chan struct{} // closed once serve's goroutine has ended
-}
-
-func newHeldEndpoint(t *testing.T, name string) *heldEndpoint {
-	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := os.NewFile(uintptr(fd), name)
-	defer f.Close() // ln has its own descriptor
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.FileListener(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &heldEndpoint{name: name, ep: ln.Addr().(*net.TCPAddr).AddrPort(), ln: ln}
-	filler, err := net.Dial("tcp4", h.ep.String()) // fills the accept queue
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		filler.Close()
-		ln.Close()
-		if h.done != nil {
-			<-h.done
-		}
-	})
-	return h
-}
 
 // serve lets the endpoint go: it takes the connection that filled its
 // queue, and serves the next one as tcpBackend does (its name, then an
@@ -92,10 +43,6 @@ func (h *heldEndpoint) serve(t *testing.T, accepted func(net.Conn)) {
 		io.Copy(c, c)
 	}()
 }
-
-// refuse closes the endpoint's listener: SYNs to it are refused from now
-// on.
-func (h *heldEndpoint) refuse() { h.ln.Close() }
 
 // firstTurn makes ep the next endpoint in turn of name's balancer.
 func firstTurn(t *testing.T, p *Proxier, name state.ServicePortName, ep netip.AddrPort) {

@@ -79,12 +79,7 @@ func servedTCP(t *testing.T, cfg Config, svc string, be *tcpBackend) (*Proxier, 
 	if got := tcpWho(t, addr.String()); got != be.name {
 		t.Fatalf("reached %q, want %s", got, be.name)
 	}
-	settle(t, "the first connection ends", func() error {
-		if a := p.stats.TCPActive.Load(); a != 0 {
-			return fmt.Errorf("%d connections active", a)
-		}
-		return nil
-	})
+	settleNoTCPActive(t, p, "the first connection ends")
 	return p, addr
 }
 
@@ -589,12 +584,7 @@ func TestLoopRefusesSourcesWithoutAKernelFilter(t *testing.T) {
 	if got, err := tcpWhoDial(func() (net.Conn, error) { return from(allowed) }, dst); err != nil || got != "a" {
 		t.Fatalf("from %s, inside the ranges: %q, %v; want a", allowed, got, err)
 	}
-	settle(t, "the client inside the ranges is done", func() error {
-		if a := p.stats.TCPActive.Load(); a != 0 {
-			return fmt.Errorf("%d connections active", a)
-		}
-		return nil
-	})
+	settleNoTCPActive(t, p, "the client inside the ranges is done")
 	before := p.Stats().Snapshot()
 	c, err := from(other)
 	if err == nil { // else the reset came before connect returned

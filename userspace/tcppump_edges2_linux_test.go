@@ -89,6 +89,18 @@ drain:
 	return stray
 }
 
+// settleNoTCPActive waits, as settle does, until p has no TCP connection
+// active.
+func settleNoTCPActive(t *testing.T, p *Proxier, what string) {
+	t.Helper()
+	settle(t, what, func() error {
+		if a := p.stats.TCPActive.Load(); a != 0 {
+			return fmt.Errorf("%d connections active", a)
+		}
+		return nil
+	})
+}
+
 // greeted connects to name's proxy port, closed when the test ends, and
 // reads the greeting of the tcpBackend named be it reaches; it hands back
 // the connection, its deadline 20 s away, and its reader.
@@ -181,12 +193,7 @@ func TestTCPPipeWithDataLeftIsNotReused(t *testing.T) {
 	}
 	endpoint.SetLinger(0)
 	endpoint.Close() // a reset, with the upload unread
-	settle(t, "the connection ends", func() error {
-		if a := p.Stats().TCPActive.Load(); a != 0 {
-			return fmt.Errorf("%d connections active", a)
-		}
-		return nil
-	})
+	settleNoTCPActive(t, p, "the connection ends")
 	c.Close()
 	<-uploaded
 	for {
@@ -343,12 +350,7 @@ func TestTCPResetWithNothingLeftIsPassedOnAtOnce(t *testing.T) {
 			t.Fatalf("round %d: the client read %v %v after the endpoint's reset, want a reset at once (well before resetDrain, %v)", round, err, d, resetDrain)
 		}
 	}
-	settle(t, "no connection active", func() error {
-		if a := p.Stats().TCPActive.Load(); a != 0 {
-			return fmt.Errorf("%d connections active", a)
-		}
-		return nil
-	})
+	settleNoTCPActive(t, p, "no connection active")
 }
 
 // TestTCPLeftoverIsNotTheScratchBuffer: what a read through the loop's
@@ -495,12 +497,7 @@ func TestTCPClientResetReachesStalledEndpointLater(t *testing.T) {
 		}
 		return nil
 	})
-	settle(t, "the connection no longer active", func() error {
-		if a := p.Stats().TCPActive.Load(); a != 0 {
-			return fmt.Errorf("%d connections active", a)
-		}
-		return nil
-	})
+	settleNoTCPActive(t, p, "the connection no longer active")
 }
 
 // TestTCPResetPassedOnOnceAcknowledged: an endpoint that sends a last
